@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import NoReturn, Optional
+
 import typer
 
 app = typer.Typer(
@@ -13,7 +17,77 @@ app = typer.Typer(
 
 # Sub-command groups are registered below, one line each (keep this list sorted by name).
 # --- sub-apps ---
+from provisioner.localk8s import cluster_app, toolchain_app  # noqa: E402
+app.add_typer(cluster_app, name="cluster")
+app.add_typer(toolchain_app, name="toolchain")
 # --- end sub-apps ---
+
+
+spec_app = typer.Typer(help="The cluster spec: schema and validation.", no_args_is_help=True)
+app.add_typer(spec_app, name="spec")
+
+
+def _fail(err: Exception, code: int = 2) -> NoReturn:
+    typer.echo(f"error: {err}", err=True)
+    raise typer.Exit(code)
+
+
+@spec_app.command("schema")
+def spec_schema() -> None:
+    """Print the JSON schema of the cluster spec."""
+    from .config import json_schema
+
+    typer.echo(json.dumps(json_schema(), indent=2, sort_keys=True))
+
+
+@spec_app.command("validate")
+def spec_validate(spec: Path = typer.Argument(..., help="Cluster spec YAML.")) -> None:
+    """Validate a cluster spec; prints each problem with its field and fix."""
+    from .config import load_spec
+    from .errors import SlurmK8sError
+
+    try:
+        loaded = load_spec(spec)
+    except SlurmK8sError as err:
+        _fail(err)
+    typer.echo(f"{spec}: valid (cluster {loaded.name}, {len(loaded.pools)} pool(s), {len(loaded.users)} user(s))")
+
+
+@app.command()
+def render(
+    spec: Path = typer.Option(..., "--spec", help="Cluster spec YAML."),
+    nodes: Path = typer.Option(..., "--nodes", help="Kubernetes nodes as `kubectl get nodes -o json` prints them."),
+    out: Path = typer.Option(..., "--out", help="Directory to write the files into."),
+    controller_host: str = typer.Option("slurmctld-0", help="Hostname of the slurmctld pod/container."),
+    controller_addr: Optional[str] = typer.Option(None, help="Address of slurmctld, if not its hostname."),
+) -> None:
+    """Write slurm.conf, topology.conf, gres.conf, passwd, group and inventory.json (all or nothing)."""
+    from .config import load_spec
+    from .errors import SlurmK8sError
+    from .generate import generate
+    from .inventory import nodes_from_api
+    from .render import Site, write_files
+
+    try:
+        loaded = load_spec(spec)
+        try:
+            raw = json.loads(nodes.read_text())
+        except (OSError, ValueError) as err:
+            _fail(f"--nodes {nodes}: cannot read a JSON node list ({err}); "
+                  "create it with `kubectl get nodes -o json > nodes.json`")
+        result = generate(loaded, nodes_from_api(raw), Site(controller_host, controller_addr))
+    except SlurmK8sError as err:
+        _fail(err)
+    for path in write_files(result.files, out):
+        typer.echo(f"wrote {path}")
+    inv = result.inventory
+    typer.echo(f"{len(inv.nodes)} Slurm node(s) in {len({n.pool for n in inv.nodes})} pool(s), "
+               f"topology {result.topology.plugin}")
+    for ex in inv.excluded:
+        typer.echo(f"left out Kubernetes node {ex.k8s_node} (pool {ex.pool}): {ex.reason}")
+    for node in inv.nodes:
+        if node.unavailable:
+            typer.echo(f"drained {node.name}: {node.unavailable}")
 
 
 def main() -> None:  # pragma: no cover - console entry

@@ -1,0 +1,748 @@
+"""The cluster spec: typed, validated models for one slurmk8s cluster.
+
+A spec is written by a platform engineer (YAML file or Pulumi config) and validated here, at the
+edge; the rest of the code only ever sees a valid, frozen :class:`ClusterSpec`.
+Load with :func:`load_spec` / :func:`parse_spec`; export the JSON schema with :func:`json_schema`.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from .errors import Issue, SpecError
+
+DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+POSIX_NAME = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
+LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+SLURM_WORD = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+SSH_KEY_TYPES = (
+    "ssh-ed25519",
+    "ssh-rsa",
+    "ecdsa-sha2-nistp256",
+    "ecdsa-sha2-nistp384",
+    "ecdsa-sha2-nistp521",
+    "sk-ssh-ed25519@openssh.com",
+    "sk-ecdsa-sha2-nistp256@openssh.com",
+)
+
+_DURATION = re.compile(r"^\s*(\d+)\s*(s|m|h|d)?\s*$")
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
+_QUANTITY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P|m)?\s*$")
+_QUANTITY_FACTOR = {
+    None: 1, "m": 0.001, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15,
+    "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50,
+}
+
+# slurm.conf keys that slurmk8s manages itself; `slurm.extra_conf` may not override them.
+MANAGED_SLURM_KEYS = frozenset(
+    k.lower()
+    for k in (
+        "ClusterName", "SlurmctldHost", "SlurmUser", "AuthType", "CredType", "SlurmctldPort",
+        "SlurmdPort", "StateSaveLocation", "SlurmdSpoolDir", "SlurmctldParameters", "ProctrackType",
+        "TaskPlugin", "SelectType", "MpiDefault", "ReturnToService", "SlurmdParameters",
+        "TopologyPlugin", "ResumeProgram", "SuspendProgram", "ResumeFailProgram", "ResumeTimeout",
+        "SuspendTimeout", "SuspendTime", "ResumeRate", "SuspendRate", "PrologSlurmctld",
+        "NodeName", "PartitionName", "DownNodes", "GresTypes", "ReconfigFlags", "TreeWidth",
+        "CommunicationParameters", "TopologyParam",
+    )
+)
+
+
+def parse_duration(value: Any) -> int:
+    """'90s', '30m', '2h', '1d' or an integer number of seconds -> seconds."""
+    if isinstance(value, bool):
+        raise ValueError("expected a duration such as 300, '90s', '30m' or '2h'")
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError("a duration cannot be negative")
+        return value
+    if isinstance(value, str):
+        m = _DURATION.match(value)
+        if m:
+            return int(m.group(1)) * _UNIT_SECONDS[m.group(2)]
+    raise ValueError(f"{value!r} is not a duration; use seconds (300) or '90s', '30m', '2h', '1d'")
+
+
+def parse_quantity(value: Any) -> float:
+    """A Kubernetes resource quantity ('3920m', '16Gi', '1000000Ki', 8) -> a plain number."""
+    if isinstance(value, bool):
+        raise ValueError("expected a Kubernetes quantity such as '16Gi' or '500m'")
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        m = _QUANTITY.match(value)
+        if m:
+            return float(m.group(1)) * _QUANTITY_FACTOR[m.group(2)]
+    raise ValueError(f"{value!r} is not a Kubernetes quantity (e.g. '16Gi', '512Mi', '500m', 4)")
+
+
+def mib(value: Any) -> int:
+    """A memory quantity -> whole MiB (rounded down)."""
+    return int(parse_quantity(value) // 2**20)
+
+
+Duration = Annotated[int, BeforeValidator(parse_duration)]
+
+
+def _quantity_str(value: Any) -> str:
+    parse_quantity(value)
+    return str(value)
+
+
+Quantity = Annotated[str, BeforeValidator(_quantity_str)]
+
+
+class Model(BaseModel):
+    """Base for every spec model: unknown keys are errors (typos must not pass silently)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+# ---------------------------------------------------------------- users
+
+
+class Group(Model):
+    name: str = Field(description="POSIX group name.")
+    gid: int = Field(ge=1000, le=2**31 - 2, description="Group id, identical on every pod.")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not POSIX_NAME.match(v):
+            raise ValueError(f"{v!r} is not a valid group name; use lowercase letters, digits, '_' or '-'")
+        return v
+
+
+class User(Model):
+    """A researcher account, identical (name, uid, gid) on the login pod and every worker."""
+
+    name: str = Field(description="POSIX user name (lowercase, starts with a letter or '_').")
+    uid: int = Field(ge=1000, le=2**31 - 2, description="User id; >= 1000, unique in the cluster.")
+    gid: int | None = Field(
+        default=None, ge=1000, le=2**31 - 2,
+        description="Primary group id (a group named like the user); defaults to uid.",
+    )
+    ssh_keys: tuple[str, ...] = Field(
+        default=(), description="OpenSSH public keys allowed to log in as this user (no passwords)."
+    )
+    shell: str = Field(default="/bin/bash", description="Login shell.")
+    groups: tuple[str, ...] = Field(default=(), description="Extra groups (names from `groups`).")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not POSIX_NAME.match(v):
+            raise ValueError(
+                f"{v!r} is not a valid user name; use lowercase letters, digits, '_' or '-', "
+                "starting with a letter, at most 32 characters"
+            )
+        if v in {"root", "slurm", "munge", "nobody", "sshd", "daemon", "mysql"}:
+            raise ValueError(f"{v!r} is a system account in the images; pick another name")
+        return v
+
+    @field_validator("ssh_keys")
+    @classmethod
+    def _keys(cls, keys: tuple[str, ...]) -> tuple[str, ...]:
+        for i, key in enumerate(keys):
+            parts = key.strip().split()
+            if len(parts) < 2 or parts[0] not in SSH_KEY_TYPES:
+                raise ValueError(
+                    f"ssh_keys[{i}] is not an OpenSSH public key; paste one line of a '.pub' file "
+                    f"(it starts with one of {', '.join(SSH_KEY_TYPES[:3])}, ...)"
+                )
+            if "PRIVATE KEY" in key:
+                raise ValueError(f"ssh_keys[{i}] looks like a private key; give the public key (.pub)")
+        return tuple(k.strip() for k in keys)
+
+    @field_validator("shell")
+    @classmethod
+    def _shell(cls, v: str) -> str:
+        if not v.startswith("/") or ":" in v:
+            raise ValueError(f"{v!r} is not an absolute path to a shell; use e.g. /bin/bash")
+        return v
+
+    @property
+    def primary_gid(self) -> int:
+        return self.gid if self.gid is not None else self.uid
+
+
+# ---------------------------------------------------------------- images, storage, login
+
+
+class Images(Model):
+    controller: str = Field(default="slurmk8s/slurmctld:dev", description="slurmctld image.")
+    worker: str = Field(default="slurmk8s/slurmd:dev", description="slurmd image for worker pods.")
+    login: str = Field(default="slurmk8s/login:dev", description="Login image (sshd + Slurm clients).")
+    pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
+        default="IfNotPresent", description="imagePullPolicy of every pod."
+    )
+
+
+class Volume(Model):
+    size: Quantity = Field(description="Requested size, e.g. '10Gi'.")
+    storage_class: str | None = Field(default=None, description="StorageClass; cluster default if unset.")
+    access_mode: Literal["ReadWriteMany", "ReadWriteOnce", "ReadWriteOncePod"] = Field(
+        default="ReadWriteOnce", description="PVC access mode."
+    )
+
+
+def _home_default() -> Volume:
+    return Volume(size="10Gi", access_mode="ReadWriteMany")
+
+
+class Storage(Model):
+    home: Volume = Field(
+        default_factory=_home_default,
+        description="Shared /home for login and workers (ReadWriteMany where the class offers it).",
+    )
+    controller_state: Volume = Field(
+        default_factory=lambda: Volume(size="1Gi"), description="slurmctld StateSaveLocation."
+    )
+
+
+class Login(Model):
+    enabled: bool = Field(default=True, description="Deploy the login pod.")
+    service_type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = Field(
+        default="ClusterIP", description="How SSH to the login pod is exposed."
+    )
+    node_port: int | None = Field(default=None, ge=30000, le=32767, description="Fixed NodePort.")
+    sleeps_with_control_tier: bool = Field(
+        default=False, description="Let idle teardown scale the login pod to zero too."
+    )
+
+    @model_validator(mode="after")
+    def _node_port(self) -> "Login":
+        if self.node_port is not None and self.service_type != "NodePort":
+            raise ValueError("node_port is set but service_type is not 'NodePort'; set service_type: NodePort")
+        return self
+
+
+# ---------------------------------------------------------------- elasticity and Slurm
+
+
+class Elasticity(Model):
+    suspend_time: Duration = Field(
+        default=300, description="Idle time after which Slurm suspends a node (its pod is deleted)."
+    )
+    resume_timeout: Duration = Field(
+        default=300, description="A resumed node must register within this, else DOWN and its job requeued."
+    )
+    suspend_timeout: Duration = Field(default=30, description="Time allowed for a node to power down.")
+    idle_teardown: Duration | None = Field(
+        default=None,
+        description="Scale the control tier to zero after this long with no jobs, workers or sessions.",
+    )
+    fast_start: bool = Field(
+        default=True,
+        description="PrologSlurmctld that releases a job as soon as its nodes booted (~2 s instead of ~30 s).",
+    )
+
+    @model_validator(mode="after")
+    def _bounds(self) -> "Elasticity":
+        if self.suspend_time < 1:
+            raise ValueError("suspend_time must be at least 1s (0 would disable power saving); use e.g. 300")
+        if self.resume_timeout < 30:
+            raise ValueError("resume_timeout below 30s leaves no time for a pod to start; use >= 60s")
+        if self.idle_teardown is not None and self.idle_teardown < self.suspend_time:
+            raise ValueError("idle_teardown is shorter than suspend_time (workers go first, then the control tier); raise idle_teardown or lower suspend_time")
+        return self
+
+
+class Slurm(Model):
+    cluster_name: str | None = Field(default=None, description="Slurm ClusterName; defaults to the cluster name.")
+    default_partition: str | None = Field(
+        default=None, description="Default partition; defaults to the first pool's partition."
+    )
+    max_time: str = Field(default="UNLIMITED", description="Partition MaxTime (Slurm time format).")
+    extra_conf: dict[str, str] = Field(
+        default_factory=dict,
+        description="Extra slurm.conf settings (Key: Value); keys slurmk8s manages are refused.",
+    )
+
+    @field_validator("cluster_name")
+    @classmethod
+    def _cluster_name(cls, v: str | None) -> str | None:
+        if v is not None and not re.match(r"^[a-z][a-z0-9_]{0,39}$", v):
+            raise ValueError(f"{v!r} is not a valid Slurm ClusterName; use lowercase letters, digits and '_'")
+        return v
+
+    @field_validator("extra_conf")
+    @classmethod
+    def _extra(cls, conf: dict[str, str]) -> dict[str, str]:
+        for key, value in conf.items():
+            if not re.match(r"^[A-Za-z][A-Za-z0-9]*$", key):
+                raise ValueError(f"extra_conf key {key!r} is not a slurm.conf parameter name; use the exact name, e.g. SchedulerParameters")
+            if key.lower() in MANAGED_SLURM_KEYS:
+                raise ValueError(
+                    f"extra_conf may not set {key}: slurmk8s manages it; use the matching spec field instead"
+                )
+            if "\n" in str(value):
+                raise ValueError(f"extra_conf {key} value contains a newline; put the value on one line")
+        return conf
+
+
+# ---------------------------------------------------------------- topology
+
+TOPOLOGY_PRESETS: dict[str, dict[str, Any]] = {
+    # NVIDIA topograph: datacenter > spine > block (leaf switches); NVLink domains separately.
+    "topograph": {
+        "plugin": "tree",
+        "levels": (
+            "network.topology.nvidia.com/datacenter",
+            "network.topology.nvidia.com/spine",
+            "network.topology.nvidia.com/block",
+        ),
+    },
+    # AWS EC2 instance topology: layer-1 is the top of the network, layer-3 the node's own switch.
+    "aws": {
+        "plugin": "tree",
+        "levels": (
+            "topology.k8s.aws/network-node-layer-1",
+            "topology.k8s.aws/network-node-layer-2",
+            "topology.k8s.aws/network-node-layer-3",
+        ),
+    },
+    # GKE compact placement topology: block > subblock > host.
+    "gke": {
+        "plugin": "tree",
+        "levels": (
+            "cloud.google.com/gce-topology-block",
+            "cloud.google.com/gce-topology-subblock",
+            "cloud.google.com/gce-topology-host",
+        ),
+    },
+    # Generic zone / rack labels; rack names often repeat across zones, so names are path-qualified.
+    "zone-rack": {
+        "plugin": "tree",
+        "levels": ("topology.kubernetes.io/zone", "topology.kubernetes.io/rack"),
+        "switch_names": "path",
+    },
+    # NVLink domains (GB200 NVL72 and similar) as Slurm blocks.
+    "nvlink": {"plugin": "block", "block_label": "nvidia.com/gpu.clique"},
+    "topograph-nvlink": {"plugin": "block", "block_label": "network.topology.nvidia.com/accelerator"},
+}
+
+
+class Topology(Model):
+    preset: Literal["topograph", "aws", "gke", "zone-rack", "nvlink", "topograph-nvlink"] | None = Field(
+        default=None, description="A label scheme in use today; sets plugin, levels / block_label."
+    )
+    plugin: Literal["tree", "block", "flat"] = Field(
+        default="flat", description="topology/tree (switches), topology/block, or flat (no topology.conf)."
+    )
+    levels: tuple[str, ...] = Field(
+        default=(), description="tree: node label keys from the top of the network down to the leaf switch."
+    )
+    switch_names: Literal["global", "path"] = Field(
+        default="global",
+        description="global: a label value names one switch everywhere; path: qualified by its parents.",
+    )
+    block_label: str | None = Field(default=None, description="block: node label key naming the block.")
+    block_sizes: tuple[int, ...] = Field(
+        default=(), description="block: BlockSizes (base, then power-of-two multiples of it)."
+    )
+    unlabeled: Literal["group", "error"] = Field(
+        default="group",
+        description="Nodes lacking topology labels: 'group' puts them under an 'unlabeled' switch/block "
+        "(usable, a node outside topology.conf gets no jobs at all); 'error' refuses them.",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _apply_preset(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("preset"):
+            preset = TOPOLOGY_PRESETS.get(data["preset"])
+            if preset is not None:
+                merged = dict(preset)
+                merged.update({k: v for k, v in data.items() if v is not None})
+                return merged
+        return data
+
+    @field_validator("levels")
+    @classmethod
+    def _levels(cls, levels: tuple[str, ...]) -> tuple[str, ...]:
+        for key in levels:
+            if not LABEL_KEY.match(key):
+                raise ValueError(f"{key!r} is not a Kubernetes label key; use 'prefix/name' or 'name'")
+        if len(set(levels)) != len(levels):
+            raise ValueError("a label key appears twice in levels; each level needs its own label")
+        return levels
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "Topology":
+        if self.plugin == "tree" and not self.levels:
+            raise ValueError("plugin 'tree' has no levels; set levels (label keys, top first) or a preset such as 'aws'")
+        if self.plugin == "block":
+            if not self.block_label:
+                raise ValueError("plugin 'block' has no block_label; set block_label (e.g. nvidia.com/gpu.clique) or preset 'nvlink'")
+            if not LABEL_KEY.match(self.block_label):
+                raise ValueError(f"block_label {self.block_label!r} is not a Kubernetes label key; use 'prefix/name'")
+            check_block_sizes(self.block_sizes)
+        elif self.block_sizes:
+            raise ValueError("block_sizes only applies to plugin 'block'; remove block_sizes or set plugin: block")
+        return self
+
+
+def check_block_sizes(sizes: tuple[int, ...]) -> None:
+    """BlockSizes: a positive base, each next one a power-of-two multiple of the previous."""
+    if not sizes:
+        return
+    if sizes[0] < 1:
+        raise ValueError("block_sizes must start with a positive base size, e.g. [4, 8, 16]")
+    for prev, cur in zip(sizes, sizes[1:]):
+        ratio, rem = divmod(cur, prev)
+        if rem or ratio < 2 or ratio & (ratio - 1):
+            raise ValueError(
+                f"block_sizes {list(sizes)}: {cur} is not a power-of-two multiple (2x, 4x, ...) of {prev}; "
+                f"e.g. [{sizes[0]}, {sizes[0] * 2}, {sizes[0] * 4}]"
+            )
+
+
+# ---------------------------------------------------------------- pools and networking
+
+
+class Network(Model):
+    host_network: bool = Field(
+        default=False,
+        description="Run worker pods on the host network (faster MPI/NCCL; gives up pod network isolation).",
+    )
+    multus_networks: tuple[str, ...] = Field(
+        default=(), description="Multus NetworkAttachmentDefinitions ('ns/name' or 'name') for secondary NICs."
+    )
+    nccl_env: dict[str, str] = Field(
+        default_factory=dict, description="NCCL_* (and UCX_*) environment for every job step on the pool."
+    )
+    memlock_unlimited: bool = Field(
+        default=True, description="Ask for unlimited locked memory (RDMA); the node's runtime must allow it."
+    )
+
+    @field_validator("nccl_env")
+    @classmethod
+    def _env(cls, env: dict[str, str]) -> dict[str, str]:
+        for key in env:
+            if not re.match(r"^(NCCL|UCX|OMPI|PMIX|FI|UCC|NVSHMEM|CUDA)_[A-Z0-9_]+$", key):
+                raise ValueError(
+                    f"nccl_env key {key!r} is not a NCCL/UCX/OMPI/PMIX/FI/UCC/NVSHMEM/CUDA variable"
+                )
+        return env
+
+
+class SlotDomain(Model):
+    name: str = Field(description="Value of the pool's domain label (e.g. a zone or block name).")
+    count: int = Field(ge=1, le=4096, description="Slurm nodes (slots) in this domain.")
+
+
+class Pool(Model):
+    """A set of Slurm nodes of one shape, backed by worker pods created on demand."""
+
+    name: str = Field(description="Pool name (DNS label); prefixes its Slurm node names.")
+    mode: Literal["pinned", "slots"] = Field(
+        default="pinned",
+        description="pinned: one Slurm node per matching Kubernetes node; slots: named slots for "
+        "autoscaled node groups, grouped by a domain label.",
+    )
+    node_selector: dict[str, str] = Field(
+        default_factory=dict, description="Kubernetes node labels a node must have to belong to the pool."
+    )
+    tolerations: tuple[dict[str, Any], ...] = Field(
+        default=(), description="Pod tolerations (also decide which tainted nodes count)."
+    )
+    name_from: Literal["short", "full"] = Field(
+        default="short",
+        description="pinned: Slurm node name from the Kubernetes node name's first DNS label (short) or all of it.",
+    )
+    name_prefix: str | None = Field(
+        default=None, description="Prefix of Slurm node names; defaults to '<pool>-'."
+    )
+    max_nodes: int | None = Field(default=None, ge=1, description="pinned: at most this many nodes.")
+    # slots only
+    domain_label: str | None = Field(default=None, description="slots: node label that groups slots.")
+    domains: tuple[SlotDomain, ...] = Field(default=(), description="slots: domains and slot counts.")
+    cpus: int | None = Field(default=None, ge=1, description="slots: CPUs per node.")
+    memory: Quantity | None = Field(default=None, description="slots: memory per node, e.g. '64Gi'.")
+    gpus: int = Field(default=0, ge=0, description="slots: GPUs per node.")
+    gpu_type: str | None = Field(default=None, description="slots: GPU type for GRES (e.g. 'h100').")
+    # both
+    reserve_cpu: Quantity = Field(default="500m", description="CPU kept back from allocatable for Kubernetes.")
+    reserve_memory: Quantity = Field(default="1Gi", description="Memory kept back from allocatable.")
+    min_cpus: int = Field(default=1, ge=1, description="Nodes with fewer usable CPUs are left out.")
+    min_memory: Quantity = Field(default="512Mi", description="Nodes with less usable memory are left out.")
+    features: tuple[str, ...] = Field(default=(), description="Static Slurm features of every node.")
+    feature_labels: tuple[str, ...] = Field(
+        default=(), description="Node label keys whose values become Slurm features."
+    )
+    gpu_resource: str = Field(default="nvidia.com/gpu", description="Extended resource counted as GPUs.")
+    gpu_type_label: str = Field(default="nvidia.com/gpu.product", description="Label naming the GPU model.")
+    extra_resources: dict[str, int] = Field(
+        default_factory=dict, description="Extra pod resource requests, e.g. {'rdma/ib': 1}."
+    )
+    partition: str | None = Field(default=None, description="Slurm partition; defaults to the pool name.")
+    shm_size: Quantity | None = Field(
+        default=None, description="Size of the memory-backed /dev/shm; defaults to half the node's memory."
+    )
+    weight: int = Field(default=1, ge=1, description="Slurm node Weight (lower is used first).")
+    image: str | None = Field(default=None, description="Worker image for this pool (defaults to images.worker).")
+    network: Network = Field(default_factory=Network, description="Fabric settings for the pool's pods.")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not DNS_LABEL.match(v) or len(v) > 20:
+            raise ValueError(
+                f"{v!r} is not a valid pool name; use at most 20 lowercase letters, digits or '-' "
+                "(e.g. 'gpu-h100')"
+            )
+        return v
+
+    @field_validator("name_prefix")
+    @classmethod
+    def _prefix(cls, v: str | None) -> str | None:
+        if v is not None and v and not re.match(r"^[a-z0-9][-a-z0-9]*$", v):
+            raise ValueError(f"name_prefix {v!r} may hold only lowercase letters, digits and '-'; rename it")
+        return v
+
+    @field_validator("features")
+    @classmethod
+    def _features(cls, feats: tuple[str, ...]) -> tuple[str, ...]:
+        for f in feats:
+            if not SLURM_WORD.match(f):
+                raise ValueError(f"feature {f!r} may hold only letters, digits, '_', '.' and '-'; rename it")
+        return feats
+
+    @field_validator("feature_labels", "node_selector")
+    @classmethod
+    def _label_keys(cls, keys: Any) -> Any:
+        for key in keys:
+            if not LABEL_KEY.match(key):
+                raise ValueError(f"{key!r} is not a Kubernetes label key; use 'prefix/name' or 'name'")
+        return keys
+
+    @field_validator("partition")
+    @classmethod
+    def _partition(cls, v: str | None) -> str | None:
+        if v is not None and not re.match(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,39}$", v):
+            raise ValueError(f"partition {v!r} may hold only letters, digits, '_' and '-'; rename it")
+        return v
+
+    @model_validator(mode="after")
+    def _mode(self) -> "Pool":
+        if self.mode == "pinned":
+            slot_fields = [f for f in ("domain_label", "cpus", "memory", "gpu_type") if getattr(self, f)]
+            if slot_fields or self.domains or self.gpus:
+                raise ValueError(
+                    f"{', '.join(slot_fields + (['domains'] if self.domains else []) + (['gpus'] if self.gpus else []))} "
+                    "only apply to mode 'slots' (pinned pools read CPUs, memory and GPUs from the nodes)"
+                )
+        else:
+            missing = [f for f in ("cpus", "memory") if getattr(self, f) is None]
+            if missing:
+                raise ValueError(f"mode 'slots' needs {' and '.join(missing)} (the size of each slot's pod); add them")
+            if not self.domains:
+                raise ValueError("mode 'slots' has no domains; add e.g. domains: [{name: zone-a, count: 8}]")
+            names = [d.name for d in self.domains]
+            if len(set(names)) != len(names):
+                raise ValueError("a domain name appears twice in domains; merge them into one entry")
+            if len(self.domains) > 1 and not self.domain_label:
+                raise ValueError("several domains but no domain_label; set domain_label to the node label that tells them apart")
+            if self.gpu_type and not self.gpus:
+                raise ValueError("gpu_type is set but gpus is 0; set gpus or remove gpu_type")
+            if self.max_nodes is not None:
+                raise ValueError("max_nodes applies to pinned pools only; set each domain's count instead")
+        return self
+
+    @property
+    def partition_name(self) -> str:
+        return self.partition or self.name
+
+    @property
+    def node_prefix(self) -> str:
+        return self.name_prefix if self.name_prefix is not None else f"{self.name}-"
+
+
+# ---------------------------------------------------------------- the cluster
+
+
+class ClusterSpec(Model):
+    """One slurmk8s cluster: everything `slurmk8s up` needs besides the Kubernetes nodes."""
+
+    name: str = Field(description="Cluster name (DNS label, at most 30 characters).")
+    namespace: str | None = Field(default=None, description="Kubernetes namespace; defaults to 'slurm-<name>'.")
+    slurm: Slurm = Field(default_factory=Slurm)
+    pools: tuple[Pool, ...] = Field(min_length=1, description="Worker pools (at least one).")
+    users: tuple[User, ...] = Field(default=(), description="Researcher accounts.")
+    groups: tuple[Group, ...] = Field(default=(), description="Extra POSIX groups.")
+    storage: Storage = Field(default_factory=Storage)
+    elasticity: Elasticity = Field(default_factory=Elasticity)
+    topology: Topology = Field(default_factory=Topology)
+    images: Images = Field(default_factory=Images)
+    login: Login = Field(default_factory=Login)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not DNS_LABEL.match(v) or len(v) > 30:
+            raise ValueError(f"{v!r} is not a valid cluster name; use at most 30 lowercase letters, digits or '-'")
+        return v
+
+    @field_validator("namespace")
+    @classmethod
+    def _ns(cls, v: str | None) -> str | None:
+        if v is not None and (not DNS_LABEL.match(v) or len(v) > 63):
+            raise ValueError(f"{v!r} is not a valid namespace name (a DNS label)")
+        return v
+
+    @model_validator(mode="after")
+    def _cross(self) -> "ClusterSpec":
+        issues: list[tuple[str, str]] = []
+        seen: dict[str, int] = {}
+        for i, pool in enumerate(self.pools):
+            if pool.name in seen:
+                issues.append((f"pools[{i}].name", f"pool name {pool.name!r} is also used by pools[{seen[pool.name]}]"))
+            seen.setdefault(pool.name, i)
+        prefixes = {}
+        for i, pool in enumerate(self.pools):
+            other = prefixes.get(pool.node_prefix)
+            if other is not None:
+                issues.append((f"pools[{i}].name_prefix",
+                               f"node name prefix {pool.node_prefix!r} is also used by pools[{other}]; "
+                               "give each pool its own name_prefix"))
+            prefixes.setdefault(pool.node_prefix, i)
+        names: dict[str, int] = {}
+        uids: dict[int, int] = {}
+        for i, user in enumerate(self.users):
+            if user.name in names:
+                issues.append((f"users[{i}].name", f"user {user.name!r} is defined twice (also users[{names[user.name]}])"))
+            if user.uid in uids:
+                issues.append((f"users[{i}].uid",
+                               f"uid {user.uid} is already used by users[{uids[user.uid]}] "
+                               f"({self.users[uids[user.uid]].name}); every user needs a unique uid"))
+            names.setdefault(user.name, i)
+            uids.setdefault(user.uid, i)
+        group_gids: dict[str, int] = {u.name: u.primary_gid for u in self.users}
+        gid_names: dict[int, str] = {}
+        for u in self.users:
+            gid_names.setdefault(u.primary_gid, u.name)
+        for i, group in enumerate(self.groups):
+            if group.name in group_gids and group_gids[group.name] != group.gid:
+                issues.append((f"groups[{i}].name", f"group {group.name!r} clashes with a user's primary group"))
+            owner = gid_names.get(group.gid)
+            if owner is not None and owner != group.name:
+                issues.append((f"groups[{i}].gid", f"gid {group.gid} is already the group of {owner!r}"))
+            group_gids[group.name] = group.gid
+            gid_names.setdefault(group.gid, group.name)
+        for i, user in enumerate(self.users):
+            for g in user.groups:
+                if g not in {grp.name for grp in self.groups}:
+                    issues.append((f"users[{i}].groups", f"group {g!r} is not defined in groups"))
+        partitions = {p.partition_name for p in self.pools}
+        if self.slurm.default_partition and self.slurm.default_partition not in partitions:
+            issues.append(("slurm.default_partition",
+                           f"partition {self.slurm.default_partition!r} is not any pool's partition "
+                           f"({', '.join(sorted(partitions))})"))
+        if self.topology.plugin == "block" and any(p.mode == "slots" for p in self.pools):
+            for i, p in enumerate(self.pools):
+                if p.mode == "slots" and p.domain_label != self.topology.block_label:
+                    issues.append((f"pools[{i}].domain_label",
+                                   f"topology/block groups nodes by {self.topology.block_label!r}; a slot pool "
+                                   "must use the same label as its domain_label"))
+        if issues:
+            # Raised as ValueError so pydantic reports it; the field path travels in the message.
+            raise ValueError("; ".join(f"@{f}@ {m}" for f, m in issues))
+        return self
+
+    @property
+    def namespace_name(self) -> str:
+        return self.namespace or f"slurm-{self.name}"
+
+    @property
+    def slurm_cluster_name(self) -> str:
+        return self.slurm.cluster_name or self.name.replace("-", "_")
+
+    @property
+    def default_partition(self) -> str:
+        return self.slurm.default_partition or self.pools[0].partition_name
+
+    def pool(self, name: str) -> Pool:
+        for pool in self.pools:
+            if pool.name == name:
+                return pool
+        raise KeyError(name)
+
+
+# ---------------------------------------------------------------- loading
+
+
+_CROSS = re.compile(r"@([^@]+)@ ([^@]+?)(?=; @|$)")
+
+
+def _issue(field: str, message: str) -> Issue:
+    """Our messages say what is wrong, then '; ' and how to fix it: split them."""
+    what, sep, fix = message.partition("; ")
+    return Issue(field, what.strip(), fix.strip() if sep else "correct the value (see `slurmk8s spec schema`)")
+
+
+def _issues_from(err: ValidationError) -> list[Issue]:
+    issues: list[Issue] = []
+    errors = err.errors(include_url=False)
+    deeper = {e["loc"][:n] for e in errors for n in range(1, len(e["loc"]))}
+    for e in errors:
+        if e.get("type") == "too_short" and e["loc"] in deeper:
+            continue  # "pools: at least 1 item" only because every item failed: the items say why
+        loc = ".".join(f"[{p}]" if isinstance(p, int) else str(p) for p in e["loc"]).replace(".[", "[")
+        msg = str(e.get("msg", "")).removeprefix("Value error, ")
+        kind = e.get("type", "")
+        if _CROSS.search(msg):
+            issues += [_issue(field, text) for field, text in _CROSS.findall(msg)]
+        elif kind == "extra_forbidden":
+            issues.append(Issue(loc or "(top)", "unknown field",
+                                "remove it or check its spelling against `slurmk8s spec schema`"))
+        elif kind == "missing":
+            issues.append(Issue(loc, "is required", "add it (see `slurmk8s spec schema`)"))
+        else:
+            issues.append(_issue(loc or "(top)", msg))
+    return issues
+
+
+def parse_spec(data: Any, *, source: str = "spec") -> ClusterSpec:
+    if not isinstance(data, dict):
+        raise SpecError.one("(top)", f"{source} must be a mapping with at least 'name' and 'pools'",
+                            "see examples/ and `slurmk8s spec schema`", title=f"invalid {source}")
+    try:
+        return ClusterSpec.model_validate(data)
+    except ValidationError as err:
+        raise SpecError(_issues_from(err), title=f"invalid {source}") from None
+
+
+def load_spec(path: str | Path) -> ClusterSpec:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise SpecError.one("(file)", f"cannot read {path}: {err.strerror}", "give the path of a spec YAML file",
+                            title="invalid spec") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise SpecError.one("(file)", f"{path} is not valid YAML: {err}", "fix the YAML syntax",
+                            title="invalid spec") from None
+    return parse_spec(data, source=str(path))
+
+
+def json_schema() -> dict[str, Any]:
+    schema = ClusterSpec.model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "slurmk8s cluster spec"
+    return schema

@@ -1,0 +1,1 @@
+"""In-cluster elasticity: the programs Slurm calls (resume, suspend, resume-fail, PrologSlurmctld)."""

@@ -1,0 +1,64 @@
+"""The node-backend interface: how a Slurm node's worker (a pod, a container) is created and removed.
+
+The resume/suspend programs decide *what* to do (see ``plan``); a backend only *does* it. Every
+method is idempotent: creating a worker that exists, or deleting one that is gone, is a no-op.
+Errors are raised as :class:`BackendError` with a short reason that ends up as the Slurm node's
+DOWN reason, so it must say what went wrong in words an operator can act on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping, Protocol
+
+from ..errors import SlurmK8sError
+from ..inventory import SlurmNode
+
+
+class BackendError(SlurmK8sError):
+    def __init__(self, node: str, reason: str, *, retryable: bool = False) -> None:
+        self.node = node
+        self.reason = reason
+        self.retryable = retryable
+        super().__init__(f"{node}: {reason}")
+
+
+@dataclass(frozen=True)
+class Worker:
+    """What a backend knows about one worker."""
+
+    name: str  # the Slurm node name
+    phase: str  # Pending | Running | Succeeded | Failed | Unknown | Terminating
+    reason: str = ""  # e.g. "Unschedulable: 0/3 nodes are available", "ErrImageNeverPull"
+    created_at: float | None = None  # epoch seconds
+    host: str | None = None  # Kubernetes node / Docker host it runs on
+
+
+class NodeBackend(Protocol):
+    def create(self, node: SlurmNode) -> None: ...
+
+    def delete(self, name: str) -> None: ...
+
+    def list(self) -> Mapping[str, Worker]: ...
+
+
+@dataclass
+class FakeBackend:
+    """In-memory backend for unit tests; `fail` maps node name -> BackendError reason to raise."""
+
+    workers: dict[str, Worker] = field(default_factory=dict)
+    fail: dict[str, str] = field(default_factory=dict)
+    calls: list[tuple[str, str]] = field(default_factory=list)
+
+    def create(self, node: SlurmNode) -> None:
+        self.calls.append(("create", node.name))
+        if node.name in self.fail:
+            raise BackendError(node.name, self.fail[node.name])
+        self.workers.setdefault(node.name, Worker(node.name, "Running", host=node.k8s_node))
+
+    def delete(self, name: str) -> None:
+        self.calls.append(("delete", name))
+        self.workers.pop(name, None)
+
+    def list(self) -> Mapping[str, Worker]:
+        return dict(self.workers)

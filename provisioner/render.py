@@ -1,0 +1,277 @@
+"""Rendering: slurm.conf, topology.conf, gres.conf and the users' passwd/group entries.
+
+Pure: :func:`render_all` returns ``{file name: text}``; nothing is written here (see
+:func:`write_files`). Templates use jinja2 with StrictUndefined; output order is deterministic.
+Every rendered Slurm file is parsed back and checked against the inventory and topology before it is
+returned, so a template bug cannot reach slurmctld.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import hostlist
+import jinja2
+
+from . import __version__
+from .config import ClusterSpec
+from .errors import Issue, RenderError
+from .inventory import Inventory, SlurmNode
+from .topology import Block, Switch, Topology, validate_blocks, validate_tree
+
+_ENV = jinja2.Environment(
+    loader=jinja2.PackageLoader("provisioner", "templates"),
+    undefined=jinja2.StrictUndefined,
+    trim_blocks=True,
+    lstrip_blocks=True,
+    keep_trailing_newline=True,
+    autoescape=False,
+)
+
+
+@dataclass(frozen=True)
+class Site:
+    """Where the cluster runs: names that differ between Kubernetes and the container test bed."""
+
+    controller_host: str = "slurmctld-0"
+    controller_addr: str | None = None
+    bin_dir: str = "/opt/slurmk8s/bin"
+
+
+def compress(names: Iterable[str]) -> str:
+    """Node names -> a Slurm hostlist expression (sorted, e.g. 'gpu-[0-7],login')."""
+    return hostlist.collect_hostlist(list(names))
+
+
+def expand(expr: str) -> list[str]:
+    return hostlist.expand_hostlist(expr) if expr else []
+
+
+def _group(nodes: Iterable[SlurmNode], key) -> list[tuple[Any, list[str]]]:
+    groups: dict[Any, list[str]] = {}
+    for node in nodes:
+        groups.setdefault(key(node), []).append(node.name)
+    return list(groups.items())
+
+
+def render_slurm_conf(spec: ClusterSpec, inventory: Inventory, topology: Topology, site: Site) -> str:
+    node_lines = [
+        {"names": compress(names), "cpus": k[0], "real_memory": k[1], "gres": k[2], "features": k[3], "weight": k[4]}
+        for k, names in _group(inventory.nodes, lambda n: (n.cpus, n.real_memory, n.gres, n.features, n.weight))
+    ]
+    down_lines = [
+        {"names": compress(names), "reason": reason.replace('"', "'")}
+        for reason, names in _group([n for n in inventory.nodes if n.unavailable], lambda n: n.unavailable)
+    ]
+    partitions: dict[str, list[str]] = defaultdict(list)
+    for pool in spec.pools:
+        partitions.setdefault(pool.partition_name, [])
+    for node in inventory.nodes:
+        partitions[node.partition].append(node.name)
+    ctld_params = ["enable_configless", "cloud_reg_addrs", "idle_on_node_suspend",
+                   "power_save_interval=1", "power_save_min_interval=0"]
+    return _ENV.get_template("slurm.conf.j2").render(
+        version=__version__,
+        cluster=spec.slurm_cluster_name,
+        controller_host=site.controller_host,
+        controller_addr=site.controller_addr,
+        bin_dir=site.bin_dir,
+        ctld_params=ctld_params,
+        topology_plugin=None if topology.plugin == "flat" else topology.slurm_plugin,
+        gres_types=["gpu"] if any(n.gpus for n in inventory.nodes) else [],
+        resume_timeout=spec.elasticity.resume_timeout,
+        suspend_timeout=spec.elasticity.suspend_timeout,
+        suspend_time=spec.elasticity.suspend_time,
+        fast_start=spec.elasticity.fast_start,
+        extra_conf=sorted(spec.slurm.extra_conf.items()),
+        node_lines=node_lines,
+        down_lines=down_lines,
+        max_time=spec.slurm.max_time,
+        partitions=[
+            {"name": name, "nodes": compress(nodes), "default": name == spec.default_partition}
+            for name, nodes in partitions.items() if nodes
+        ],
+    )
+
+
+def render_topology_conf(spec: ClusterSpec, topology: Topology) -> str | None:
+    if topology.plugin == "flat":
+        return None
+    switches = [
+        {"name": sw.name,
+         "children": f"Nodes={compress(sw.nodes)}" if sw.nodes else f"Switches={','.join(sw.switches)}"}
+        for sw in topology.switches
+    ]
+    blocks = [{"name": b.name, "nodes": compress(b.nodes)} for b in topology.blocks]
+    return _ENV.get_template("topology.conf.j2").render(
+        version=__version__, cluster=spec.slurm_cluster_name, plugin=topology.plugin,
+        switches=switches, blocks=blocks, block_sizes=topology.block_sizes,
+    )
+
+
+def render_gres_conf(spec: ClusterSpec, inventory: Inventory) -> str | None:
+    gpu_nodes = [n for n in inventory.nodes if n.gpus]
+    if not gpu_nodes:
+        return None
+    lines = []
+    for (count, gtype), names in _group(gpu_nodes, lambda n: (n.gpus, n.gpu_type)):
+        files = "/dev/nvidia0" if count == 1 else f"/dev/nvidia[0-{count - 1}]"
+        lines.append({"names": compress(names), "type": gtype, "files": files})
+    return _ENV.get_template("gres.conf.j2").render(version=__version__, cluster=spec.slurm_cluster_name, lines=lines)
+
+
+def render_passwd(spec: ClusterSpec) -> str:
+    return "".join(f"{u.name}:x:{u.uid}:{u.primary_gid}:{u.name}:/home/{u.name}:{u.shell}\n" for u in spec.users)
+
+
+def render_group(spec: ClusterSpec) -> str:
+    lines = [f"{u.name}:x:{u.primary_gid}:\n" for u in spec.users]
+    for g in spec.groups:
+        members = ",".join(u.name for u in spec.users if g.name in u.groups)
+        lines.append(f"{g.name}:x:{g.gid}:{members}\n")
+    return "".join(lines)
+
+
+def render_all(spec: ClusterSpec, inventory: Inventory, topology: Topology, site: Site = Site()) -> dict[str, str]:
+    """Every generated file, validated. Raises :class:`RenderError` and returns nothing on a problem."""
+    files = {"slurm.conf": render_slurm_conf(spec, inventory, topology, site)}
+    topo = render_topology_conf(spec, topology)
+    if topo is not None:
+        files["topology.conf"] = topo
+    gres = render_gres_conf(spec, inventory)
+    if gres is not None:
+        files["gres.conf"] = gres
+    files["passwd"] = render_passwd(spec)
+    files["group"] = render_group(spec)
+    files["inventory.json"] = json.dumps(inventory.to_json(), indent=1, sort_keys=True) + "\n"
+    issues = validate_rendered(files, inventory, topology)
+    if issues:
+        raise RenderError(issues, title="a generated file failed validation (a slurmk8s bug; please report it)")
+    return files
+
+
+# ---------------------------------------------------------------- parsing back, validation
+
+
+def parse_conf_lines(text: str) -> list[list[tuple[str, str]]]:
+    """slurm.conf-style text -> lines of (key, value) pairs; comments and blank lines dropped."""
+    lines = []
+    for raw in text.splitlines():
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        pairs = []
+        token = ""
+        quoted = False
+        for ch in line + " ":
+            if ch == '"':
+                quoted = not quoted
+            if ch.isspace() and not quoted:
+                if token:
+                    key, _, value = token.partition("=")
+                    pairs.append((key, value.strip('"')))
+                token = ""
+            else:
+                token += ch
+        lines.append(pairs)
+    return lines
+
+
+def parse_topology_conf(text: str) -> tuple[list[Switch], list[Block], tuple[int, ...]]:
+    switches: list[Switch] = []
+    blocks: list[Block] = []
+    sizes: tuple[int, ...] = ()
+    for pairs in parse_conf_lines(text):
+        d = dict((k.lower(), v) for k, v in pairs)
+        if "switchname" in d:
+            switches.append(Switch(d["switchname"], 0, nodes=tuple(expand(d.get("nodes", ""))),
+                                   switches=tuple(expand(d.get("switches", "")))))
+        elif "blockname" in d:
+            blocks.append(Block(d["blockname"], tuple(expand(d.get("nodes", "")))))
+        elif "blocksizes" in d:
+            sizes = tuple(int(x) for x in d["blocksizes"].split(","))
+    return switches, blocks, sizes
+
+
+def validate_rendered(files: Mapping[str, str], inventory: Inventory, topology: Topology) -> list[Issue]:
+    issues: list[Issue] = []
+    repeatable = {"nodename", "partitionname", "downnodes"}
+    seen: set[str] = set()
+    declared: list[str] = []
+    in_partitions: set[str] = set()
+    defaults = 0
+    for pairs in parse_conf_lines(files["slurm.conf"]):
+        key, value = pairs[0]
+        k = key.lower()
+        if k not in repeatable:
+            if k in seen:
+                issues.append(Issue(f"slurm.conf:{key}", "set twice", "remove the duplicate"))
+            seen.add(k)
+        if k == "nodename":
+            declared += expand(value)
+        elif k == "partitionname":
+            attrs = dict((a.lower(), b) for a, b in pairs[1:])
+            in_partitions.update(expand(attrs.get("nodes", "")))
+            defaults += attrs.get("default") == "YES"
+        elif k == "downnodes":
+            unknown = set(expand(value)) - set(inventory.names)
+            if unknown:
+                issues.append(Issue("slurm.conf:DownNodes", f"unknown nodes {sorted(unknown)[:3]}", "regenerate"))
+    required = {"clustername", "slurmctldhost", "slurmuser", "authtype", "selecttype", "resumeprogram",
+                "suspendprogram", "suspendtime", "resumetimeout", "slurmctldparameters", "returntoservice"}
+    for key in sorted(required - seen):
+        issues.append(Issue(f"slurm.conf:{key}", "missing", "regenerate"))
+    for pairs in parse_conf_lines(files["slurm.conf"]):
+        if pairs[0][0].lower() not in repeatable and len(pairs) > 1:
+            issues.append(Issue(f"slurm.conf:{pairs[0][0]}", "two settings on one line", "fix the template"))
+    if sorted(declared) != sorted(inventory.names) or len(declared) != len(set(declared)):
+        issues.append(Issue("slurm.conf:NodeName", "declared nodes differ from the inventory", "regenerate"))
+    if in_partitions != set(inventory.names):
+        issues.append(Issue("slurm.conf:PartitionName", "some nodes are in no partition", "regenerate"))
+    if inventory.nodes and defaults != 1:
+        issues.append(Issue("slurm.conf:PartitionName", f"{defaults} default partitions", "exactly one is default"))
+    if topology.plugin != "flat":
+        if "topology.conf" not in files:
+            issues.append(Issue("topology.conf", "missing", "regenerate"))
+        else:
+            switches, blocks, sizes = parse_topology_conf(files["topology.conf"])
+            if topology.plugin == "tree":
+                issues += validate_tree(switches, inventory.names)
+            else:
+                issues += validate_blocks(blocks, sizes, inventory.names)
+    if "gres.conf" in files:
+        gres_nodes = set()
+        for pairs in parse_conf_lines(files["gres.conf"]):
+            gres_nodes.update(expand(pairs[0][1]))
+        if gres_nodes != {n.name for n in inventory.nodes if n.gpus}:
+            issues.append(Issue("gres.conf", "GPU nodes differ from the inventory", "regenerate"))
+    return issues
+
+
+def write_files(files: Mapping[str, str], out_dir: str | Path) -> list[Path]:
+    """Write all files or none: each goes to a temporary file first, then all are renamed in."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    staged: list[tuple[str, Path]] = []
+    try:
+        for name, text in sorted(files.items()):
+            fd, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=out)
+            with os.fdopen(fd, "w") as fh:
+                fh.write(text)
+            os.chmod(tmp, 0o644)
+            staged.append((name, Path(tmp)))
+    except BaseException:
+        for _, tmp in staged:
+            tmp.unlink(missing_ok=True)
+        raise
+    written = []
+    for name, tmp in staged:
+        os.replace(tmp, out / name)
+        written.append(out / name)
+    return written
