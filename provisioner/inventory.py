@@ -18,19 +18,24 @@ from .errors import Issue, InventoryError
 MAX_NODE_NAME = 63  # the worker pod's hostname is the Slurm node name: one DNS label
 
 
+_NOT_NAME = re.compile(r"[^a-z0-9-]+")
+_DASHES = re.compile(r"-{2,}")
+_NOT_WORD = re.compile(r"[^A-Za-z0-9_.-]+")
+_NOT_ALNUM = re.compile(r"[^a-z0-9]+")
+
+
 def sanitize_name(raw: str) -> str:
     """A Kubernetes name -> a Slurm node name / DNS label: lowercase, [a-z0-9-], no '.'."""
-    name = re.sub(r"[^a-z0-9-]+", "-", raw.lower())
-    return re.sub(r"-{2,}", "-", name).strip("-")
+    return _DASHES.sub("-", _NOT_NAME.sub("-", raw.lower())).strip("-")
 
 
 def sanitize_word(raw: str) -> str:
     """A label value -> a Slurm feature / GRES type / switch name: [A-Za-z0-9_.-]."""
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", raw).strip("_.-")
+    return _NOT_WORD.sub("_", raw).strip("_.-")
 
 
 def gpu_type_from(raw: str) -> str:
-    return re.sub(r"[^a-z0-9]+", "_", raw.lower()).strip("_")
+    return _NOT_ALNUM.sub("_", raw.lower()).strip("_")
 
 
 @dataclass(frozen=True)
