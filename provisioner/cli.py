@@ -40,6 +40,14 @@ def spec_schema() -> None:
     typer.echo(json.dumps(json_schema(), indent=2, sort_keys=True))
 
 
+@spec_app.command("docs")
+def spec_docs() -> None:
+    """Print the spec reference as Markdown (docs/spec.md is this output)."""
+    from .specdoc import spec_markdown
+
+    typer.echo(spec_markdown(), nl=False)
+
+
 @spec_app.command("validate")
 def spec_validate(spec: Path = typer.Argument(..., help="Cluster spec YAML.")) -> None:
     """Validate a cluster spec; prints each problem with its field and fix."""

@@ -580,15 +580,15 @@ class ClusterSpec(Model):
 
     name: str = Field(description="Cluster name (DNS label, at most 30 characters).")
     namespace: str | None = Field(default=None, description="Kubernetes namespace; defaults to 'slurm-<name>'.")
-    slurm: Slurm = Field(default_factory=Slurm)
+    slurm: Slurm = Field(default_factory=Slurm, description="Slurm settings (cluster name, partitions, extra slurm.conf).")
     pools: tuple[Pool, ...] = Field(min_length=1, description="Worker pools (at least one).")
     users: tuple[User, ...] = Field(default=(), description="Researcher accounts.")
     groups: tuple[Group, ...] = Field(default=(), description="Extra POSIX groups.")
-    storage: Storage = Field(default_factory=Storage)
-    elasticity: Elasticity = Field(default_factory=Elasticity)
-    topology: Topology = Field(default_factory=Topology)
-    images: Images = Field(default_factory=Images)
-    login: Login = Field(default_factory=Login)
+    storage: Storage = Field(default_factory=Storage, description="Persistent volumes: /home and controller state.")
+    elasticity: Elasticity = Field(default_factory=Elasticity, description="Power saving: when workers come and go.")
+    topology: Topology = Field(default_factory=Topology, description="topology.conf from node labels.")
+    images: Images = Field(default_factory=Images, description="Container images.")
+    login: Login = Field(default_factory=Login, description="The login pod and how SSH reaches it.")
 
     @field_validator("name")
     @classmethod

@@ -175,3 +175,9 @@ def test_golden(case: str):
             (directory / name).write_text(text)
     expected = {p.name: p.read_text() for p in directory.iterdir()}
     assert files == expected, "rendered files changed; inspect and rerun with UPDATE_GOLDEN=1 if intended"
+
+
+def test_spec_reference_is_current():
+    from provisioner.specdoc import spec_markdown
+
+    assert (ROOT / "docs" / "spec.md").read_text() == spec_markdown(), "run: slurmk8s spec docs > docs/spec.md"
