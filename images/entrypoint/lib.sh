@@ -1,0 +1,181 @@
+# shellcheck shell=bash
+# Shared by the slurmk8s entrypoints (sourced). The contract these functions implement is
+# documented in images/README.md; keep the two in step.
+
+SLURMK8S_ROLE="${SLURMK8S_ROLE:-container}"
+SLURMK8S_DIR="${SLURMK8S_DIR:-/etc/slurmk8s}"
+SLURMK8S_MUNGE_KEY="${SLURMK8S_MUNGE_KEY:-$SLURMK8S_DIR/secret/munge.key}"
+SLURMK8S_USERS_DIR="${SLURMK8S_USERS_DIR:-$SLURMK8S_DIR/users}"
+
+log() { printf '%s [slurmk8s-%s] %s\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$SLURMK8S_ROLE" "$*" >&2; }
+die() { log "FATAL: $*"; exit 1; }
+
+# Run a command as another user without a login shell or PAM (util-linux setpriv).
+as_user() {
+    local user="$1"; shift
+    setpriv --reuid "$user" --regid "$user" --init-groups -- "$@"
+}
+
+# --- munge ----------------------------------------------------------------------------------
+# Copy the mounted key to /etc/munge/munge.key (munge:munge 0400) and start munged as munge.
+start_munge() {
+    local src="$SLURMK8S_MUNGE_KEY" i
+    [ -e "$src" ] || die "munge key not found at $src: mount the cluster's auth Secret (key 'munge.key') at $(dirname "$src")"
+    [ -r "$src" ] || die "munge key at $src is not readable by root"
+    [ -s "$src" ] || die "munge key at $src is empty"
+    install -d -o munge -g munge -m 0700 /etc/munge /var/lib/munge /var/log/munge
+    install -d -o munge -g munge -m 0755 /run/munge
+    rm -f /run/munge/munged.pid /run/munge/munge.socket.2 /run/munge/munge.socket.2.lock
+    # `install` reads through symlinks (Kubernetes mounts Secret files as symlinks).
+    install -o munge -g munge -m 0400 "$src" /etc/munge/munge.key \
+        || die "cannot copy $src to /etc/munge/munge.key"
+    log "munge: key installed at /etc/munge/munge.key (munge:munge 0400), starting munged"
+    as_user munge munged || {
+        tail -n 20 /var/log/munge/munged.log >&2 2>/dev/null || true
+        die "munged failed to start (see above)"
+    }
+    for i in $(seq 1 50); do
+        if munge -n 2>/dev/null | unmunge >/dev/null 2>&1; then
+            log "munge: munged answers"
+            return 0
+        fi
+        sleep 0.2
+    done
+    tail -n 20 /var/log/munge/munged.log >&2 2>/dev/null || true
+    die "munged started but does not answer after 10s"
+}
+
+# --- users ----------------------------------------------------------------------------------
+# _merge_db FRAGMENT TARGET FIELDS KIND: append lines of FRAGMENT (passwd/group format) whose
+# name is not yet in TARGET. Idempotent. Conflicts (same name with another id, or the same id
+# under another name) are fatal: they would give a user different identities on different pods.
+_merge_db() {
+    local frag="$1" target="$2" nfields="$3" kind="$4"
+    local line name id cur_line cur_id other added=0 n=0
+    while IFS= read -r line || [ -n "$line" ]; do
+        line="${line%$'\r'}"
+        case "$line" in ''|'#'*) continue ;; esac
+        n=$((n + 1))
+        [ "$(awk -F: '{print NF}' <<<"$line")" -eq "$nfields" ] \
+            || die "$frag line $n: expected $nfields ':'-separated fields ($kind format): $line"
+        name="${line%%:*}"
+        id="$(cut -d: -f3 <<<"$line")"
+        case "$name" in ''|*[!a-z0-9_.-]*|[-.]*) die "$frag line $n: bad $kind name '$name'" ;; esac
+        case "$id" in ''|*[!0-9]*) die "$frag line $n: bad id '$id' for $name" ;; esac
+        cur_line="$(awk -F: -v n="$name" '$1 == n { print; exit }' "$target")"
+        if [ -n "$cur_line" ]; then
+            cur_id="$(cut -d: -f3 <<<"$cur_line")"
+            [ "$cur_id" = "$id" ] \
+                || die "$kind '$name' is $cur_id in this image but $id in $frag: pick another id"
+            if [ "$kind" = group ] && [ "$cur_line" != "$line" ]; then
+                _merge_group_members "$target" "$name" "$(cut -d: -f4 <<<"$line")"
+            fi
+            continue
+        fi
+        other="$(awk -F: -v i="$id" '$3 == i { print $1; exit }' "$target")"
+        [ -z "$other" ] || die "$kind id $id of '$name' ($frag) is already used by '$other' in this image"
+        printf '%s\n' "$line" >>"$target"
+        added=$((added + 1))
+    done <"$frag"
+    log "users: $added new $kind entries from $frag"
+}
+
+# Add MEMBERS (comma list) to the member list of GROUP in TARGET (union, order kept).
+_merge_group_members() {
+    local target="$1" group="$2" members="$3" tmp
+    [ -n "$members" ] || return 0
+    tmp="$(mktemp "$target.XXXXXX")"
+    awk -F: -v OFS=: -v g="$group" -v add="$members" '
+        $1 == g {
+            n = split($4, cur, ","); seen[""] = 1
+            for (i = 1; i <= n; i++) seen[cur[i]] = 1
+            m = split(add, extra, ",")
+            for (i = 1; i <= m; i++) if (!(extra[i] in seen)) { $4 = ($4 == "" ? extra[i] : $4 "," extra[i]); seen[extra[i]] = 1 }
+        }
+        { print }' "$target" >"$tmp" && cat "$tmp" >"$target"
+    rm -f "$tmp"
+}
+
+# Groups first, so that primary groups exist when users are added.
+sync_users() {
+    local dir="$SLURMK8S_USERS_DIR"
+    if [ ! -e "$dir/passwd" ] && [ ! -e "$dir/group" ]; then
+        log "users: no $dir/passwd or $dir/group mounted: only the image's users exist"
+        return 0
+    fi
+    [ ! -e "$dir/group" ] || _merge_db "$dir/group" /etc/group 4 group
+    [ ! -e "$dir/passwd" ] || _merge_db "$dir/passwd" /etc/passwd 7 passwd
+}
+
+# Create missing home directories under /home for the users of the passwd fragment
+# (owner = the user, mode 0700, populated from /etc/skel). Existing ones are left alone.
+make_homes() {
+    local frag="$SLURMK8S_USERS_DIR/passwd" name uid gid home made=0
+    [ -e "$frag" ] || return 0
+    while IFS=: read -r name _ uid gid _ home _ || [ -n "$name" ]; do
+        case "$name" in ''|'#'*) continue ;; esac
+        case "$home" in /home/?*) ;; *) continue ;; esac
+        case "$home" in */../*|*/..) log "users: skipping home '$home' of $name (contains ..)"; continue ;; esac
+        [ -e "$home" ] && continue
+        install -d -o "$uid" -g "$gid" -m 0700 "$home" || die "cannot create home $home for $name"
+        cp -a /etc/skel/. "$home"/ 2>/dev/null || true
+        chown -R "$uid:$gid" "$home"
+        made=$((made + 1))
+    done <"$frag"
+    log "users: created $made missing home directories under /home"
+}
+
+# --- Slurm ----------------------------------------------------------------------------------
+# Value of KEY in a slurm.conf (case-insensitive key, first match; empty if unset).
+slurm_conf_get() {
+    local conf="$1" key="$2"
+    awk -v k="$(tr '[:upper:]' '[:lower:]' <<<"$key")" '
+        { sub(/#.*/, "") }
+        {
+            for (i = 1; i <= NF; i++) {
+                split($i, kv, "=")
+                if (tolower(kv[1]) == k) { v = substr($i, length(kv[1]) + 2); print v; exit }
+            }
+        }' "$conf"
+}
+
+# SLURMK8S_CONTROLLER=host[:port] -> CONTROLLER_HOST, CONTROLLER_PORT (default 6817).
+parse_controller() {
+    local c="${SLURMK8S_CONTROLLER:-}"
+    [ -n "$c" ] || die "SLURMK8S_CONTROLLER is not set (host[:port] of slurmctld)"
+    case "$c" in
+        *:*) CONTROLLER_HOST="${c%:*}"; CONTROLLER_PORT="${c##*:}" ;;
+        *) CONTROLLER_HOST="$c"; CONTROLLER_PORT=6817 ;;
+    esac
+    case "$CONTROLLER_PORT" in ''|*[!0-9]*) die "SLURMK8S_CONTROLLER='$c': port must be a number" ;; esac
+    [ -n "$CONTROLLER_HOST" ] || die "SLURMK8S_CONTROLLER='$c': empty host"
+}
+
+# Wait (bounded by SLURMK8S_CONTROLLER_WAIT seconds, default 300) until the controller's
+# port accepts TCP connections. A configless daemon exits at once if slurmctld is not up.
+wait_for_controller() {
+    local limit="${SLURMK8S_CONTROLLER_WAIT:-300}" start now next_log
+    start="$(date +%s)"; next_log=0
+    log "waiting for slurmctld at $CONTROLLER_HOST:$CONTROLLER_PORT (up to ${limit}s)"
+    until timeout 3 bash -c 'exec 3<>"/dev/tcp/$1/$2"' _ "$CONTROLLER_HOST" "$CONTROLLER_PORT" 2>/dev/null; do
+        now="$(date +%s)"
+        [ $((now - start)) -lt "$limit" ] \
+            || die "slurmctld at $CONTROLLER_HOST:$CONTROLLER_PORT not reachable after ${limit}s"
+        if [ "$now" -ge "$next_log" ]; then
+            [ "$next_log" -eq 0 ] || log "still waiting for $CONTROLLER_HOST:$CONTROLLER_PORT ($((now - start))s)"
+            next_log=$((now + 10))
+        fi
+        sleep 1
+    done
+    log "slurmctld port $CONTROLLER_HOST:$CONTROLLER_PORT answers after $(( $(date +%s) - start ))s"
+}
+
+# Make a directory owned by USER (re-owning its content when it was not, e.g. a fresh volume).
+own_dir() {
+    local dir="$1" user="$2" mode="$3"
+    mkdir -p "$dir" || die "cannot create $dir"
+    if [ "$(stat -c %U "$dir")" != "$user" ]; then
+        chown -R "$user:$user" "$dir" || die "cannot chown $dir to $user"
+    fi
+    chmod "$mode" "$dir"
+}

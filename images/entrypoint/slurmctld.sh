@@ -1,0 +1,67 @@
+#!/bin/bash
+# slurmk8s slurmctld entrypoint (PID 1 is tini). Contract: images/README.md.
+#   /etc/slurm/               rendered config dir (slurm.conf, topology.conf, ...), mounted
+#   /var/spool/slurmctld      StateSaveLocation (a volume); made owned by SlurmUser
+#   arguments                 appended to the slurmctld command line (e.g. -vvv)
+# slurmctld runs in the foreground as SlurmUser (which must be set and must not be root).
+set -euo pipefail
+. /usr/local/lib/slurmk8s/lib.sh
+
+CONF_DIR="${SLURMK8S_SLURM_CONF_DIR:-/etc/slurm}"
+CONF="$CONF_DIR/slurm.conf"
+log "starting slurmctld"
+
+[ -e "$CONF" ] || die "$CONF not found: mount the rendered config directory at $CONF_DIR"
+
+SLURM_USER="$(slurm_conf_get "$CONF" SlurmUser)"
+[ -n "$SLURM_USER" ] || die "$CONF does not set SlurmUser (must be SlurmUser=slurm; slurmctld must not run as root)"
+[ "$SLURM_USER" != root ] || die "$CONF sets SlurmUser=root: refusing, use SlurmUser=slurm"
+
+start_munge
+sync_users
+id "$SLURM_USER" >/dev/null 2>&1 || die "SlurmUser '$SLURM_USER' does not exist in this container"
+
+# slurm.conf (and its includes) must be readable by SlurmUser. Mounted ConfigMaps/Secrets can
+# come with a restrictive mode or owner: then serve a readable copy from /run/slurmk8s/conf.
+extra=()
+if ! as_user "$SLURM_USER" test -r "$CONF"; then
+    copy=/run/slurmk8s/conf
+    log "config: $CONF not readable by $SLURM_USER: copying $CONF_DIR to $copy"
+    rm -rf "$copy"; mkdir -p "$copy"
+    cp -rL "$CONF_DIR"/. "$copy"/ || die "cannot copy $CONF_DIR to $copy"
+    rm -rf "$copy"/..?* 2>/dev/null || true      # Kubernetes ..data / ..timestamp entries
+    chown -R "root:$SLURM_USER" "$copy"
+    find "$copy" -type d -exec chmod 0750 {} +
+    find "$copy" -type f -exec chmod 0640 {} +
+    CONF="$copy/slurm.conf"
+    extra=(-f "$CONF")
+    export SLURM_CONF="$CONF"
+fi
+as_user "$SLURM_USER" test -r "$CONF" || die "$CONF still not readable by $SLURM_USER"
+log "config: $CONF (readable by $SLURM_USER)"
+
+STATE_DIR="$(slurm_conf_get "$CONF" StateSaveLocation)"
+STATE_DIR="${STATE_DIR:-/var/spool/slurmctld}"
+own_dir "$STATE_DIR" "$SLURM_USER" 0750
+log "state: $STATE_DIR owned by $SLURM_USER"
+
+own_dir /var/log/slurm "$SLURM_USER" 0755
+own_dir /run/slurm "$SLURM_USER" 0755
+for key in SlurmctldLogFile SlurmSchedLogFile; do
+    f="$(slurm_conf_get "$CONF" "$key")"
+    [ -z "$f" ] || own_dir "$(dirname "$f")" "$SLURM_USER" 0755
+done
+# The PID file is written before nothing else can fail; pre-create it writable for SlurmUser.
+pidfile="$(slurm_conf_get "$CONF" SlurmctldPidFile)"
+pidfile="${pidfile:-/run/slurmctld.pid}"
+mkdir -p "$(dirname "$pidfile")"
+install -o "$SLURM_USER" -g "$SLURM_USER" -m 0644 /dev/null "$pidfile"
+
+case "$(slurm_conf_get "$CONF" SlurmctldParameters)" in
+    *enable_configless*) ;;
+    *) log "WARNING: SlurmctldParameters lacks enable_configless: slurmd --conf-server will fail" ;;
+esac
+
+log "exec (as $SLURM_USER) slurmctld -D ${extra[*]} $*"
+exec setpriv --reuid "$SLURM_USER" --regid "$SLURM_USER" --init-groups -- \
+    slurmctld -D "${extra[@]}" "$@"
