@@ -62,3 +62,27 @@ class FakeBackend:
 
     def list(self) -> Mapping[str, Worker]:
         return dict(self.workers)
+
+
+class BackendFactory(Protocol):
+    def __call__(self, env: Mapping[str, str]) -> NodeBackend: ...
+
+
+# SLURMK8S_BACKEND value -> "module:function"; the function takes the environment and returns a
+# NodeBackend. Imported lazily, so a backend's dependencies load only where it is used.
+BACKENDS: dict[str, str] = {
+    "docker": "provisioner.elastic.docker_backend:from_env",
+}
+
+
+def backend_from_env(env: Mapping[str, str]) -> NodeBackend:
+    """The backend named by SLURMK8S_BACKEND (default: docker), configured from `env`."""
+    import importlib
+
+    name = env.get("SLURMK8S_BACKEND", "docker")
+    target = BACKENDS.get(name)
+    if target is None:
+        raise BackendError("*", f"unknown SLURMK8S_BACKEND={name!r}; known: {', '.join(sorted(BACKENDS))}")
+    module, _, func = target.partition(":")
+    factory: BackendFactory = getattr(importlib.import_module(module), func)
+    return factory(env)

@@ -1,0 +1,481 @@
+"""The programs Slurm runs on the slurmctld host: ResumeProgram, SuspendProgram, ResumeFailProgram
+and PrologSlurmctld (console scripts slurmk8s-resume, -suspend, -resume-fail, -prolog-slurmctld).
+
+Slurm discards their output, so everything goes to a log file (SLURMK8S_LOG, default
+/var/log/slurmk8s/elastic.log). They must return fast: a blocked ResumeProgram stalls slurmctld's
+script daemon, so the work is a bounded number of backend calls, run in parallel, within a total
+time budget (SLURMK8S_BUDGET seconds, default 20).
+
+Environment:
+  SLURMK8S_BACKEND    node backend (default docker; see backend.BACKENDS)
+  SLURMK8S_INVENTORY  inventory.json written with the config (default /etc/slurm/inventory.json)
+  SLURMK8S_LOG        log file (default /var/log/slurmk8s/elastic.log)
+  SLURMK8S_BUDGET     seconds the resume / suspend / resume-fail programs may take (default 20)
+  SLURMK8S_PARALLEL   backend calls in flight at once (default 8)
+  SLURM_RESUME_FILE   set by Slurm for ResumeProgram (JSON, temporary: read at once)
+
+This module's top level imports only the standard library's cheapest modules: the prolog runs for
+every job and must start fast. The resume / suspend code imports the rest when it runs.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence, TextIO
+
+if TYPE_CHECKING:
+    from .backend import NodeBackend
+    from .plan import Decision
+    from .slurmcmd import SlurmControl
+
+DEFAULT_LOG = "/var/log/slurmk8s/elastic.log"
+DEFAULT_INVENTORY = "/etc/slurm/inventory.json"
+DEFAULT_BUDGET = 20.0
+DEFAULT_PARALLEL = 8
+PROLOG_POLL = 0.1
+PROLOG_DEFAULT_TIMEOUT = 300.0
+NOT_BOOTED = ("~", "#", "%")  # powered down, powering up, powering down
+GIVE_UP_STATES = ("down", "drain", "fail", "inval", "unknown")
+
+
+# ---------------------------------------------------------------- logging
+
+
+class Log:
+    """Timestamped lines appended to one file (O_APPEND: safe across concurrent programs).
+
+    Falls back to stderr when the file cannot be opened, so a misconfigured log path never stops
+    a program from doing its work.
+    """
+
+    def __init__(self, program: str, path: str | None = None, stream: TextIO | None = None) -> None:
+        self.program = f"{program}[{os.getpid()}]"
+        self.path = path
+        self._fh: TextIO | None = stream
+        self.lines: list[str] = []  # kept for tests and for the final summary
+        if stream is None and path:
+            try:
+                os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+                self._fh = open(path, "a", buffering=1)
+            except OSError as err:
+                self._fh = sys.stderr
+                self.write(f"cannot open log file {path}: {err}; logging to stderr")
+
+    def write(self, message: str) -> None:
+        now = time.time()
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1000):03d}Z"
+        line = f"{stamp} {self.program} {message}"
+        self.lines.append(line)
+        if self._fh is not None:
+            try:
+                self._fh.write(line + "\n")
+                self._fh.flush()
+            except OSError:
+                self._fh = None  # nowhere left to report to; keep working
+
+    def close(self) -> None:
+        if self._fh is not None and self._fh not in (sys.stderr, sys.stdout):
+            self._fh.close()
+
+
+def _env_float(env: Mapping[str, str], key: str, default: float) -> float:
+    try:
+        return float(env.get(key, default))
+    except ValueError:
+        return default
+
+
+# ---------------------------------------------------------------- PrologSlurmctld
+
+
+def resume_timeout_from_conf(path: str) -> float | None:
+    """ResumeTimeout from slurm.conf (cheap scan, no parser import); None when absent/unreadable."""
+    try:
+        with open(path) as fh:
+            for line in fh:
+                key, sep, value = line.split("#", 1)[0].strip().partition("=")
+                if sep and key.strip().lower() == "resumetimeout":
+                    return float(value.strip())
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def node_states(nodelist: str, sinfo: str = "sinfo", timeout: float = 10.0) -> list[str] | None:
+    """`sinfo -h -N -n LIST -o %T` -> one extended state per node ('allocated#', 'idle~', ...)."""
+    import subprocess
+
+    try:
+        proc = subprocess.run([sinfo, "-h", "-N", "-n", nodelist, "-o", "%T"], capture_output=True,
+                              text=True, timeout=timeout, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if proc.returncode != 0:
+        return None
+    return proc.stdout.split()
+
+
+def booted(states: Sequence[str]) -> bool:
+    return bool(states) and not any(s.endswith(NOT_BOOTED) for s in states)
+
+
+def gave_up(states: Sequence[str]) -> bool:
+    """A node of the job is down / drained / failed: Slurm requeues the job, stop waiting."""
+    return any(s.rstrip("~#%*$@^-!").lower().startswith(GIVE_UP_STATES) for s in states)
+
+
+def wait_for_boot(
+    nodelist: str,
+    timeout: float,
+    states_of: Callable[[str], list[str] | None] | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+    poll: float = PROLOG_POLL,
+) -> tuple[str, float, int, list[str] | None]:
+    """Poll until every node of `nodelist` booted -> (outcome, seconds waited, polls, last states).
+
+    outcome: 'booted', 'gave-up' (a node went DOWN/DRAIN: Slurm handles the job) or 'timeout'.
+    """
+    states_of = states_of or node_states
+    start = clock()
+    polls = 0
+    states: list[str] | None = None
+    while True:
+        states = states_of(nodelist)
+        polls += 1
+        if states is not None:
+            if booted(states):
+                return "booted", clock() - start, polls, states
+            if gave_up(states):
+                return "gave-up", clock() - start, polls, states
+        if clock() - start >= timeout:
+            return "timeout", clock() - start, polls, states
+        sleep(poll)
+
+
+def prolog_main() -> int:
+    """PrologSlurmctld: return once the job's nodes have booted, so Slurm launches it at once.
+
+    Never fails the job on its own: every outcome, even an internal error, exits 0 (a failing
+    PrologSlurmctld makes Slurm requeue or hold the job).
+    """
+    env = os.environ
+    log: Log | None = None
+    try:
+        nodelist = env.get("SLURM_JOB_NODELIST", "")
+        job = env.get("SLURM_JOB_ID", "?")
+        if not nodelist:
+            Log("prolog", env.get("SLURMK8S_LOG", DEFAULT_LOG)).write(f"job {job}: no SLURM_JOB_NODELIST; exit 0")
+            return 0
+        timeout = _env_float(env, "SLURMK8S_PROLOG_TIMEOUT", 0.0) or resume_timeout_from_conf(
+            env.get("SLURM_CONF", "/etc/slurm/slurm.conf")) or PROLOG_DEFAULT_TIMEOUT
+        outcome, waited, polls, states = wait_for_boot(nodelist, timeout)
+        if polls > 1 or outcome != "booted":  # nodes already up: stay quiet, this runs for every job
+            log = Log("prolog", env.get("SLURMK8S_LOG", DEFAULT_LOG))
+            log.write(f"job {job} nodes {nodelist}: {outcome} after {waited:.2f}s ({polls} polls, states {states})")
+    except BaseException as err:  # noqa: BLE001 -- must never fail the job; logged, exit 0
+        try:
+            (log or Log("prolog", env.get("SLURMK8S_LOG", DEFAULT_LOG))).write(
+                f"internal error, job released anyway: {type(err).__name__}: {err}")
+        except OSError:
+            sys.stderr.write(f"slurmk8s-prolog-slurmctld: {type(err).__name__}: {err}\n")
+    return 0
+
+
+# ---------------------------------------------------------------- resume / suspend / resume-fail
+
+
+class Outcome:
+    __slots__ = ("decision", "ok", "error", "seconds")
+
+    def __init__(self, decision: "Decision", ok: bool, error: str = "", seconds: float = 0.0) -> None:
+        self.decision = decision
+        self.ok = ok
+        self.error = error
+        self.seconds = seconds
+
+
+def _act(backend: "NodeBackend", decision: "Decision") -> Outcome:
+    from .backend import BackendError
+    from .plan import Action
+
+    start = time.monotonic()
+    try:
+        if decision.action in (Action.DELETE, Action.REPLACE):
+            backend.delete(decision.node)
+        if decision.action in (Action.CREATE, Action.REPLACE):
+            if decision.slurm_node is None:
+                raise BackendError(decision.node, "no inventory entry to create the worker from")
+            backend.create(decision.slurm_node)
+    except BackendError as err:
+        return Outcome(decision, False, err.reason, time.monotonic() - start)
+    except Exception as err:  # noqa: BLE001 -- a bug for one node must still end as that node's DOWN reason
+        return Outcome(decision, False, f"internal error {type(err).__name__}: {err}", time.monotonic() - start)
+    return Outcome(decision, True, "", time.monotonic() - start)
+
+
+def execute(
+    decisions: Sequence["Decision"], backend: "NodeBackend", *, budget: float, parallel: int, log: Log
+) -> tuple[list[Outcome], list["Decision"]]:
+    """Carry out the backend actions in parallel within `budget` seconds.
+
+    Returns (outcomes of finished decisions, decisions still running when the budget ran out).
+    """
+    from concurrent.futures import ThreadPoolExecutor, wait
+
+    from .plan import Action
+
+    outcomes: list[Outcome] = []
+    work = []
+    for d in decisions:
+        if d.action == Action.NOTHING:
+            outcomes.append(Outcome(d, True))
+        elif d.action == Action.FAIL:
+            outcomes.append(Outcome(d, False, d.detail))
+        else:
+            work.append(d)
+    if not work:
+        return outcomes, []
+    pool = ThreadPoolExecutor(max_workers=max(1, min(parallel, len(work))), thread_name_prefix="slurmk8s")
+    futures = {pool.submit(_act, backend, d): d for d in work}
+    done, running = wait(futures, timeout=max(0.0, budget))
+    pool.shutdown(wait=False, cancel_futures=True)
+    for fut in done:
+        outcomes.append(fut.result())
+    for out in outcomes:
+        if out.decision.action not in (Action.NOTHING, Action.FAIL):
+            state = "ok" if out.ok else f"FAILED: {out.error}"
+            log.write(f"{out.decision.node} {out.decision.action.value} {state} ({out.seconds:.2f}s)")
+    pending = [futures[f] for f in running]
+    return outcomes, pending
+
+
+def _set_down(slurm: "SlurmControl", failures: Mapping[str, str], log: Log) -> bool:
+    """Set failed nodes DOWN with their reason, one scontrol call per distinct reason."""
+    from .slurmcmd import SlurmCommandError
+
+    by_reason: dict[str, list[str]] = {}
+    for node, reason in failures.items():
+        by_reason.setdefault(reason, []).append(node)
+    ok = True
+    for reason, nodes in by_reason.items():
+        try:
+            slurm.set_down(nodes, reason)
+            log.write(f"set DOWN {','.join(nodes)}: {reason}")
+        except SlurmCommandError as err:
+            ok = False
+            log.write(f"could not set DOWN {','.join(nodes)} ({reason}): {err}")
+    return ok
+
+
+class Context:
+    """What a program run needs, gathered from the environment (or given by a test)."""
+
+    def __init__(self, env: Mapping[str, str], log: Log, *, backend: "NodeBackend | None" = None,
+                 slurm: "SlurmControl | None" = None, inventory=None) -> None:
+        self.env = env
+        self.log = log
+        self._backend = backend
+        self._slurm = slurm
+        self._inventory = inventory
+        self.start = time.monotonic()
+        self.budget = _env_float(env, "SLURMK8S_BUDGET", DEFAULT_BUDGET)
+        self.parallel = int(_env_float(env, "SLURMK8S_PARALLEL", DEFAULT_PARALLEL))
+
+    def remaining(self) -> float:
+        return self.budget - (time.monotonic() - self.start)
+
+    @property
+    def slurm(self) -> "SlurmControl":
+        if self._slurm is None:
+            from .slurmcmd import Scontrol
+
+            self._slurm = Scontrol()
+        return self._slurm
+
+    def backend(self) -> "NodeBackend":
+        if self._backend is None:
+            from .backend import backend_from_env
+
+            self._backend = backend_from_env(self.env)
+        return self._backend
+
+    def inventory(self):
+        if self._inventory is None:
+            import json
+
+            from ..inventory import Inventory
+
+            path = self.env.get("SLURMK8S_INVENTORY", DEFAULT_INVENTORY)
+            with open(path) as fh:
+                self._inventory = Inventory.from_json(json.load(fh))
+        return self._inventory
+
+
+class RunResult:
+    """What a program run did: exit code, nodes set DOWN, whether work was left running."""
+
+    def __init__(self, code: int, down: Mapping[str, str] | None = None, abandoned: bool = False) -> None:
+        self.code = code
+        self.down = dict(down or {})
+        self.abandoned = abandoned
+
+
+def _workers(ctx: Context) -> Mapping:
+    from .backend import BackendError
+
+    try:
+        return ctx.backend().list()
+    except BackendError as err:
+        ctx.log.write(f"cannot list workers ({err.reason}); deciding as if none existed (creates are idempotent)")
+        return {}
+
+
+def _finish(ctx: Context, decisions: Sequence["Decision"], failure_prefix: str) -> RunResult:
+    """Log decisions, execute, set failures DOWN, log a summary."""
+    from .plan import down_reason
+
+    for d in decisions:
+        ctx.log.write(f"decide {d.describe()}")
+    outcomes, pending = execute(decisions, ctx.backend(), budget=ctx.remaining(), parallel=ctx.parallel,
+                                log=ctx.log)
+    failures = {o.decision.node: down_reason(o.decision, f"{failure_prefix}{o.error}")
+                for o in outcomes if not o.ok}
+    for d in pending:
+        failures[d.node] = down_reason(d, f"{failure_prefix}backend did not answer within the {ctx.budget:.0f}s budget")
+    if pending:
+        ctx.log.write(f"{len(pending)} backend calls still running after {ctx.budget:.0f}s: abandoned "
+                      f"({', '.join(d.node for d in pending)})")
+    if failures:
+        _set_down(ctx.slurm, failures, ctx.log)
+    ok = sum(o.ok for o in outcomes)
+    ctx.log.write(f"done in {time.monotonic() - ctx.start:.2f}s: {ok} ok, {len(failures)} failed")
+    return RunResult(1 if failures else 0, failures, bool(pending))
+
+
+def _fail_all(ctx: Context, names: Sequence[str], why: str) -> RunResult:
+    from .plan import Action, Decision, Reason, down_reason
+
+    failures = {n: down_reason(Decision(n, Action.FAIL, Reason.RESUME, why)) for n in names}
+    ctx.log.write(f"cannot resume {','.join(names)}: {why}")
+    _set_down(ctx.slurm, failures, ctx.log)
+    return RunResult(1, failures)
+
+
+def run_resume(args: Sequence[str], ctx: Context, resume_file_text: str | None) -> RunResult:
+    from .backend import BackendError
+    from .plan import InputError, parse_hostlists, parse_resume_file, plan_resume
+
+    try:
+        names = parse_hostlists(args)
+    except InputError as err:
+        ctx.log.write(f"resume {list(args)}: {err}; nothing done")
+        return RunResult(2)
+    request = None
+    if resume_file_text is not None:
+        try:
+            request = parse_resume_file(resume_file_text)
+            ctx.log.write("resume file: " + "; ".join(
+                f"job {j.job_id} resumes {','.join(j.nodes_resume)} of {','.join(j.nodes_alloc)}"
+                for j in request.jobs) if request.jobs else "resume file: no jobs")
+        except InputError as err:
+            ctx.log.write(f"{err}; going by the hostlist alone")
+    ctx.log.write(f"resume {len(names)} nodes: {','.join(names)}")
+    if not names:
+        return RunResult(0)
+    try:
+        inventory = ctx.inventory()
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        return _fail_all(ctx, names, f"inventory {ctx.env.get('SLURMK8S_INVENTORY', DEFAULT_INVENTORY)} "
+                                     f"unreadable: {err}")
+    try:
+        ctx.backend()
+    except BackendError as err:
+        return _fail_all(ctx, names, f"backend unavailable: {err.reason}")
+    decisions = plan_resume(names, inventory, _workers(ctx), request)
+    return _finish(ctx, decisions, "")
+
+
+def run_suspend(args: Sequence[str], ctx: Context) -> RunResult:
+    from .backend import BackendError
+    from .plan import InputError, parse_hostlists, plan_suspend
+
+    try:
+        names = parse_hostlists(args)
+    except InputError as err:
+        ctx.log.write(f"suspend {list(args)}: {err}; nothing done")
+        return RunResult(2)
+    ctx.log.write(f"suspend {len(names)} nodes: {','.join(names)}")
+    if not names:
+        return RunResult(0)
+    try:
+        ctx.backend()
+    except BackendError as err:
+        ctx.log.write(f"backend unavailable: {err.reason}")
+        failures = {n: f"slurmk8s suspend: backend unavailable: {err.reason}"[:200] for n in names}
+        _set_down(ctx.slurm, failures, ctx.log)
+        return RunResult(1, failures)
+    return _finish(ctx, plan_suspend(names, _workers(ctx)), "worker not removed: ")
+
+
+def run_resume_fail(args: Sequence[str], ctx: Context) -> RunResult:
+    from .backend import BackendError
+    from .plan import InputError, parse_hostlists, plan_resume_fail
+
+    try:
+        names = parse_hostlists(args)
+    except InputError as err:
+        ctx.log.write(f"resume-fail {list(args)}: {err}; nothing done")
+        return RunResult(2)
+    ctx.log.write(f"resume-fail: Slurm gave up on {len(names)} nodes: {','.join(names)}")
+    if not names:
+        return RunResult(0)
+    try:
+        ctx.backend()
+    except BackendError as err:
+        ctx.log.write(f"backend unavailable, workers of {','.join(names)} may be left behind: {err.reason}")
+        return RunResult(1)
+    return _finish(ctx, plan_resume_fail(names, _workers(ctx)), "worker not removed after failed resume: ")
+
+
+def _main(program: str, run: Callable[[Sequence[str], Context], RunResult]) -> int:
+    env = dict(os.environ)
+    log = Log(program, env.get("SLURMK8S_LOG", DEFAULT_LOG))
+    result = run(sys.argv[1:], Context(env, log))
+    log.close()
+    if result.abandoned:
+        # backend calls still hang in worker threads: do not let the interpreter wait for them
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(result.code)
+    return result.code
+
+
+def resume_main() -> int:
+    # the file is temporary: read it before anything else
+    path = os.environ.get("SLURM_RESUME_FILE")
+    text: str | None = None
+    read_error = ""
+    if path:
+        try:
+            with open(path) as fh:
+                text = fh.read()
+        except OSError as err:
+            read_error = f"cannot read SLURM_RESUME_FILE {path}: {err}"
+
+    def run(args: Sequence[str], ctx: Context) -> RunResult:
+        if read_error:
+            ctx.log.write(read_error)
+        return run_resume(args, ctx, text)
+
+    return _main("resume", run)
+
+
+def suspend_main() -> int:
+    return _main("suspend", run_suspend)
+
+
+def resume_fail_main() -> int:
+    return _main("resume-fail", run_resume_fail)

@@ -1,0 +1,61 @@
+"""The few Slurm commands the elasticity programs run: argv lists, bounded by a timeout.
+
+:class:`SlurmControl` is the interface; :class:`Scontrol` runs the real commands,
+:class:`FakeSlurm` records calls for unit tests.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from typing import Protocol, Sequence
+
+import hostlist
+
+
+class SlurmCommandError(Exception):
+    pass
+
+
+class SlurmControl(Protocol):
+    def set_down(self, names: Sequence[str], reason: str) -> None:
+        """Mark nodes DOWN with a reason (their jobs are requeued by Slurm)."""
+        ...
+
+
+def down_argv(names: Sequence[str], reason: str, scontrol: str = "scontrol") -> list[str]:
+    return [scontrol, "update", f"nodename={hostlist.collect_hostlist(list(names))}", "state=DOWN",
+            f"reason={reason}"]
+
+
+@dataclass(frozen=True)
+class Scontrol:
+    timeout: float = 10.0
+    scontrol: str = field(default_factory=lambda: shutil.which("scontrol") or "/usr/bin/scontrol")
+
+    def run(self, argv: list[str]) -> str:
+        try:
+            proc = subprocess.run(argv, capture_output=True, text=True, timeout=self.timeout, check=False)
+        except (OSError, subprocess.TimeoutExpired) as err:
+            raise SlurmCommandError(f"{' '.join(argv)}: {err}") from None
+        if proc.returncode != 0:
+            raise SlurmCommandError(f"{' '.join(argv)}: exit {proc.returncode}: {proc.stderr.strip()}")
+        return proc.stdout
+
+    def set_down(self, names: Sequence[str], reason: str) -> None:
+        self.run(down_argv(names, reason, self.scontrol))
+
+
+@dataclass
+class FakeSlurm:
+    """Records what the programs asked Slurm to do; `fail` makes set_down raise."""
+
+    down: dict[str, str] = field(default_factory=dict)
+    fail: bool = False
+
+    def set_down(self, names: Sequence[str], reason: str) -> None:
+        if self.fail:
+            raise SlurmCommandError("scontrol: slurm_update error: Unable to contact slurm controller")
+        for name in names:
+            self.down[name] = reason
