@@ -384,3 +384,14 @@ def test_prolog_module_stays_light():
             "print(heavy)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_env_file_under_process_env(tmp_path: Path):
+    f = tmp_path / "elastic.env"
+    f.write_text("# test bed\nSLURMK8S_BACKEND=docker\nSLURMK8S_DOCKER_MOUNTS=[{\"a\": 1}]\nnot a line\nSLURMK8S_LOG=/x\n")
+    env = programs.program_env({"SLURMK8S_ENV_FILE": str(f), "SLURMK8S_LOG": "/y"})
+    assert env["SLURMK8S_BACKEND"] == "docker"
+    assert env["SLURMK8S_DOCKER_MOUNTS"] == '[{"a": 1}]'
+    assert env["SLURMK8S_LOG"] == "/y"
+    assert programs.program_env({"SLURMK8S_ENV_FILE": str(tmp_path / "absent")}) == {
+        "SLURMK8S_ENV_FILE": str(tmp_path / "absent")}

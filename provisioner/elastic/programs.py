@@ -14,6 +14,10 @@ Environment:
   SLURMK8S_PARALLEL   backend calls in flight at once (default 8)
   SLURM_RESUME_FILE   set by Slurm for ResumeProgram (JSON, temporary: read at once)
 
+Slurm starts these programs with a minimal environment (not slurmctld's), so the settings above
+(and the backend's) are read from an env file as well: SLURMK8S_ENV_FILE, default
+/etc/slurmk8s/elastic.env, KEY=VALUE lines; the process environment wins where both set a key.
+
 This module's top level imports only the standard library's cheapest modules: the prolog runs for
 every job and must start fast. The resume / suspend code imports the rest when it runs.
 """
@@ -30,6 +34,7 @@ if TYPE_CHECKING:
     from .plan import Decision
     from .slurmcmd import SlurmControl
 
+DEFAULT_ENV_FILE = "/etc/slurmk8s/elastic.env"
 DEFAULT_LOG = "/var/log/slurmk8s/elastic.log"
 DEFAULT_INVENTORY = "/etc/slurm/inventory.json"
 DEFAULT_BUDGET = 20.0
@@ -78,6 +83,36 @@ class Log:
     def close(self) -> None:
         if self._fh is not None and self._fh not in (sys.stderr, sys.stdout):
             self._fh.close()
+
+
+def read_env_file(path: str) -> dict[str, str]:
+    """KEY=VALUE lines (no quoting, no expansion; '#' starts a comment line) -> dict; {} if absent."""
+    try:
+        with open(path) as fh:
+            text = fh.read()
+    except FileNotFoundError:
+        return {}
+    out = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        key, sep, value = line.partition("=")
+        if sep and key.strip().isidentifier():
+            out[key.strip()] = value.strip()
+    return out
+
+
+def program_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The env file under the process environment."""
+    return {**read_env_file(environ.get("SLURMK8S_ENV_FILE", DEFAULT_ENV_FILE)), **environ}
+
+
+def _load_env() -> tuple[dict[str, str], str]:
+    try:
+        return program_env(os.environ), ""
+    except OSError as err:
+        return dict(os.environ), f"cannot read the env file: {err}; using the process environment only"
 
 
 def _env_float(env: Mapping[str, str], key: str, default: float) -> float:
@@ -161,8 +196,8 @@ def prolog_main() -> int:
     Never fails the job on its own: every outcome, even an internal error, exits 0 (a failing
     PrologSlurmctld makes Slurm requeue or hold the job).
     """
-    env = os.environ
     log: Log | None = None
+    env, env_error = _load_env()
     try:
         nodelist = env.get("SLURM_JOB_NODELIST", "")
         job = env.get("SLURM_JOB_ID", "?")
@@ -172,9 +207,10 @@ def prolog_main() -> int:
         timeout = _env_float(env, "SLURMK8S_PROLOG_TIMEOUT", 0.0) or resume_timeout_from_conf(
             env.get("SLURM_CONF", "/etc/slurm/slurm.conf")) or PROLOG_DEFAULT_TIMEOUT
         outcome, waited, polls, states = wait_for_boot(nodelist, timeout)
-        if polls > 1 or outcome != "booted":  # nodes already up: stay quiet, this runs for every job
+        if polls > 1 or outcome != "booted" or env_error:  # nodes already up: stay quiet (runs for every job)
             log = Log("prolog", env.get("SLURMK8S_LOG", DEFAULT_LOG))
-            log.write(f"job {job} nodes {nodelist}: {outcome} after {waited:.2f}s ({polls} polls, states {states})")
+            log.write(f"job {job} nodes {nodelist}: {outcome} after {waited:.2f}s ({polls} polls, states {states})"
+                      + (f"; {env_error}" if env_error else ""))
     except BaseException as err:  # noqa: BLE001 -- must never fail the job; logged, exit 0
         try:
             (log or Log("prolog", env.get("SLURMK8S_LOG", DEFAULT_LOG))).write(
@@ -441,8 +477,10 @@ def run_resume_fail(args: Sequence[str], ctx: Context) -> RunResult:
 
 
 def _main(program: str, run: Callable[[Sequence[str], Context], RunResult]) -> int:
-    env = dict(os.environ)
+    env, env_error = _load_env()
     log = Log(program, env.get("SLURMK8S_LOG", DEFAULT_LOG))
+    if env_error:
+        log.write(env_error)
     result = run(sys.argv[1:], Context(env, log))
     log.close()
     if result.abandoned:
