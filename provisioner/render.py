@@ -74,8 +74,10 @@ def render_slurm_conf(spec: ClusterSpec, inventory: Inventory, topology: Topolog
         partitions.setdefault(pool.partition_name, [])
     for node in inventory.nodes:
         partitions[node.partition].append(node.name)
-    ctld_params = ["enable_configless", "cloud_reg_addrs", "idle_on_node_suspend",
-                   "power_save_interval=1", "power_save_min_interval=0"]
+    ctld_params = ["enable_configless", "cloud_reg_addrs", "idle_on_node_suspend"]
+    if spec.elasticity.fast_start:
+        # look for nodes to resume every second instead of every 10 s (with PrologSlurmctld below)
+        ctld_params += ["power_save_interval=1", "power_save_min_interval=0"]
     return _ENV.get_template("slurm.conf.j2").render(
         version=__version__,
         cluster=spec.slurm_cluster_name,
