@@ -77,12 +77,14 @@ pid_of() {  # pid of a daemon we started, only if it still runs that binary
   local f=$RUN/$1.pid pid exe
   [ -f "$f" ] || return 1
   pid=$(cat "$f" 2>/dev/null) || return 1
-  [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null || return 1
+  [ -n "$pid" ] && alive "$pid" || return 1
   exe=$(readlink "/proc/$pid/exe" 2>/dev/null) || return 1
   [ "$(basename "${exe% (deleted)}")" = "$1" ] || return 1
   echo "$pid"
 }
 running() { pid_of "$1" >/dev/null; }
+# alive PID: exists and is not a zombie (orphaned daemons are reaped by pid 1, sometimes slowly)
+alive() { local st; st=$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null) && [ -n "$st" ] && [ "$st" != Z ]; }
 start() {
   local name=$1; shift
   mkdir -p "$RUN" "$LOG"
@@ -114,8 +116,8 @@ stop() {  # stop NAME: TERM, wait up to 20 s, then KILL; always removes the pid 
   local name=$1 pid i
   if pid=$(pid_of "$name"); then
     kill "$pid" 2>/dev/null || true
-    for i in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
-    if kill -0 "$pid" 2>/dev/null; then kill -9 "$pid" 2>/dev/null || true; say "$name: killed (did not stop in 20 s)"; sleep 0.2
+    for i in $(seq 200); do alive "$pid" || break; sleep 0.1; done
+    if alive "$pid"; then kill -9 "$pid" 2>/dev/null || true; say "$name: killed (did not stop in 20 s)"; sleep 0.2
     else say "$name: stopped"; fi
   fi
   rm -f "$RUN/$name.pid"
@@ -303,8 +305,13 @@ YAML
 EOF
 }
 
+# Ready, as reported by the kubelet started now (after a down/up the Node object still holds the
+# previous run's Ready condition for a while: only a heartbeat since KUBELET_STARTED counts)
 node_ready() {
-  [ "$(kubectl get node "$NODE" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null)" = True ]
+  local out
+  out=$(kubectl get node "$NODE" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status} {.status.conditions[?(@.type=="Ready")].lastHeartbeatTime}' 2>/dev/null) || return 1
+  set -- $out
+  [ "${1:-}" = True ] && [ -n "${2:-}" ] && [ "$(date -d "$2" +%s)" -ge "${KUBELET_STARTED:-0}" ]
 }
 api_ready() { kubectl get --raw /readyz >/dev/null 2>&1; }
 
@@ -375,6 +382,7 @@ up() {
   say "containerd ready ($(secs_since "$t0"))"
   pause_image
 
+  KUBELET_STARTED=$(date +%s)
   start kubelet kubelet --config="$ROOT/kubelet.yaml" --kubeconfig="$PKI/kubelet.kubeconfig" --root-dir="$ROOT/kubelet" \
     --hostname-override="$NODE" --node-ip="$IP"
   start kube-proxy kube-proxy --kubeconfig="$KUBECONFIG_PATH" --cluster-cidr="$CLUSTER_CIDR" --proxy-mode=iptables \
