@@ -460,7 +460,7 @@ kwok_up() {
   if running kwok; then say "kwok already running"; return 0; fi
   local stages=$SHARE/kwok-stages cfg=() f
   [ -d "$stages" ] || die "kwok stage files missing ($stages): run the toolchain build"
-  for f in "$stages"/*.yaml; do cfg+=(--config "$f"); done
+  for f in "$stages"/*.yaml; do grep -q '^kind: Stage' "$f" && cfg+=(--config "$f"); done
   check_port tcp 10247 kwok
   start kwok kwok --kubeconfig="$KUBECONFIG_PATH" "${cfg[@]}" \
     --manage-all-nodes=false --manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake \

@@ -99,12 +99,6 @@ def kwok_node_manifest(spec: KwokNodeSpec) -> dict:
         "status": {
             "allocatable": dict(sorted(capacity.items())),
             "capacity": dict(sorted(capacity.items())),
-            "nodeInfo": {
-                "architecture": spec.arch,
-                "operatingSystem": "linux",
-                "kubeletVersion": "fake",
-                "kubeProxyVersion": "fake",
-            },
         },
     }
     if spec.taint:

@@ -176,7 +176,9 @@ kwok_stages() {  # the stage files kwok needs (it exits "no stages found" withou
   dir=$(go mod download -json "sigs.k8s.io/kwok@$KWOK_VERSION" | json 'd["Dir"]') || return 1
   mkdir -p "$OUTSHARE/kwok-stages"
   for s in node/fast node/heartbeat-with-lease pod/fast; do
-    cp "$dir/kustomize/stage/$s/"*.yaml "$OUTSHARE/kwok-stages/" || return 1
+    for f in "$dir/kustomize/stage/$s/"*.yaml; do  # Stage objects only, not the kustomization files
+      grep -q '^kind: Stage' "$f" && { cp "$f" "$OUTSHARE/kwok-stages/" || return 1; }
+    done
   done
   ls "$OUTSHARE/kwok-stages"
 }
