@@ -46,6 +46,8 @@ own_dir "$STATE_DIR" "$SLURM_USER" 0750
 log "state: $STATE_DIR owned by $SLURM_USER"
 
 own_dir /var/log/slurm "$SLURM_USER" 0755
+# the resume / suspend / prolog programs (run as SlurmUser) log here: Slurm discards their output
+own_dir /var/log/slurmk8s "$SLURM_USER" 0755
 own_dir /run/slurm "$SLURM_USER" 0755
 for key in SlurmctldLogFile SlurmSchedLogFile; do
     f="$(slurm_conf_get "$CONF" "$key")"
