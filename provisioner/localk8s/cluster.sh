@@ -30,6 +30,7 @@ CTRD_STATE=/run/slurmk8s-containerd
 CTRD_SOCK=$CTRD_STATE/containerd.sock
 PAUSE_IMAGE=registry.k8s.io/pause:3.10
 CNI_BIN=${LOCALK8S_CNI_BIN:-/usr/lib/cni}
+ME=${LOCALK8S_CMD:-$0}   # how to call this again, for messages (the Python CLI sets "slurmk8s cluster")
 CORE=(etcd kube-apiserver kube-controller-manager kube-scheduler containerd kubelet kube-proxy coredns)
 export PATH=$BIN:$PATH
 
@@ -134,7 +135,7 @@ listener() {  # listener tcp|udp PORT [ADDR]: listeners that block binding PORT 
 check_port() {  # check_port tcp|udp PORT WHAT [ADDR]: fail clearly when something else holds the port
   local who; who=$(listener "$1" "$2" "${4:-}")
   [ -z "$who" ] && return 0
-  die "port $2/$1 ($3) is already in use: $who. Stop that process (or run: $0 down, if it is a leftover of this cluster)"
+  die "port $2/$1 ($3) is already in use: $who. Stop that process (or run: $ME down, if it is a leftover of this cluster)"
 }
 
 # ---- PKI -----------------------------------------------------------------------------------------
@@ -214,8 +215,8 @@ docker_ready() {
 }
 
 load_image() {
-  [ $# -gt 0 ] || die "usage: $0 load-image IMAGE..."
-  running containerd || die "the cluster is not running: run '$0 up' first"
+  [ $# -gt 0 ] || die "usage: $ME load-image IMAGE..."
+  running containerd || die "the cluster is not running: run '$ME up' first"
   docker_ready
   mkdir -p "$ROOT/images"
   local img id ref rec t0 size
@@ -343,7 +344,7 @@ up() {
   check_port udp 53 "cluster DNS" "$DNS_IP"; check_port tcp 53 "cluster DNS" "$DNS_IP"
   check_port tcp 8181 coredns-ready "$DNS_IP"
 
-  trap 'printf "\n[cluster] up interrupted: run \"%s down\" to clean up what was started\n" "$0" >&2; exit 130' INT TERM
+  trap 'printf "\n[cluster] up interrupted: run \"%s down\" to clean up what was started\n" "$ME" >&2; exit 130' INT TERM
   local t_all t0; t_all=$(now_ms)
   say "node $NODE, IP $IP, pods $POD_CIDR, services $SVC_CIDR, DNS $DNS_IP, state $ROOT"
   t0=$(now_ms); pki; write_configs; say "certificates and configs ready ($(secs_since "$t0"))"
@@ -402,7 +403,7 @@ up() {
   say "up in $(secs_since "$t_all"); kubeconfig: $KUBECONFIG_PATH"
   echo "export KUBECONFIG=$KUBECONFIG_PATH"
 }
-fail_up() { printf '[cluster] up failed: logs under %s; run "%s down" to clean up\n' "$LOG" "$0" >&2; exit 1; }
+fail_up() { printf '[cluster] up failed: logs under %s; run "%s down" to clean up\n' "$LOG" "$ME" >&2; exit 1; }
 
 # ---- down ----------------------------------------------------------------------------------------
 down() {
@@ -446,7 +447,7 @@ status() {
     fi
   done
   if [ "$n" -eq 0 ]; then echo "cluster: stopped (state: $ROOT)"; return 3; fi
-  if [ "$n" -lt "${#CORE[@]}" ]; then echo "cluster: partly running ($n of ${#CORE[@]}): run '$0 down' then '$0 up'"; return 4; fi
+  if [ "$n" -lt "${#CORE[@]}" ]; then echo "cluster: partly running ($n of ${#CORE[@]}): run '$ME down' then '$ME up'"; return 4; fi
   export KUBECONFIG=$KUBECONFIG_PATH
   echo "cluster: running; kubeconfig: $KUBECONFIG_PATH"
   kubectl get nodes -o wide 2>&1 | sed 's/^/  /' || true
@@ -456,7 +457,7 @@ status() {
 # ---- kwok ----------------------------------------------------------------------------------------
 kwok_up() {
   need_toolchain kwok
-  running kube-apiserver || die "the cluster is not running: run '$0 up' first"
+  running kube-apiserver || die "the cluster is not running: run '$ME up' first"
   if running kwok; then say "kwok already running"; return 0; fi
   local stages=$SHARE/kwok-stages cfg=() f
   [ -d "$stages" ] || die "kwok stage files missing ($stages): run the toolchain build"
@@ -482,7 +483,7 @@ case "${1:-}" in
       up) export KUBECONFIG=$KUBECONFIG_PATH; kwok_up ;;
       down) stop kwok ;;
       status) if pid=$(pid_of kwok); then echo "kwok: running (pid $pid)"; else echo "kwok: stopped"; exit 3; fi ;;
-      *) die "usage: $0 kwok up|down|status" ;;
+      *) die "usage: $ME kwok up|down|status" ;;
     esac ;;
   -h|--help|help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//' ;;
   *) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;

@@ -27,7 +27,7 @@ def script_argv(name: str, args: Sequence[str]) -> list[str]:
 
 def run_script(name: str, args: Sequence[str], env: Mapping[str, str] | None = None) -> int:
     """Run a script with its output streamed to ours; returns its exit status."""
-    full_env = {**os.environ, **(env or {})}
+    full_env = {**os.environ, "LOCALK8S_CMD": "slurmk8s cluster", **(env or {})}
     try:
         return subprocess.run(script_argv(name, args), env=full_env, check=False).returncode
     except KeyboardInterrupt:
