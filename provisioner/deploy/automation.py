@@ -1,0 +1,480 @@
+"""`slurmk8s up | preview | down | outputs` through the Pulumi Automation API (inline program).
+
+No Pulumi Cloud account is needed: the state lives in a local file backend under the state
+directory (default ``~/.slurmk8s/state``):
+
+    <state>/backend/     file:// backend (checkpoints, history, locks)
+    <state>/workspace/   Pulumi.yaml and Pulumi.<stack>.yaml (stack config; secrets encrypted)
+    <state>/passphrase   the secrets passphrase (mode 0600), generated unless
+                         PULUMI_CONFIG_PASSPHRASE or PULUMI_CONFIG_PASSPHRASE_FILE is set
+
+The engine needs the Pulumi CLI and the pulumi-kubernetes provider plugin at the version of the
+installed SDK; both are looked up in the environment, then in the toolchain that
+``slurmk8s toolchain build`` makes from the Go module proxy. When one is missing the error says how
+to get it. Nothing here prints a secret: the passphrase goes to the engine through a file, the
+generated keys through the CLI's stdin.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets as pysecrets
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from ..config import ClusterSpec, load_spec
+from ..errors import SlurmK8sError
+from ..generate import Generated, generate
+from ..inventory import nodes_from_api
+from ..render import Site
+from . import secrets as keys
+from .program import PROJECT, cluster_program, read_k8s_nodes
+
+DEFAULT_STATE_DIR = Path("~/.slurmk8s/state")
+DEFAULT_TOOLCHAIN_DIR = Path("/var/cache/slurmk8s/toolchain")
+PULUMI_CLI_BUILT = "3.274.1"  # what `slurmk8s toolchain build` makes (the Go proxy refuses older ones)
+KUBECONFIG_KEY = "kubernetes:kubeconfig"
+WAIT_KEY = f"{keys.CONFIG_NAMESPACE}:wait"
+SPEC_KEY = f"{keys.CONFIG_NAMESPACE}:spec"
+
+Printer = Callable[[str], Any]
+
+
+class DeployError(SlurmK8sError):
+    """Something stops a deployment; the message says what and how to fix it."""
+
+
+def provider_version() -> str:
+    """The pulumi-kubernetes plugin version the installed SDK asks the engine for."""
+    return metadata.version("pulumi_kubernetes")
+
+
+def sdk_version() -> str:
+    return metadata.version("pulumi")
+
+
+# ---------------------------------------------------------------- finding the toolchain
+
+
+@dataclass(frozen=True)
+class Toolchain:
+    pulumi: Path
+    pulumi_home: Path
+    plugin: Path  # the pulumi-resource-kubernetes binary the engine will use
+    plugin_ambient: bool  # found on PATH rather than installed in PULUMI_HOME
+
+    @property
+    def root(self) -> str:
+        return str(self.pulumi.parent.parent)
+
+
+def toolchain_dir(env: Mapping[str, str]) -> Path:
+    return Path(env.get("SLURMK8S_TOOLCHAIN_DIR") or DEFAULT_TOOLCHAIN_DIR)
+
+
+def _missing_cli(env: Mapping[str, str]) -> DeployError:
+    return DeployError(
+        "the Pulumi CLI was not found (looked at $SLURMK8S_PULUMI, "
+        f"{toolchain_dir(env) / 'bin' / 'pulumi'}, $PATH and ~/.pulumi/bin). Fix: build it offline from the Go "
+        f"module proxy with `slurmk8s toolchain build pulumi pulumi-kubernetes` (Pulumi CLI v{PULUMI_CLI_BUILT}, "
+        f"provider v{provider_version()}), or install the Pulumi CLI (>= {sdk_version()}) and put it on PATH, "
+        "or point SLURMK8S_PULUMI at the binary"
+    )
+
+
+def _missing_plugin(home: Path, env: Mapping[str, str]) -> DeployError:
+    v = provider_version()
+    return DeployError(
+        f"the Kubernetes provider plugin v{v} was not found (looked in {home}/plugins/resource-kubernetes-v{v} and "
+        "for pulumi-resource-kubernetes on PATH); automatic plugin downloads are off. Fix: "
+        f"`slurmk8s toolchain build pulumi-kubernetes` builds v{v} from the Go module proxy and installs it into "
+        f"{toolchain_dir(env) / 'pulumi-home'}; or, with internet access, "
+        f"`pulumi plugin install resource kubernetes v{v}`; or `pulumi plugin install resource kubernetes v{v} "
+        "--file <pulumi-resource-kubernetes binary>`"
+    )
+
+
+def find_toolchain(env: Mapping[str, str] | None = None) -> Toolchain:
+    """Locate the Pulumi CLI and the provider plugin, or raise DeployError saying how to get them."""
+    env = dict(os.environ if env is None else env)
+    tdir = toolchain_dir(env)
+    candidates: list[Path] = []
+    if env.get("SLURMK8S_PULUMI"):
+        candidates.append(Path(env["SLURMK8S_PULUMI"]))
+    candidates.append(tdir / "bin" / "pulumi")
+    which = shutil.which("pulumi", path=env.get("PATH"))
+    if which:
+        candidates.append(Path(which))
+    candidates.append(Path(env.get("HOME", "~")).expanduser() / ".pulumi" / "bin" / "pulumi")
+    cli = next((c for c in candidates if c.is_file() and os.access(c, os.X_OK)), None)
+    if cli is None:
+        raise _missing_cli(env)
+    cli = cli.resolve()
+
+    v = provider_version()
+    homes: list[Path] = []
+    if env.get("PULUMI_HOME"):
+        homes.append(Path(env["PULUMI_HOME"]))
+    homes += [tdir / "pulumi-home", Path(env.get("HOME", "~")).expanduser() / ".pulumi"]
+    for home in homes:
+        plugin = home / "plugins" / f"resource-kubernetes-v{v}" / "pulumi-resource-kubernetes"
+        if plugin.is_file():
+            return Toolchain(cli, home, plugin, plugin_ambient=False)
+    ambient = shutil.which("pulumi-resource-kubernetes", path=env.get("PATH"))
+    if ambient:
+        return Toolchain(cli, homes[0], Path(ambient), plugin_ambient=True)
+    raise _missing_plugin(homes[0], env)
+
+
+def cli_version(tool: Toolchain) -> str:
+    out = subprocess.run([str(tool.pulumi), "version"], capture_output=True, text=True, check=False, timeout=60,
+                         env={**os.environ, "PULUMI_SKIP_UPDATE_CHECK": "true"})
+    return out.stdout.strip().lstrip("v") or "unknown"
+
+
+# ---------------------------------------------------------------- state directory and passphrase
+
+
+def state_dir(path: str | Path | None) -> Path:
+    d = Path(path or os.environ.get("SLURMK8S_STATE_DIR") or DEFAULT_STATE_DIR).expanduser().resolve()
+    (d / "backend").mkdir(parents=True, exist_ok=True)
+    (d / "workspace").mkdir(parents=True, exist_ok=True)
+    os.chmod(d, 0o700)
+    return d
+
+
+def passphrase_env(state: Path, env: Mapping[str, str]) -> dict[str, str]:
+    """The engine's passphrase settings. An operator's PULUMI_CONFIG_PASSPHRASE(_FILE) wins; else a
+    random passphrase is generated once into <state>/passphrase (0600) and passed as a file."""
+    if env.get("PULUMI_CONFIG_PASSPHRASE") is not None or env.get("PULUMI_CONFIG_PASSPHRASE_FILE"):
+        return {}
+    path = state / "passphrase"
+    if not path.exists():
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(pysecrets.token_urlsafe(32) + "\n")
+    mode = path.stat().st_mode & 0o777
+    if mode & 0o077:
+        raise DeployError(f"{path} is readable by others (mode {mode:o}). Fix: chmod 600 {path}")
+    return {"PULUMI_CONFIG_PASSPHRASE_FILE": str(path)}
+
+
+def engine_env(tool: Toolchain, state: Path, env: Mapping[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ if env is None else env)
+    out = {
+        "PULUMI_SKIP_UPDATE_CHECK": "true",
+        "PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION": "true",
+        "PULUMI_HOME": str(tool.pulumi_home),
+        # the CLI's directory first: the engine finds an ambient provider plugin next to it
+        "PATH": os.pathsep.join([str(tool.pulumi.parent), str(tool.plugin.parent), env.get("PATH", "")]),
+    }
+    out.update(passphrase_env(state, env))
+    return out
+
+
+# ---------------------------------------------------------------- the stack
+
+
+@dataclass
+class Session:
+    """One opened stack with everything needed to run an operation on it."""
+
+    spec: ClusterSpec
+    stack: Any  # pulumi.automation.Stack
+    state: Path
+    tool: Toolchain
+    env: dict[str, str]
+    kubeconfig: str | None
+    nodes: list[dict[str, Any]] | None = None
+    generated: Generated | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def _explain_command_error(err: Exception, stack_name: str, state: Path) -> DeployError:
+    text = str(err)
+    lower = text.lower()
+    if "currently locked by" in lower or "another update is currently in progress" in lower:
+        return DeployError(
+            f"stack {stack_name!r} is locked by another update (lock files under {state}/backend/.pulumi/locks). "
+            "Fix: if no other slurmk8s/pulumi process is running on it, rerun with --repair (removes the stale "
+            "lock and pending operations, then refreshes the state from the cluster)"
+        )
+    if "pending operations" in lower or "interrupted while" in lower:
+        return DeployError(
+            f"stack {stack_name!r} has pending operations from an interrupted update. Fix: rerun with --repair "
+            "(clears them and refreshes the state from the cluster; the objects that exist are kept)"
+        )
+    if "no resource plugin" in lower or "could not find plugin" in lower or "plugin not found" in lower:
+        return _missing_plugin(Path(os.environ.get("PULUMI_HOME", "~/.pulumi")), os.environ)
+    if "incorrect passphrase" in lower or "passphrase must be set" in lower or "failed to decrypt" in lower:
+        return DeployError(
+            f"the secrets passphrase does not open stack {stack_name!r}. Fix: use the passphrase it was created with "
+            f"(PULUMI_CONFIG_PASSPHRASE / PULUMI_CONFIG_PASSPHRASE_FILE, or {state}/passphrase)"
+        )
+    return DeployError(f"pulumi failed:\n{_tail(text, 60)}")
+
+
+def _tail(text: str, lines: int) -> str:
+    parts = text.strip().splitlines()
+    return "\n".join(parts[-lines:])
+
+
+def resolve_kubeconfig(explicit: str | None, stack_config: Mapping[str, Any], env: Mapping[str, str]) -> str | None:
+    """--kubeconfig, else what the stack was deployed with, else $KUBECONFIG, else the default."""
+    if explicit:
+        p = Path(explicit).expanduser()
+        if not p.is_file():
+            raise DeployError(f"--kubeconfig {explicit}: no such file")
+        return str(p.resolve())
+    saved = stack_config.get(KUBECONFIG_KEY)
+    if saved is not None and getattr(saved, "value", None):
+        return saved.value
+    if env.get("KUBECONFIG"):
+        first = env["KUBECONFIG"].split(os.pathsep)[0]
+        return str(Path(first).expanduser().resolve())
+    default = Path(env.get("HOME", "~")).expanduser() / ".kube" / "config"
+    return str(default) if default.is_file() else None
+
+
+def open_session(spec_path: str | Path, *, state: str | Path | None = None, stack_name: str | None = None,
+                 kubeconfig: str | None = None, need_cluster: bool = True,
+                 env: Mapping[str, str] | None = None) -> Session:
+    """Validate the spec, find the toolchain, open (or create) the stack, read the live nodes."""
+    from kubernetes.client.exceptions import ApiException
+    from kubernetes.config import ConfigException
+    from pulumi import automation as auto
+    from urllib3.exceptions import HTTPError
+
+    env = dict(os.environ if env is None else env)
+    started = time.monotonic()
+    spec = load_spec(spec_path)
+    tool = find_toolchain(env)
+    sdir = state_dir(state)
+    wenv = engine_env(tool, sdir, env)
+    name = stack_name or spec.name
+    project = auto.ProjectSettings(name=PROJECT, runtime="python",
+                                   backend=auto.ProjectBackend(url=f"file://{sdir / 'backend'}"),
+                                   description="slurmk8s clusters (inline Automation API program)")
+    try:
+        cmd = auto.PulumiCommand(root=tool.root, skip_version_check=False)
+        opts = auto.LocalWorkspaceOptions(work_dir=str(sdir / "workspace"), pulumi_home=str(tool.pulumi_home),
+                                          env_vars=wenv, secrets_provider="passphrase", project_settings=project,
+                                          pulumi_command=cmd)
+        holder: dict[str, Any] = {}
+        stack = auto.create_or_select_stack(name, project_name=PROJECT,
+                                            program=lambda: holder["program"](), opts=opts)
+    except auto.CommandError as err:
+        raise _explain_command_error(err, name, sdir) from None
+    session = Session(spec=spec, stack=stack, state=sdir, tool=tool, env=wenv, kubeconfig=None)
+    session.timings["open"] = time.monotonic() - started
+
+    cfg = stack.get_all_config()
+    session.kubeconfig = resolve_kubeconfig(kubeconfig, cfg, env)
+    if need_cluster:
+        t0 = time.monotonic()
+        try:
+            session.nodes = read_k8s_nodes(session.kubeconfig)
+        except (ConfigException, ApiException, HTTPError, OSError, ValueError) as err:
+            raise DeployError(
+                f"cannot list the Kubernetes nodes (kubeconfig {session.kubeconfig or 'default'}): "
+                f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}. Fix: pass --kubeconfig "
+                "for a reachable cluster (for the local one: `slurmk8s cluster up`, then "
+                "--kubeconfig \"$(slurmk8s cluster kubeconfig)\")"
+            ) from None
+        session.timings["nodes"] = time.monotonic() - t0
+        session.generated = generate(spec, nodes_from_api(session.nodes), Site())  # clean errors before Pulumi
+    holder["program"] = lambda: cluster_program(spec, session.nodes)
+    return session
+
+
+def ensure_stack_config(session: Session, *, wait: bool, spec_path: str | Path | None = None) -> list[str]:
+    """Generate the cluster's keys once (kept, encrypted, in the stack config); record the kubeconfig
+    and the wait setting. Returns the names of keys generated now."""
+    stack = session.stack
+    cfg = stack.get_all_config()
+    have = {k.split(":", 1)[1]: v for k, v in cfg.items() if k.startswith(keys.CONFIG_NAMESPACE + ":")}
+    new = keys.generate(missing_only=have)
+    for key, value in new.items():
+        set_secret_config(session, f"{keys.CONFIG_NAMESPACE}:{key}", value)
+    from pulumi import automation as auto
+
+    plain = {WAIT_KEY: auto.ConfigValue("true" if wait else "false")}
+    if session.kubeconfig:
+        plain[KUBECONFIG_KEY] = auto.ConfigValue(session.kubeconfig)
+    if spec_path is not None:
+        plain[SPEC_KEY] = auto.ConfigValue(str(Path(spec_path).resolve()))
+    stack.set_all_config(plain)
+    return sorted(new)
+
+
+def set_secret_config(session: Session, key: str, value: str) -> None:
+    """`pulumi config set --secret KEY` with the value on stdin (never in argv or a log)."""
+    argv = [str(session.tool.pulumi), "config", "set", key, "--secret", "--stack", session.stack.name]
+    done = subprocess.run(argv, input=value, text=True, capture_output=True, check=False, timeout=120,
+                          cwd=session.stack.workspace.work_dir, env={**os.environ, **session.env})
+    if done.returncode != 0:
+        raise DeployError(f"cannot store {key} in the stack config: {_tail(done.stderr, 5)}")
+
+
+# ---------------------------------------------------------------- operations
+
+
+@dataclass(frozen=True)
+class Result:
+    summary: str
+    changes: Mapping[str, int]
+    seconds: float  # engine time (start to end of the update)
+    wall: float  # including opening the stack and reading the nodes
+    outputs: Mapping[str, Any]
+
+
+def _summary(result: Any) -> tuple[str, dict[str, int], float]:
+    s = getattr(result, "summary", None)
+    if s is None:
+        return "", {}, 0.0
+    changes = dict(s.resource_changes or {})
+    seconds = (s.end_time - s.start_time).total_seconds() if s.end_time and s.start_time else 0.0
+    return s.result, changes, seconds
+
+
+def _outputs(stack: Any) -> dict[str, Any]:
+    return {k: ("[secret]" if v.secret else v.value) for k, v in stack.outputs().items()}
+
+
+def _run(session: Session, op: str, fn: Callable[[], Any], started: float) -> Any:
+    from pulumi import automation as auto
+
+    try:
+        return fn()
+    except auto.CommandError as err:
+        raise _explain_command_error(err, session.stack.name, session.state) from None
+    finally:
+        session.timings[op] = time.monotonic() - started
+
+
+def repair(session: Session, echo: Printer) -> None:
+    """Remove a stale lock and pending operations, then refresh the state from the cluster."""
+    stack = session.stack
+    lock_root = session.state / "backend" / ".pulumi" / "locks"
+    removed = 0
+    if lock_root.is_dir():
+        for lock in lock_root.rglob("*.json"):
+            if f"/{session.stack.name}/" in str(lock) or lock.parent.name == session.stack.name:
+                lock.unlink()
+                removed += 1
+    echo(f"repair: removed {removed} stale lock file(s)")
+    deployment = stack.export_stack()
+    pending = (deployment.deployment or {}).get("pending_operations") or []
+    if pending:
+        deployment.deployment["pending_operations"] = []
+        stack.import_stack(deployment)
+        echo(f"repair: cleared {len(pending)} pending operation(s): "
+             + ", ".join(p.get("resource", {}).get("urn", "?").rsplit("::", 1)[-1] for p in pending))
+    stack.refresh(on_output=echo, color="never")
+    echo("repair: state refreshed from the cluster")
+
+
+def preview(session: Session, echo: Printer, *, diff: bool = False) -> Result:
+    t0 = time.monotonic()
+    res = _run(session, "preview", lambda: session.stack.preview(on_output=echo, color="never", diff=diff), t0)
+    changes = dict(getattr(res, "change_summary", {}) or {})
+    wall = sum(session.timings.values())
+    return Result("preview", changes, session.timings["preview"], wall, {})
+
+
+def up(session: Session, echo: Printer, *, diff: bool = False) -> Result:
+    t0 = time.monotonic()
+    res = _run(session, "up", lambda: session.stack.up(on_output=echo, color="never", diff=diff), t0)
+    summary, changes, seconds = _summary(res)
+    outputs = {k: ("[secret]" if v.secret else v.value) for k, v in (res.outputs or {}).items()}
+    return Result(summary, changes, seconds, sum(session.timings.values()), outputs)
+
+
+def down(session: Session, echo: Printer) -> Result:
+    t0 = time.monotonic()
+    res = _run(session, "destroy", lambda: session.stack.destroy(on_output=echo, color="never"), t0)
+    summary, changes, seconds = _summary(res)
+    return Result(summary, changes, seconds, sum(session.timings.values()), {})
+
+
+def delete_leftovers(session: Session, echo: Printer, *, purge: bool) -> None:
+    """After destroy: worker pods (created by the resume program, not by Pulumi) always go; with
+    purge also the kept PVCs and the namespace."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    from .. import manifests as m
+    from .program import load_kubeconfig
+
+    spec = session.spec
+    ns = spec.namespace_name
+    core = client.CoreV1Api(load_kubeconfig(session.kubeconfig))
+    selector = f"{m.L_CLUSTER}={spec.name},{m.L_COMPONENT}=worker"
+    try:
+        pods = core.list_namespaced_pod(ns, label_selector=selector).items
+        for pod in pods:
+            core.delete_namespaced_pod(pod.metadata.name, ns, grace_period_seconds=m.WORKER_GRACE_SECONDS)
+        echo(f"deleted {len(pods)} worker pod(s) left by the resume program")
+        if purge:
+            for claim in (m.HOME_PVC, m.CONTROLLER_STATE_PVC):
+                try:
+                    core.delete_namespaced_persistent_volume_claim(claim, ns)
+                    echo(f"deleted PersistentVolumeClaim {ns}/{claim}")
+                except ApiException as err:
+                    if err.status != 404:
+                        raise
+            core.delete_namespace(ns)
+            echo(f"deleted namespace {ns}")
+        else:
+            echo(f"kept namespace {ns} with PersistentVolumeClaims {m.HOME_PVC} and {m.CONTROLLER_STATE_PVC} "
+                 "(`slurmk8s down --purge` deletes them)")
+    except ApiException as err:
+        if err.status == 404:
+            echo(f"namespace {ns} is already gone")
+            return
+        raise DeployError(f"cleaning up namespace {ns} failed: {err.status} {err.reason}") from None
+
+
+def outputs(session: Session) -> dict[str, Any]:
+    return _outputs(session.stack)
+
+
+def stack_secrets(stack_dir: str | Path, stack_name: str, env: Mapping[str, str] | None = None) -> list[str]:
+    """For stacks driven by the Pulumi CLI (stacks/): generate the keys missing from the stack's
+    config, stored as secrets. Runs `pulumi config` only (no language host needed)."""
+    env = dict(os.environ if env is None else env)
+    tool = find_toolchain(env)
+    run_env = {**env, "PULUMI_SKIP_UPDATE_CHECK": "true", "PULUMI_HOME": str(tool.pulumi_home)}
+    got = subprocess.run([str(tool.pulumi), "config", "--json", "--stack", stack_name], capture_output=True,
+                         text=True, check=False, cwd=str(stack_dir), env=run_env, timeout=120)
+    if got.returncode != 0:
+        raise DeployError(f"cannot read the config of stack {stack_name!r} in {stack_dir}: {_tail(got.stderr, 5)}. "
+                          f"Fix: `pulumi stack init {stack_name}` there first")
+    import json
+
+    have = {k.split(":", 1)[1] for k in json.loads(got.stdout or "{}") if k.startswith(keys.CONFIG_NAMESPACE + ":")}
+    new = keys.generate(missing_only={k: True for k in have})
+    for key, value in new.items():
+        done = subprocess.run([str(tool.pulumi), "config", "set", f"{keys.CONFIG_NAMESPACE}:{key}", "--secret",
+                               "--stack", stack_name], input=value, text=True, capture_output=True, check=False,
+                              cwd=str(stack_dir), env=run_env, timeout=120)
+        if done.returncode != 0:
+            raise DeployError(f"cannot set {key}: {_tail(done.stderr, 5)}")
+    return sorted(new)
+
+
+def describe_versions(session: Session) -> str:
+    plugin = f"{session.tool.plugin}" + (" (ambient, on PATH)" if session.tool.plugin_ambient else "")
+    return (f"Pulumi CLI {cli_version(session.tool)} ({session.tool.pulumi}), SDK {sdk_version()}, "
+            f"pulumi-kubernetes {provider_version()} ({plugin}); state {session.state}")
+
+
+__all__: Sequence[str] = (
+    "DeployError", "Toolchain", "find_toolchain", "open_session", "ensure_stack_config", "preview", "up", "down",
+    "delete_leftovers", "outputs", "repair", "stack_secrets", "describe_versions",
+)

@@ -1,0 +1,330 @@
+"""The Pulumi program: one function, :func:`cluster_program`, for both entry points.
+
+``stacks/__main__.py`` (the Pulumi CLI) and ``provisioner.deploy.automation`` (``slurmk8s up``,
+an inline Automation API program) both call it, so both produce the same resource graph.
+
+What it does, in order: read the Kubernetes nodes of the live cluster (unless given), run the pure
+pipeline (:func:`provisioner.generate.generate`: inventory, topology, rendered files), build every
+object with :mod:`provisioner.manifests`, and register them as Pulumi resources grouped in one
+ComponentResource per concern. Nothing is derived here that the core does not derive.
+
+Stack configuration it reads (namespace ``slurmk8s``; see ``stacks/Pulumi.*.yaml``):
+
+- ``mungeKey``, ``sshHostKeyEd25519``, ``sshHostKeyEcdsa``, ``sshHostKeyRsa``: secrets, generated
+  once (``provisioner.deploy.secrets``);
+- ``wait`` (default true): wait for slurmctld / login to become ready; false adds
+  ``pulumi.com/skipAwait`` (e.g. while images are not loaded yet);
+- ``clusterDomain`` (default ``cluster.local``);
+- ``kubernetes:kubeconfig`` (path or content), also used by the default Kubernetes provider.
+
+Ownership: PVCs and the namespace are kept on ``destroy`` (``retainOnDelete``); ``slurmk8s down
+--purge`` removes them. Worker pods are never Pulumi resources (the resume/suspend programs own them).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from .. import manifests as m
+from ..config import ClusterSpec
+from ..generate import Generated, generate
+from ..inventory import nodes_from_api
+from ..render import Site
+from .secrets import CONFIG_NAMESPACE, public_key, secrets_from_config
+
+PROJECT = "slurmk8s"
+SKIP_AWAIT = "pulumi.com/skipAwait"
+
+# (apiVersion, kind) -> resource class. Top-level fields are passed as keyword arguments.
+_CLASSES: dict[tuple[str, str], Callable[..., pulumi.CustomResource]] = {
+    ("v1", "Namespace"): k8s.core.v1.Namespace,
+    ("v1", "Secret"): k8s.core.v1.Secret,
+    ("v1", "ConfigMap"): k8s.core.v1.ConfigMap,
+    ("v1", "ServiceAccount"): k8s.core.v1.ServiceAccount,
+    ("v1", "Service"): k8s.core.v1.Service,
+    ("v1", "PersistentVolumeClaim"): k8s.core.v1.PersistentVolumeClaim,
+    ("apps/v1", "StatefulSet"): k8s.apps.v1.StatefulSet,
+    ("apps/v1", "Deployment"): k8s.apps.v1.Deployment,
+    ("rbac.authorization.k8s.io/v1", "Role"): k8s.rbac.v1.Role,
+    ("rbac.authorization.k8s.io/v1", "RoleBinding"): k8s.rbac.v1.RoleBinding,
+    ("policy/v1", "PodDisruptionBudget"): k8s.policy.v1.PodDisruptionBudget,
+    ("networking.k8s.io/v1", "NetworkPolicy"): k8s.networking.v1.NetworkPolicy,
+}
+
+
+def _snake(name: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+
+
+def k8s_resource(logical: str, obj: Mapping[str, Any], opts: pulumi.ResourceOptions,
+                 *, skip_await: bool = False) -> pulumi.CustomResource:
+    """A typed pulumi-kubernetes resource from a manifest dict (nested fields keep their API names)."""
+    cls = _CLASSES[(obj["apiVersion"], obj["kind"])]
+    body = dict(obj)
+    if skip_await:
+        meta = dict(body["metadata"])
+        meta["annotations"] = {**meta.get("annotations", {}), SKIP_AWAIT: "true"}
+        body["metadata"] = meta
+    kwargs = {_snake(k): v for k, v in body.items() if k not in ("apiVersion", "kind")}
+    return cls(logical, opts=opts, **kwargs)
+
+
+class _Component(pulumi.ComponentResource):
+    """Base: children parented to the component, named '<cluster>-<object name>'."""
+
+    def __init__(self, typ: str, name: str, spec: ClusterSpec, wait: bool, opts: pulumi.ResourceOptions | None,
+                 depends_on: Sequence[pulumi.Resource] = ()) -> None:
+        super().__init__(typ, name, None, opts)
+        self._spec = spec
+        self._wait = wait
+        self._depends_on = list(depends_on)
+
+    def _add(self, obj: Mapping[str, Any], *, retain: bool = False) -> pulumi.CustomResource:
+        opts = pulumi.ResourceOptions(
+            parent=self,
+            depends_on=self._depends_on or None,
+            retain_on_delete=retain or None,
+            # fixed names: a replacement must delete the old object first (else SSA "creates" the
+            # same object and the delete of the old one removes it)
+            delete_before_replace=True,
+        )
+        name = f"{self._spec.name}-{obj['metadata']['name']}"
+        return k8s_resource(name, obj, opts, skip_await=not self._wait)
+
+
+class Storage(_Component):
+    """Shared /home (RWX PVC, kept on destroy)."""
+
+    home_claim: pulumi.Output[str]
+
+    def __init__(self, name: str, spec: ClusterSpec, *, wait: bool, depends_on: Sequence[pulumi.Resource],
+                 opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("slurmk8s:index:Storage", name, spec, wait, opts, depends_on)
+        home = self._add(m.home_pvc(spec), retain=True)
+        self.home_claim = home.metadata.name
+        self.register_outputs({"home_claim": self.home_claim})
+
+
+class Controller(_Component):
+    """slurmctld: auth key, rendered configuration, users, spec, RBAC for the worker pods, state PVC,
+    headless Service and the StatefulSet."""
+
+    address: pulumi.Output[str]
+    statefulset: pulumi.Output[str]
+    service_account: pulumi.Output[str]
+
+    def __init__(self, name: str, spec: ClusterSpec, gen: Generated, secrets: m.ClusterSecrets, site: m.K8sSite, *,
+                 wait: bool, depends_on: Sequence[pulumi.Resource], opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("slurmk8s:index:Controller", name, spec, wait, opts, depends_on)
+        files = gen.files
+        self._add(m.auth_secret(spec, pulumi.Output.secret(secrets.munge_key_b64)))
+        self._add(m.slurm_config_map(spec, files))
+        self._add(m.users_config_map(spec, files))
+        self._add(m.spec_config_map(spec, site))
+        sa = self._add(m.controller_service_account(spec))
+        self._add(m.worker_role(spec))
+        self._add(m.worker_role_binding(spec))
+        self._add(m.controller_state_pvc(spec), retain=True)
+        self._add(m.controller_service(spec))
+        sts = self._add(m.controller_statefulset(spec, files, site))
+        self.address = pulumi.Output.from_input(m.controller_address(spec, site))
+        self.statefulset = sts.metadata.name
+        self.service_account = sa.metadata.name
+        self.register_outputs({"address": self.address, "statefulset": self.statefulset,
+                               "service_account": self.service_account})
+
+
+class Login(_Component):
+    """sshd + Slurm clients: host keys (Secret, stable), authorized keys, Deployment, Service."""
+
+    service: pulumi.Output[str]
+    service_type: pulumi.Output[str]
+    node_port: pulumi.Output[Any]
+    external_ips: pulumi.Output[Any]
+    host_public_keys: pulumi.Output[list[str]]
+
+    def __init__(self, name: str, spec: ClusterSpec, gen: Generated, secrets: m.ClusterSecrets, site: m.K8sSite, *,
+                 wait: bool, depends_on: Sequence[pulumi.Resource], opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("slurmk8s:index:Login", name, spec, wait, opts, depends_on)
+        host_keys = {t: pulumi.Output.secret(v) for t, v in secrets.ssh_host_keys.items()}
+        self._add(m.ssh_host_keys_secret(spec, host_keys))
+        self._add(m.authorized_keys_secret(spec))
+        self._add(m.login_deployment(spec, gen.files, site))
+        svc = self._add(m.login_service(spec))
+        self.service = svc.metadata.name
+        self.service_type = svc.spec.type
+        self.node_port = svc.spec.apply(lambda sp: sp.ports[0].node_port if sp is not None and sp.ports else None)
+        self.external_ips = svc.status.apply(_lb_addresses)
+        # Public halves of the host keys, for users' known_hosts (not secret).
+        self.host_public_keys = pulumi.Output.unsecret(
+            pulumi.Output.all(*[host_keys[t] for t in m.SSH_HOST_KEY_TYPES]).apply(
+                lambda keys: [public_key(k) for k in keys]))
+        self.register_outputs({"service": self.service, "service_type": self.service_type,
+                               "node_port": self.node_port, "external_ips": self.external_ips,
+                               "host_public_keys": self.host_public_keys})
+
+
+def _lb_addresses(status: Any) -> list[str]:
+    """Addresses of a LoadBalancer Service (empty before one is assigned, or for other types)."""
+    lb = getattr(status, "load_balancer", None)
+    ingress = getattr(lb, "ingress", None) or []
+    return [a for a in (getattr(i, "ip", None) or getattr(i, "hostname", None) for i in ingress) if a]
+
+
+class WorkerPools(_Component):
+    """No pods at rest: the per-pool pod template (ConfigMap), the headless Service under which
+    workers resolve each other by Slurm node name, and the PodDisruptionBudget."""
+
+    node_names: pulumi.Output[list[str]]
+    partitions: pulumi.Output[dict[str, list[str]]]
+
+    def __init__(self, name: str, spec: ClusterSpec, gen: Generated, site: m.K8sSite, *, wait: bool,
+                 depends_on: Sequence[pulumi.Resource], opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("slurmk8s:index:WorkerPools", name, spec, wait, opts, depends_on)
+        for pool in spec.pools:
+            self._add(m.worker_template_config_map(spec, pool, site))
+        self._add(m.workers_service(spec))
+        self._add(m.workers_pdb(spec))
+        parts: dict[str, list[str]] = {}
+        for node in gen.inventory.nodes:
+            parts.setdefault(node.partition, []).append(node.name)
+        self.node_names = pulumi.Output.from_input(gen.inventory.names)
+        self.partitions = pulumi.Output.from_input(parts)
+        self.register_outputs({"node_names": self.node_names, "partitions": self.partitions})
+
+
+class NetworkPolicies(_Component):
+    """Everything among the cluster's own pods; from outside only SSH to login."""
+
+    names: pulumi.Output[list[str]]
+
+    def __init__(self, name: str, spec: ClusterSpec, site: m.K8sSite, *, wait: bool,
+                 depends_on: Sequence[pulumi.Resource], opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("slurmk8s:index:NetworkPolicy", name, spec, wait, opts, depends_on)
+        policies = [self._add(obj) for obj in m.network_policies(spec, site)]
+        self.names = pulumi.Output.all(*[p.metadata.name for p in policies])
+        self.register_outputs({"names": self.names})
+
+
+class SlurmCluster(pulumi.ComponentResource):
+    """The whole cluster: namespace plus one component per concern."""
+
+    namespace: pulumi.Output[str]
+
+    def __init__(self, name: str, spec: ClusterSpec, gen: Generated, secrets: m.ClusterSecrets, site: m.K8sSite, *,
+                 wait: bool = True, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("slurmk8s:index:Cluster", name, None, opts)
+        m.check_names(spec, gen.inventory)
+        ns_obj = m.namespace(spec)
+        ns = k8s_resource(f"{spec.name}-namespace", ns_obj,
+                          pulumi.ResourceOptions(parent=self, retain_on_delete=True), skip_await=not wait)
+        child = pulumi.ResourceOptions(parent=self)
+        self.storage = Storage(f"{name}-storage", spec, wait=wait, depends_on=[ns], opts=child)
+        self.controller = Controller(f"{name}-controller", spec, gen, secrets, site, wait=wait,
+                                     depends_on=[ns], opts=child)
+        self.workers = WorkerPools(f"{name}-workers", spec, gen, site, wait=wait, depends_on=[ns], opts=child)
+        self.login = (Login(f"{name}-login", spec, gen, secrets, site, wait=wait,
+                            depends_on=[ns, self.storage, self.controller], opts=child)
+                      if spec.login.enabled else None)
+        self.network = NetworkPolicies(f"{name}-network", spec, site, wait=wait, depends_on=[ns], opts=child)
+        self.namespace = ns.metadata.name
+        self.register_outputs({"namespace": self.namespace})
+
+
+# ---------------------------------------------------------------- reading the live cluster
+
+
+def load_kubeconfig(value: str | None) -> Any:
+    """A kubernetes ApiClient for a kubeconfig given as a path, as YAML content, or (None) the
+    default (KUBECONFIG / ~/.kube/config / in-cluster)."""
+    import yaml
+    from kubernetes import client, config
+
+    if value and "\n" not in value and Path(value).expanduser().exists():
+        return config.new_client_from_config(config_file=str(Path(value).expanduser()))
+    if value:
+        return config.new_client_from_config_dict(yaml.safe_load(value))
+    try:
+        return config.new_client_from_config()
+    except config.ConfigException:
+        config.load_incluster_config()
+        return client.ApiClient()
+
+
+def read_k8s_nodes(kubeconfig: str | None) -> list[dict[str, Any]]:
+    """The cluster's Node objects as the API returns them (`kubectl get nodes -o json` items)."""
+    import json
+
+    from kubernetes import client
+
+    api = client.CoreV1Api(load_kubeconfig(kubeconfig))
+    resp = api.list_node(_preload_content=False)
+    return json.loads(resp.data)["items"]
+
+
+def host_network_sources(spec: ClusterSpec, gen: Generated, raw_nodes: Sequence[Mapping[str, Any]]) -> tuple[str, ...]:
+    """/32s of the Kubernetes nodes that back host-network Slurm nodes (for the NetworkPolicy)."""
+    pools = {p.name for p in spec.pools if p.network.host_network}
+    if not pools:
+        return ()
+    wanted = {n.k8s_node for n in gen.inventory.nodes if n.pool in pools and n.k8s_node}
+    cidrs = set()
+    for obj in raw_nodes:
+        if (obj.get("metadata") or {}).get("name") not in wanted:
+            continue
+        for addr in (obj.get("status") or {}).get("addresses") or []:
+            if addr.get("type") == "InternalIP" and addr.get("address"):
+                ip = addr["address"]
+                cidrs.add(f"{ip}/128" if ":" in ip else f"{ip}/32")
+    return tuple(sorted(cidrs))
+
+
+# ---------------------------------------------------------------- the program
+
+
+def cluster_program(spec: ClusterSpec, k8s_nodes: Sequence[Mapping[str, Any]] | None = None, *,
+                    secrets: m.ClusterSecrets | None = None) -> SlurmCluster:
+    """Declare the whole cluster. `k8s_nodes`: Node objects as the API returns them; read from the
+    cluster in `kubernetes:kubeconfig` (or the default kubeconfig) when None."""
+    cfg = pulumi.Config(CONFIG_NAMESPACE)
+    if k8s_nodes is None:
+        k8s_nodes = read_k8s_nodes(pulumi.Config("kubernetes").get("kubeconfig"))
+    raw = list(k8s_nodes)
+    gen = generate(spec, nodes_from_api(raw), Site())
+    site = m.K8sSite(cluster_domain=cfg.get("clusterDomain") or "cluster.local",
+                     host_network_sources=host_network_sources(spec, gen, raw))
+    if secrets is None:
+        secrets = secrets_from_config(cfg)
+    wait = cfg.get_bool("wait")
+    cluster = SlurmCluster(spec.name, spec, gen, secrets, site, wait=True if wait is None else wait)
+
+    for ex in gen.inventory.excluded:
+        pulumi.log.info(f"Kubernetes node {ex.k8s_node} left out of pool {ex.pool}: {ex.reason}")
+    pulumi.export("namespace", cluster.namespace)
+    pulumi.export("controller", cluster.controller.address)
+    pulumi.export("slurm_nodes", cluster.workers.node_names)
+    pulumi.export("partitions", cluster.workers.partitions)
+    pulumi.export("excluded_k8s_nodes", [f"{e.k8s_node} ({e.pool}): {e.reason}" for e in gen.inventory.excluded])
+    if cluster.login is not None:
+        pulumi.export("login_service", cluster.login.service)
+        pulumi.export("login_service_type", cluster.login.service_type)
+        pulumi.export("login_node_port", cluster.login.node_port)
+        pulumi.export("login_external_ips", cluster.login.external_ips)
+        pulumi.export("ssh_host_public_keys", cluster.login.host_public_keys)
+        pulumi.export("ssh_hint", ssh_hint(spec))
+    return cluster
+
+
+def ssh_hint(spec: ClusterSpec) -> str:
+    ns = spec.namespace_name
+    user = spec.users[0].name if spec.users else "USER"
+    if spec.login.service_type == "ClusterIP":
+        return f"kubectl -n {ns} port-forward svc/{m.LOGIN} 2222:22 & ssh -p 2222 {user}@localhost"
+    if spec.login.service_type == "NodePort":
+        return f"ssh -p <login_node_port> {user}@<any node address>"
+    return f"ssh {user}@<login_external_ips[0]>"

@@ -1,0 +1,691 @@
+"""Kubernetes objects of one slurmk8s cluster, as plain dicts (pure builders, no I/O).
+
+Every builder takes the validated :class:`~provisioner.config.ClusterSpec` (plus, where needed, the
+generated files or the Slurm node) and returns the object exactly as it would be sent to the API
+server. The Pulumi program (``provisioner.deploy``) turns them into resources one to one; the
+Kubernetes node backend (``provisioner.kube``) sends :func:`worker_pod` to the API server when Slurm
+resumes a node. Nothing here reads the clock, the environment or the network.
+
+Values that are secret (the Slurm auth key, SSH host keys) are passed in by the caller; they may
+be plain strings (tests) or Pulumi outputs (the program): the builders only place them.
+
+Field ownership (Server-Side Apply): the builders leave out every field that something in the
+cluster owns at run time, so that a later ``slurmk8s up`` never fights it:
+
+- ``replicas`` of the slurmctld StatefulSet and the login Deployment (the API server defaults it
+  to 1 on creation; the idle teardown of the control tier scales it to 0 and back);
+- ``clusterIP`` and unfixed ``nodePort`` of Services, ``volumeName`` of PVCs (allocated);
+- worker pods are not part of the deployed set at all: the resume / suspend programs own them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping
+
+from .config import ClusterSpec, Pool
+from .errors import Issue, Problem
+from .inventory import Inventory, SlurmNode
+
+# ---------------------------------------------------------------- names and labels
+
+L_NAME = "app.kubernetes.io/name"
+L_INSTANCE = "app.kubernetes.io/instance"
+L_COMPONENT = "app.kubernetes.io/component"
+L_PART_OF = "app.kubernetes.io/part-of"
+L_MANAGED_BY = "app.kubernetes.io/managed-by"
+L_CLUSTER = "slurmk8s.io/cluster"
+L_POOL = "slurmk8s.io/pool"
+L_NODE = "slurmk8s.io/node"
+L_SUBDOMAIN = "slurmk8s.io/subdomain"
+A_SPEC_HASH = "slurmk8s.io/spec-hash"
+A_K8S_NODE = "slurmk8s.io/k8s-node"
+A_CONFIG_HASH = "slurmk8s.io/config-hash"
+A_USERS_HASH = "slurmk8s.io/users-hash"
+A_MULTUS = "k8s.v1.cni.cncf.io/networks"
+
+CONTROLLER = "slurmctld"  # StatefulSet, its headless Service, ServiceAccount
+CONTROLLER_POD = "slurmctld-0"  # = SlurmctldHost
+CONTROLLER_STATE_PVC = "slurmctld-state"
+LOGIN = "login"  # Deployment, Service, and the login pod's hostname
+WORKERS = "workers"  # headless Service: the subdomain of worker pods (and of the login pod)
+HOME_PVC = "home"
+AUTH_SECRET = "slurm-auth"
+SSH_HOST_KEYS_SECRET = "ssh-host-keys"
+AUTHORIZED_KEYS_SECRET = "authorized-keys"
+SLURM_CONFIG = "slurm-config"
+USERS_CONFIG = "slurm-users"
+SPEC_CONFIG = "slurmk8s-spec"
+WORKER_ROLE = "slurmk8s-worker-pods"
+TEMPLATE_PREFIX = "worker-template-"
+
+SLURMCTLD_PORT = 6817
+SLURMD_PORT = 6818
+SSH_PORT = 22
+
+# Where the images expect things (images/README.md, "contract").
+MUNGE_DIR = "/etc/slurmk8s/secret"
+USERS_DIR = "/etc/slurmk8s/users"
+AUTHORIZED_KEYS_DIR = "/etc/slurmk8s/authorized_keys"
+HOST_KEYS_DIR = "/etc/slurmk8s/ssh-host-keys"
+SPEC_DIR = "/etc/slurmk8s/spec"
+SLURM_CONF_DIR = "/etc/slurm"
+STATE_DIR = "/var/spool/slurmctld"
+SSH_HOST_KEY_TYPES = ("ed25519", "ecdsa", "rsa")
+
+# Files of render_all() that go to the slurmctld config directory (the rest are users' files).
+SLURM_FILES = ("slurm.conf", "topology.conf", "gres.conf", "inventory.json")
+USER_FILES = ("passwd", "group")
+
+# Capabilities the entrypoints need as root: chown/chmod of state and home dirs, munged and
+# slurmstepd dropping to users (setuid/setgid), signalling users' processes (kill). sshd also
+# chroots its pre-auth child and binds port 22. Everything else (NET_RAW, MKNOD, ...) is dropped.
+BASE_CAPS = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID")
+LOGIN_CAPS = BASE_CAPS + ("SYS_CHROOT", "NET_BIND_SERVICE", "AUDIT_WRITE")
+
+WORKER_GRACE_SECONDS = 15
+
+
+@dataclass(frozen=True)
+class K8sSite:
+    """Facts about the Kubernetes cluster that the spec does not hold."""
+
+    cluster_domain: str = "cluster.local"
+    # Node addresses from which host-network workers reach slurmctld and login (NetworkPolicy).
+    host_network_sources: tuple[str, ...] = ()
+
+
+def base_labels(spec: ClusterSpec, component: str) -> dict[str, str]:
+    return {
+        L_NAME: "slurmk8s",
+        L_INSTANCE: spec.name,
+        L_PART_OF: "slurmk8s",
+        L_COMPONENT: component,
+        L_CLUSTER: spec.name,
+    }
+
+
+def selector(spec: ClusterSpec, component: str) -> dict[str, str]:
+    """The minimal, never-changing labels that select a component's pods."""
+    return {L_CLUSTER: spec.name, L_COMPONENT: component}
+
+
+def _meta(spec: ClusterSpec, name: str, component: str, **extra: Any) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "namespace": spec.namespace_name, "labels": base_labels(spec, component)}
+    meta.update(extra)
+    return meta
+
+
+def service_fqdn(spec: ClusterSpec, service: str, site: K8sSite) -> str:
+    return f"{service}.{spec.namespace_name}.svc.{site.cluster_domain}"
+
+
+def controller_address(spec: ClusterSpec, site: K8sSite) -> str:
+    """host:port of slurmctld as worker and login pods are told (SLURMK8S_CONTROLLER)."""
+    return f"{CONTROLLER_POD}.{service_fqdn(spec, CONTROLLER, site)}:{SLURMCTLD_PORT}"
+
+
+def dns_searches(spec: ClusterSpec, site: K8sSite) -> list[str]:
+    """Search domains under which bare Slurm node names and `slurmctld-0` resolve from any pod."""
+    return [service_fqdn(spec, WORKERS, site), service_fqdn(spec, CONTROLLER, site)]
+
+
+def content_hash(value: Any) -> str:
+    """A short stable hash of JSON-able data (for rollout annotations)."""
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _container_security(caps: Iterable[str]) -> dict[str, Any]:
+    return {
+        "privileged": False,
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"], "add": list(caps)},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def _pod_security() -> dict[str, Any]:
+    return {"seccompProfile": {"type": "RuntimeDefault"}}
+
+
+def _secret_volume(name: str, secret: str, mode: int = 0o400, items: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    src: dict[str, Any] = {"secretName": secret, "defaultMode": mode}
+    if items:
+        src["items"] = items
+    return {"name": name, "secret": src}
+
+
+def _config_volume(name: str, config_map: str, mode: int = 0o444) -> dict[str, Any]:
+    return {"name": name, "configMap": {"name": config_map, "defaultMode": mode}}
+
+
+def _pvc_volume(name: str, claim: str) -> dict[str, Any]:
+    return {"name": name, "persistentVolumeClaim": {"claimName": claim}}
+
+
+# ---------------------------------------------------------------- namespace, secrets, config
+
+
+def uses_host_network(spec: ClusterSpec) -> bool:
+    return any(p.network.host_network for p in spec.pools)
+
+
+def namespace(spec: ClusterSpec) -> dict[str, Any]:
+    """The cluster's namespace. Pod Security 'baseline' is enforced unless a pool needs hostNetwork
+    (baseline forbids it); every container here also meets it (no privilege, default capabilities only)."""
+    labels = {L_NAME: "slurmk8s", L_INSTANCE: spec.name, L_PART_OF: "slurmk8s", L_CLUSTER: spec.name}
+    level = "privileged" if uses_host_network(spec) else "baseline"
+    labels["pod-security.kubernetes.io/enforce"] = level
+    labels["pod-security.kubernetes.io/warn"] = "baseline"
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": spec.namespace_name, "labels": labels}}
+
+
+def auth_secret(spec: ClusterSpec, munge_key_b64: Any) -> dict[str, Any]:
+    """The per-cluster Slurm auth (munge) key, base64 of its raw bytes."""
+    return {
+        "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+        "metadata": _meta(spec, AUTH_SECRET, "auth"),
+        "data": {"munge.key": munge_key_b64},
+    }
+
+
+def ssh_host_keys_secret(spec: ClusterSpec, host_keys: Mapping[str, Any]) -> dict[str, Any]:
+    """SSH host keys of the login pod: {'ed25519': private key (OpenSSH PEM), ...}; kept across restarts."""
+    missing = [t for t in SSH_HOST_KEY_TYPES if t not in host_keys]
+    if missing:
+        raise ValueError(f"ssh host keys missing for {missing}")
+    return {
+        "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+        "metadata": _meta(spec, SSH_HOST_KEYS_SECRET, LOGIN),
+        "stringData": {f"ssh_host_{t}_key": host_keys[t] for t in SSH_HOST_KEY_TYPES},
+    }
+
+
+def authorized_keys(spec: ClusterSpec) -> dict[str, str]:
+    """user -> authorized_keys file content (public keys; users without keys are left out)."""
+    return {u.name: "".join(f"{k}\n" for k in u.ssh_keys) for u in spec.users if u.ssh_keys}
+
+
+def authorized_keys_secret(spec: ClusterSpec) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+        "metadata": _meta(spec, AUTHORIZED_KEYS_SECRET, LOGIN),
+        "stringData": authorized_keys(spec),
+    }
+
+
+def slurm_config_map(spec: ClusterSpec, files: Mapping[str, str]) -> dict[str, Any]:
+    """slurm.conf, topology.conf, gres.conf and inventory.json, mounted at /etc/slurm on slurmctld."""
+    return {
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": _meta(spec, SLURM_CONFIG, CONTROLLER),
+        "data": {name: files[name] for name in SLURM_FILES if name in files},
+    }
+
+
+def users_config_map(spec: ClusterSpec, files: Mapping[str, str]) -> dict[str, Any]:
+    """passwd and group fragments (identical UIDs on every pod)."""
+    return {
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": _meta(spec, USERS_CONFIG, "users"),
+        "data": {name: files[name] for name in USER_FILES},
+    }
+
+
+def spec_document(spec: ClusterSpec, site: K8sSite) -> dict[str, Any]:
+    """What the in-cluster programs need to rebuild any worker pod: the spec and the site."""
+    return {
+        "spec": spec.model_dump(mode="json"),
+        "site": {"cluster_domain": site.cluster_domain,
+                 "host_network_sources": list(site.host_network_sources)},
+    }
+
+
+def spec_config_map(spec: ClusterSpec, site: K8sSite) -> dict[str, Any]:
+    doc = spec_document(spec, site)
+    return {
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": _meta(spec, SPEC_CONFIG, CONTROLLER),
+        "data": {
+            "spec.json": json.dumps(doc["spec"], indent=1, sort_keys=True) + "\n",
+            "site.json": json.dumps(doc["site"], indent=1, sort_keys=True) + "\n",
+        },
+    }
+
+
+# ---------------------------------------------------------------- RBAC for the resume/suspend programs
+
+
+def controller_service_account(spec: ClusterSpec) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(spec, CONTROLLER, CONTROLLER)}
+
+
+def worker_role(spec: ClusterSpec) -> dict[str, Any]:
+    """Pods only, in this namespace only: what ResumeProgram / SuspendProgram need."""
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+        "metadata": _meta(spec, WORKER_ROLE, CONTROLLER),
+        "rules": [{"apiGroups": [""], "resources": ["pods"],
+                   "verbs": ["create", "get", "list", "watch", "delete"]}],
+    }
+
+
+def worker_role_binding(spec: ClusterSpec) -> dict[str, Any]:
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+        "metadata": _meta(spec, WORKER_ROLE, CONTROLLER),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": WORKER_ROLE},
+        "subjects": [{"kind": "ServiceAccount", "name": CONTROLLER, "namespace": spec.namespace_name}],
+    }
+
+
+# ---------------------------------------------------------------- storage
+
+
+def _pvc(spec: ClusterSpec, name: str, component: str, volume) -> dict[str, Any]:
+    pvc_spec: dict[str, Any] = {
+        "accessModes": [volume.access_mode],
+        "resources": {"requests": {"storage": volume.size}},
+    }
+    if volume.storage_class:
+        pvc_spec["storageClassName"] = volume.storage_class
+    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+            "metadata": _meta(spec, name, component), "spec": pvc_spec}
+
+
+def home_pvc(spec: ClusterSpec) -> dict[str, Any]:
+    """Shared /home for login and workers (ReadWriteMany by default)."""
+    return _pvc(spec, HOME_PVC, "storage", spec.storage.home)
+
+
+def controller_state_pvc(spec: ClusterSpec) -> dict[str, Any]:
+    return _pvc(spec, CONTROLLER_STATE_PVC, CONTROLLER, spec.storage.controller_state)
+
+
+# ---------------------------------------------------------------- slurmctld
+
+
+def controller_service(spec: ClusterSpec) -> dict[str, Any]:
+    """Headless: gives the StatefulSet pod its DNS name slurmctld-0.slurmctld.<ns>.svc; published
+    before readiness so slurmctld resolves its own SlurmctldHost at start."""
+    return {
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": _meta(spec, CONTROLLER, CONTROLLER),
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": selector(spec, CONTROLLER),
+            "ports": [{"name": "slurmctld", "port": SLURMCTLD_PORT, "targetPort": SLURMCTLD_PORT, "protocol": "TCP"}],
+        },
+    }
+
+
+def controller_statefulset(spec: ClusterSpec, files: Mapping[str, str], site: K8sSite = K8sSite()) -> dict[str, Any]:
+    """slurmctld: one pod (hostname slurmctld-0), state on a PVC, the resume/suspend programs inside.
+
+    ``replicas`` is left out on purpose (see the module docstring). A change of the rendered
+    configuration or the users rolls the pod (annotations), so a new inventory takes effect.
+    """
+    labels = {**base_labels(spec, CONTROLLER)}
+    annotations = {
+        A_CONFIG_HASH: content_hash({n: files.get(n) for n in SLURM_FILES}),
+        A_USERS_HASH: content_hash({n: files[n] for n in USER_FILES}),
+        A_SPEC_HASH: content_hash(spec_document(spec, site)),
+    }
+    container = {
+        "name": "slurmctld",
+        "image": spec.images.controller,
+        "imagePullPolicy": spec.images.pull_policy,
+        "env": [
+            {"name": "SLURMK8S_BACKEND", "value": "kubernetes"},
+            {"name": "SLURMK8S_INVENTORY", "value": f"{SLURM_CONF_DIR}/inventory.json"},
+            {"name": "SLURMK8S_SPEC", "value": f"{SPEC_DIR}/spec.json"},
+            {"name": "SLURMK8S_SITE", "value": f"{SPEC_DIR}/site.json"},
+            {"name": "SLURMK8S_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+        ],
+        "ports": [{"name": "slurmctld", "containerPort": SLURMCTLD_PORT, "protocol": "TCP"}],
+        "readinessProbe": {"tcpSocket": {"port": SLURMCTLD_PORT}, "periodSeconds": 2, "failureThreshold": 3},
+        "livenessProbe": {"tcpSocket": {"port": SLURMCTLD_PORT}, "initialDelaySeconds": 60,
+                          "periodSeconds": 20, "failureThreshold": 6},
+        "resources": {"requests": {"cpu": "250m", "memory": "512Mi"}},
+        "securityContext": _container_security(BASE_CAPS),
+        "volumeMounts": [
+            {"name": "slurm-config", "mountPath": SLURM_CONF_DIR, "readOnly": True},
+            {"name": "spec", "mountPath": SPEC_DIR, "readOnly": True},
+            {"name": "users", "mountPath": USERS_DIR, "readOnly": True},
+            {"name": "munge-key", "mountPath": MUNGE_DIR, "readOnly": True},
+            {"name": "state", "mountPath": STATE_DIR},
+        ],
+    }
+    return {
+        "apiVersion": "apps/v1", "kind": "StatefulSet",
+        "metadata": _meta(spec, CONTROLLER, CONTROLLER),
+        "spec": {
+            "serviceName": CONTROLLER,
+            "selector": {"matchLabels": selector(spec, CONTROLLER)},
+            "podManagementPolicy": "Parallel",
+            "template": {
+                "metadata": {"labels": labels, "annotations": annotations},
+                "spec": {
+                    "serviceAccountName": CONTROLLER,
+                    "automountServiceAccountToken": True,  # the resume/suspend programs call the API
+                    "enableServiceLinks": False,
+                    "dnsConfig": {"searches": dns_searches(spec, site)},
+                    "securityContext": _pod_security(),
+                    "terminationGracePeriodSeconds": 30,  # slurmctld saves its state on SIGTERM
+                    "containers": [container],
+                    "volumes": [
+                        _config_volume("slurm-config", SLURM_CONFIG),
+                        _config_volume("spec", SPEC_CONFIG),
+                        _config_volume("users", USERS_CONFIG),
+                        _secret_volume("munge-key", AUTH_SECRET),
+                        _pvc_volume("state", CONTROLLER_STATE_PVC),
+                    ],
+                },
+            },
+        },
+    }
+
+
+# ---------------------------------------------------------------- login
+
+
+def login_service(spec: ClusterSpec) -> dict[str, Any]:
+    port: dict[str, Any] = {"name": "ssh", "port": SSH_PORT, "targetPort": SSH_PORT, "protocol": "TCP"}
+    if spec.login.node_port is not None:
+        port["nodePort"] = spec.login.node_port
+    svc_spec: dict[str, Any] = {"type": spec.login.service_type, "selector": selector(spec, LOGIN), "ports": [port]}
+    if spec.login.service_type != "ClusterIP":
+        svc_spec["externalTrafficPolicy"] = "Local"  # keep the client's address in sshd's log
+    return {"apiVersion": "v1", "kind": "Service", "metadata": _meta(spec, LOGIN, LOGIN), "spec": svc_spec}
+
+
+def login_deployment(spec: ClusterSpec, files: Mapping[str, str], site: K8sSite = K8sSite()) -> dict[str, Any]:
+    """sshd + Slurm clients (configless through sackd). Hostname 'login' under the workers'
+    subdomain, so jobs can reach back to it by name (salloc, interactive frameworks)."""
+    labels = {**base_labels(spec, LOGIN), L_SUBDOMAIN: WORKERS}
+    annotations = {
+        A_USERS_HASH: content_hash({n: files[n] for n in USER_FILES}),
+        "slurmk8s.io/authorized-keys-hash": content_hash(authorized_keys(spec)),
+    }
+    container = {
+        "name": "login",
+        "image": spec.images.login,
+        "imagePullPolicy": spec.images.pull_policy,
+        "env": [{"name": "SLURMK8S_CONTROLLER", "value": controller_address(spec, site)}],
+        "ports": [{"name": "ssh", "containerPort": SSH_PORT, "protocol": "TCP"}],
+        "readinessProbe": {"tcpSocket": {"port": SSH_PORT}, "periodSeconds": 2, "failureThreshold": 3},
+        "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}},
+        "securityContext": _container_security(LOGIN_CAPS),
+        "volumeMounts": [
+            {"name": "users", "mountPath": USERS_DIR, "readOnly": True},
+            {"name": "authorized-keys", "mountPath": AUTHORIZED_KEYS_DIR, "readOnly": True},
+            {"name": "ssh-host-keys", "mountPath": HOST_KEYS_DIR, "readOnly": True},
+            {"name": "munge-key", "mountPath": MUNGE_DIR, "readOnly": True},
+            {"name": "home", "mountPath": "/home"},
+        ],
+    }
+    return {
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": _meta(spec, LOGIN, LOGIN),
+        "spec": {
+            "selector": {"matchLabels": selector(spec, LOGIN)},
+            "strategy": {"type": "Recreate"},  # one sshd with the cluster's host keys at a time
+            "template": {
+                "metadata": {"labels": labels, "annotations": annotations},
+                "spec": {
+                    "hostname": LOGIN,
+                    "subdomain": WORKERS,
+                    "automountServiceAccountToken": False,
+                    "enableServiceLinks": False,
+                    "dnsConfig": {"searches": dns_searches(spec, site)},
+                    "securityContext": _pod_security(),
+                    "terminationGracePeriodSeconds": 10,
+                    "containers": [container],
+                    "volumes": [
+                        _config_volume("users", USERS_CONFIG),
+                        _secret_volume("authorized-keys", AUTHORIZED_KEYS_SECRET, 0o444),
+                        _secret_volume("ssh-host-keys", SSH_HOST_KEYS_SECRET),
+                        _secret_volume("munge-key", AUTH_SECRET),
+                        _pvc_volume("home", HOME_PVC),
+                    ],
+                },
+            },
+        },
+    }
+
+
+# ---------------------------------------------------------------- workers
+
+
+def workers_service(spec: ClusterSpec) -> dict[str, Any]:
+    """Headless, published before readiness: `<slurm node>.workers.<ns>.svc` resolves as soon as a
+    worker pod has an IP (slurmd registers, and MPI peers look each other up, before it is Ready)."""
+    return {
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": _meta(spec, WORKERS, "worker"),
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": {L_CLUSTER: spec.name, L_SUBDOMAIN: WORKERS},
+            "ports": [{"name": "slurmd", "port": SLURMD_PORT, "targetPort": SLURMD_PORT, "protocol": "TCP"}],
+        },
+    }
+
+
+def workers_pdb(spec: ClusterSpec) -> dict[str, Any]:
+    """No voluntary eviction of a worker pod: a worker exists only while Slurm keeps its node
+    powered up (busy, or idle for less than SuspendTime), so a drain waits for Slurm to suspend it.
+    Unhealthy (not Ready) workers may always be evicted."""
+    return {
+        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+        "metadata": _meta(spec, WORKERS, "worker"),
+        "spec": {
+            "maxUnavailable": 0,
+            "selector": {"matchLabels": selector(spec, "worker")},
+            "unhealthyPodEvictionPolicy": "AlwaysAllow",
+        },
+    }
+
+
+def _shm_size(pool: Pool, node: SlurmNode) -> str:
+    if pool.shm_size is not None:
+        return str(pool.shm_size)
+    return f"{max(64, node.real_memory // 2)}Mi"
+
+
+def worker_pod_template(spec: ClusterSpec, pool: Pool, site: K8sSite = K8sSite()) -> dict[str, Any]:
+    """Everything of a pool's worker pod that does not depend on the Slurm node.
+
+    :func:`worker_pod` fills in the node's name, placement and size. Stored per pool in a ConfigMap
+    so operators can see what a resume will create.
+    """
+    net = pool.network
+    env = [{"name": "SLURMK8S_CONTROLLER", "value": controller_address(spec, site)},
+           {"name": "SLURMK8S_POOL", "value": pool.name}]
+    env += [{"name": k, "value": v} for k, v in sorted(net.nccl_env.items())]
+    container = {
+        "name": "slurmd",
+        "image": pool.image or spec.images.worker,
+        "imagePullPolicy": spec.images.pull_policy,
+        "env": env,
+        "ports": [{"name": "slurmd", "containerPort": SLURMD_PORT, "protocol": "TCP"}],
+        "readinessProbe": {"tcpSocket": {"port": SLURMD_PORT}, "periodSeconds": 2, "failureThreshold": 3},
+        "securityContext": _container_security(BASE_CAPS),
+        "volumeMounts": [
+            {"name": "munge-key", "mountPath": MUNGE_DIR, "readOnly": True},
+            {"name": "users", "mountPath": USERS_DIR, "readOnly": True},
+            {"name": "home", "mountPath": "/home"},
+            {"name": "dshm", "mountPath": "/dev/shm"},
+        ],
+    }
+    pod_spec: dict[str, Any] = {
+        "subdomain": WORKERS,
+        # Always: a crashed slurmd comes back in the same pod within seconds; slurmd -b makes it
+        # count as a fresh boot and ReturnToService=2 returns the node to service.
+        "restartPolicy": "Always",
+        "terminationGracePeriodSeconds": WORKER_GRACE_SECONDS,
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "dnsPolicy": "ClusterFirstWithHostNet" if net.host_network else "ClusterFirst",
+        "dnsConfig": {"searches": dns_searches(spec, site)},
+        "securityContext": _pod_security(),
+        "containers": [container],
+        "volumes": [
+            _secret_volume("munge-key", AUTH_SECRET),
+            _config_volume("users", USERS_CONFIG),
+            _pvc_volume("home", HOME_PVC),
+            {"name": "dshm", "emptyDir": {"medium": "Memory"}},
+        ],
+    }
+    if net.host_network:
+        pod_spec["hostNetwork"] = True
+    if pool.node_selector:
+        pod_spec["nodeSelector"] = dict(sorted(pool.node_selector.items()))
+    if pool.tolerations:
+        pod_spec["tolerations"] = [dict(t) for t in pool.tolerations]
+    metadata: dict[str, Any] = {
+        "namespace": spec.namespace_name,
+        "labels": {**base_labels(spec, "worker"), L_POOL: pool.name, L_SUBDOMAIN: WORKERS,
+                   L_MANAGED_BY: "slurmk8s"},
+    }
+    if net.multus_networks:
+        metadata["annotations"] = {A_MULTUS: ",".join(net.multus_networks)}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
+
+
+def worker_resources(spec: ClusterSpec, node: SlurmNode) -> dict[str, Any]:
+    """requests = limits (Guaranteed QoS): the CPUs and memory slurm.conf gives the node, its GPUs
+    and the pool's extra devices (RDMA, EFA, ...)."""
+    pool = spec.pool(node.pool)
+    amounts: dict[str, Any] = {"cpu": str(node.cpus), "memory": f"{node.real_memory}Mi"}
+    if node.gpus:
+        amounts[pool.gpu_resource] = str(node.gpus)
+    for name, count in sorted(pool.extra_resources.items()):
+        amounts[name] = str(count)
+    return {"requests": dict(amounts), "limits": dict(amounts)}
+
+
+def _placement(pool: Pool, node: SlurmNode) -> dict[str, Any] | None:
+    if node.k8s_node is not None:
+        # matchFields on the Node's name (not the hostname label, which may differ from it):
+        # exactly the Kubernetes node the inventory derived this Slurm node from.
+        term = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node.k8s_node]}]}
+    elif pool.domain_label and node.domain is not None:
+        term = {"matchExpressions": [{"key": pool.domain_label, "operator": "In", "values": [node.domain]}]}
+    else:
+        return None
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}}
+
+
+def worker_pod(spec: ClusterSpec, node: SlurmNode, site: K8sSite = K8sSite()) -> dict[str, Any]:
+    """The pod that runs slurmd for exactly one Slurm node (pod name = hostname = node name)."""
+    pool = spec.pool(node.pool)
+    pod = worker_pod_template(spec, pool, site)
+    meta = pod["metadata"]
+    meta["name"] = node.name
+    meta["labels"][L_NODE] = node.name
+    annotations = meta.setdefault("annotations", {})
+    if node.k8s_node:
+        annotations[A_K8S_NODE] = node.k8s_node
+    pspec = pod["spec"]
+    pspec["hostname"] = node.name
+    placement = _placement(pool, node)
+    if placement:
+        pspec["affinity"] = placement
+    container = pspec["containers"][0]
+    container["env"].insert(1, {"name": "SLURMK8S_NODENAME", "value": node.name})
+    container["resources"] = worker_resources(spec, node)
+    for vol in pspec["volumes"]:
+        if vol["name"] == "dshm":
+            vol["emptyDir"]["sizeLimit"] = _shm_size(pool, node)
+    # Last: a hash of everything above, so a resume can tell a pod built from an older spec.
+    annotations[A_SPEC_HASH] = content_hash(pod)
+    return pod
+
+
+def worker_template_config_map(spec: ClusterSpec, pool: Pool, site: K8sSite = K8sSite()) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {**_meta(spec, TEMPLATE_PREFIX + pool.name, "worker"),
+                     "labels": {**base_labels(spec, "worker"), L_POOL: pool.name}},
+        "data": {"pod.json": json.dumps(worker_pod_template(spec, pool, site), indent=1, sort_keys=True) + "\n"},
+    }
+
+
+# ---------------------------------------------------------------- network policy
+
+
+def network_policies(spec: ClusterSpec, site: K8sSite = K8sSite()) -> list[dict[str, Any]]:
+    """Any traffic among the cluster's own pods (MPI, NCCL, srun and jobs that call back to the
+    login pod use arbitrary ports); from elsewhere only SSH to the login pod.
+
+    Host-network workers send from their node's address, which no pod selector matches: their
+    nodes' addresses (``site.host_network_sources``) are admitted to the cluster's pods too.
+    """
+    own = {"matchLabels": {L_CLUSTER: spec.name}}
+    peers: list[dict[str, Any]] = [{"podSelector": own}]
+    peers += [{"ipBlock": {"cidr": cidr}} for cidr in site.host_network_sources]
+    intra = {
+        "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+        "metadata": _meta(spec, "intra-cluster", "network"),
+        "spec": {"podSelector": own, "policyTypes": ["Ingress"], "ingress": [{"from": peers}]},
+    }
+    ssh = {
+        "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+        "metadata": _meta(spec, "login-ssh", "network"),
+        "spec": {
+            "podSelector": {"matchLabels": selector(spec, LOGIN)},
+            "policyTypes": ["Ingress"],
+            "ingress": [{"ports": [{"protocol": "TCP", "port": SSH_PORT}]}],
+        },
+    }
+    return [intra, ssh]
+
+
+# ---------------------------------------------------------------- checks and the whole set
+
+
+def check_names(spec: ClusterSpec, inventory: Inventory) -> None:
+    """Slurm node names become pod names and hostnames next to the fixed ones used here."""
+    reserved = {LOGIN, CONTROLLER_POD, CONTROLLER, WORKERS}
+    issues = [
+        Issue(f"pools[{next(i for i, p in enumerate(spec.pools) if p.name == n.pool)}].name_prefix",
+              f"Slurm node name {n.name!r} clashes with the {n.name!r} pod/service of the cluster",
+              "set a name_prefix for the pool")
+        for n in inventory.nodes if n.name in reserved
+    ]
+    if issues:
+        raise Problem(issues, title="invalid Slurm node names")
+
+
+@dataclass(frozen=True)
+class ClusterSecrets:
+    """Generated once per cluster (see ``provisioner.deploy.secrets``); values may be Pulumi outputs."""
+
+    munge_key_b64: Any
+    ssh_host_keys: Mapping[str, Any]
+
+
+def all_objects(spec: ClusterSpec, inventory: Inventory, files: Mapping[str, str], secrets: ClusterSecrets,
+                site: K8sSite = K8sSite()) -> list[dict[str, Any]]:
+    """Every object of the deployed set, in apply order (namespace first). Worker pods are not in it."""
+    check_names(spec, inventory)
+    objs: list[dict[str, Any]] = [namespace(spec), home_pvc(spec)]
+    objs += [
+        auth_secret(spec, secrets.munge_key_b64), slurm_config_map(spec, files), users_config_map(spec, files),
+        spec_config_map(spec, site), controller_service_account(spec), worker_role(spec),
+        worker_role_binding(spec), controller_state_pvc(spec), controller_service(spec),
+        controller_statefulset(spec, files, site),
+    ]
+    if spec.login.enabled:
+        objs += [ssh_host_keys_secret(spec, secrets.ssh_host_keys), authorized_keys_secret(spec),
+                 login_deployment(spec, files, site), login_service(spec)]
+    objs += [worker_template_config_map(spec, p, site) for p in spec.pools]
+    objs += [workers_service(spec), workers_pdb(spec)]
+    objs += network_policies(spec, site)
+    return objs
+
