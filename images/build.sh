@@ -114,13 +114,31 @@ else
     BUILD_ENV=(DOCKER_BUILDKIT=0)
 fi
 
+# A TLS-intercepting proxy in front of PyPI: hand the host's extra CAs (Debian's place for
+# site CAs, or SLURMK8S_EXTRA_CA_FILE) to the venv builder stage; no final image keeps them.
+CA_ARGS=()
+ca_files=()
+if [ -n "${SLURMK8S_EXTRA_CA_FILE:-}" ]; then
+    [ -r "$SLURMK8S_EXTRA_CA_FILE" ] || die "SLURMK8S_EXTRA_CA_FILE=$SLURMK8S_EXTRA_CA_FILE is not readable"
+    ca_files=("$SLURMK8S_EXTRA_CA_FILE")
+else
+    for f in /usr/local/share/ca-certificates/*.crt /usr/local/share/ca-certificates/*/*.crt; do
+        [ -r "$f" ] && ca_files+=("$f")
+    done
+fi
+if [ "${#ca_files[@]}" -gt 0 ]; then
+    log "passing ${#ca_files[@]} extra CA certificate file(s) to the venv build stage: ${ca_files[*]}"
+    CA_ARGS=(--build-arg "EXTRA_CA_CERTS=$(cat "${ca_files[@]}")")
+fi
+
 log "step 3/3: images ${WANT[*]}"
-declare -A RESULT
+declare -A RESULT TAG
 i=0
 for name in "${WANT[@]}"; do
     i=$((i + 1))
     hash="$(image_hash "$name")"
     tag="$PREFIX/$name:$hash"
+    TAG[$name]="$tag"
     if [ "$FORCE" != 1 ] && docker image inspect "$tag" >/dev/null 2>&1; then
         docker tag "$tag" "$PREFIX/$name:dev"
         log "($i/${#WANT[@]}) $name: $tag already built: skipped"
@@ -131,7 +149,7 @@ for name in "${WANT[@]}"; do
     t=$(date +%s)
     env "${BUILD_ENV[@]}" docker build "${PROGRESS[@]}" "${NO_CACHE[@]}" \
         -f "$ROOT/images/Dockerfile" --target "$name" \
-        --build-arg "BASE_IMAGE=$BASE_IMAGE" --build-arg "WITH_ROCM=$WITH_ROCM" \
+        --build-arg "BASE_IMAGE=$BASE_IMAGE" --build-arg "WITH_ROCM=$WITH_ROCM" "${CA_ARGS[@]}" \
         --label "org.slurmk8s.image=$name" --label "org.slurmk8s.inputs-hash=$hash" \
         -t "$tag" -t "$PREFIX/$name:dev" "$ROOT" \
         || die "building $name failed (see the docker build output above)"
@@ -141,6 +159,8 @@ done
 
 log "done in $(elapsed "$T0"):"
 for name in "${WANT[@]}"; do
-    tag="$PREFIX/$name:$(image_hash "$name")"
-    printf '[images]   %-34s %-8s %s (also :dev)\n' "$tag" "$(image_size "$tag")" "${RESULT[$name]}" >&2
+    printf '[images]   %-34s %-8s %s (also :dev)\n' "${TAG[$name]}" "$(image_size "${TAG[$name]}")" "${RESULT[$name]}" >&2
+    if [ "$(image_hash "$name")" != "${TAG[$name]##*:}" ]; then
+        log "WARNING: inputs of $name changed during the build: run images/build.sh again"
+    fi
 done
