@@ -117,9 +117,10 @@ make_homes() {
         case "$home" in /home/?*) ;; *) continue ;; esac
         case "$home" in */../*|*/..) log "users: skipping home '$home' of $name (contains ..)"; continue ;; esac
         [ -e "$home" ] && continue
-        install -d -o "$uid" -g "$gid" -m 0700 "$home" || die "cannot create home $home for $name"
-        cp -a /etc/skel/. "$home"/ 2>/dev/null || true
+        mkdir -p "$home" || die "cannot create home $home for $name"
+        cp -a /etc/skel/. "$home"/ 2>/dev/null || true     # (this also copies skel's own mode)
         chown -R "$uid:$gid" "$home"
+        chmod 0700 "$home"
         made=$((made + 1))
     done <"$frag"
     log "users: created $made missing home directories under /home"

@@ -53,11 +53,15 @@ for key in SlurmctldLogFile SlurmSchedLogFile; do
     f="$(slurm_conf_get "$CONF" "$key")"
     [ -z "$f" ] || own_dir "$(dirname "$f")" "$SLURM_USER" 0755
 done
-# The PID file is written before nothing else can fail; pre-create it writable for SlurmUser.
+# slurmctld runs as SlurmUser from the start, so it cannot create its PID file in root-owned
+# /run: pre-create it owned by SlurmUser. Content "0" = no old daemon (an empty file would be
+# reported as a corrupt pidfile).
 pidfile="$(slurm_conf_get "$CONF" SlurmctldPidFile)"
 pidfile="${pidfile:-/run/slurmctld.pid}"
 mkdir -p "$(dirname "$pidfile")"
-install -o "$SLURM_USER" -g "$SLURM_USER" -m 0644 /dev/null "$pidfile"
+rm -f "$pidfile"
+echo 0 >"$pidfile"
+chown "$SLURM_USER:$SLURM_USER" "$pidfile"
 
 case "$(slurm_conf_get "$CONF" SlurmctldParameters)" in
     *enable_configless*) ;;

@@ -9,6 +9,11 @@ set -euo pipefail
 
 NODENAME="${SLURMK8S_NODENAME:-$(hostname)}"
 log "starting slurmd node '$NODENAME'"
+if [ -n "${SLURMK8S_CONTROLLER:-}" ]; then
+    parse_controller
+elif [ ! -r /etc/slurm/slurm.conf ]; then
+    die "set SLURMK8S_CONTROLLER (configless) or mount slurm.conf at /etc/slurm"
+fi
 
 start_munge
 sync_users
@@ -28,7 +33,6 @@ fi
 
 args=(-D -b -N "$NODENAME")
 if [ -n "${SLURMK8S_CONTROLLER:-}" ]; then
-    parse_controller
     wait_for_controller
     args+=(--conf-server "$CONTROLLER_HOST:$CONTROLLER_PORT")
 elif [ -r /etc/slurm/slurm.conf ]; then
