@@ -55,7 +55,7 @@ MANAGED_SLURM_KEYS = frozenset(
         "TaskPlugin", "SelectType", "MpiDefault", "ReturnToService", "SlurmdParameters",
         "TopologyPlugin", "ResumeProgram", "SuspendProgram", "ResumeFailProgram", "ResumeTimeout",
         "SuspendTimeout", "SuspendTime", "ResumeRate", "SuspendRate", "PrologSlurmctld",
-        "NodeName", "PartitionName", "DownNodes", "GresTypes", "ReconfigFlags", "TreeWidth",
+        "NodeName", "PartitionName", "DownNodes", "GresTypes", "MailProg", "JobAcctGatherType", "ReconfigFlags", "TreeWidth",
         "CommunicationParameters", "TopologyParam",
     )
 )

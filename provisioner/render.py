@@ -74,7 +74,7 @@ def render_slurm_conf(spec: ClusterSpec, inventory: Inventory, topology: Topolog
         partitions.setdefault(pool.partition_name, [])
     for node in inventory.nodes:
         partitions[node.partition].append(node.name)
-    ctld_params = ["enable_configless", "cloud_reg_addrs", "idle_on_node_suspend"]
+    ctld_params = ["enable_configless", "idle_on_node_suspend"]
     if spec.elasticity.fast_start:
         # look for nodes to resume every second instead of every 10 s (with PrologSlurmctld below)
         ctld_params += ["power_save_interval=1", "power_save_min_interval=0"]
@@ -213,7 +213,7 @@ def parse_topology_conf(text: str) -> tuple[list[Switch], list[Block], tuple[int
 
 def validate_rendered(files: Mapping[str, str], inventory: Inventory, topology: Topology) -> list[Issue]:
     issues: list[Issue] = []
-    repeatable = {"nodename", "partitionname", "downnodes"}
+    repeatable = {"nodename", "partitionname"}
     seen: set[str] = set()
     declared: list[str] = []
     in_partitions: set[str] = set()
@@ -231,10 +231,6 @@ def validate_rendered(files: Mapping[str, str], inventory: Inventory, topology: 
             attrs = dict((a.lower(), b) for a, b in pairs[1:])
             in_partitions.update(expand(attrs.get("nodes", "")))
             defaults += attrs.get("default") == "YES"
-        elif k == "downnodes":
-            unknown = set(expand(value)) - set(inventory.names)
-            if unknown:
-                issues.append(Issue("slurm.conf:DownNodes", f"unknown nodes {sorted(unknown)[:3]}", "regenerate"))
     required = {"clustername", "slurmctldhost", "slurmuser", "authtype", "selecttype", "resumeprogram",
                 "suspendprogram", "suspendtime", "resumetimeout", "slurmctldparameters", "returntoservice"}
     for key in sorted(required - seen):

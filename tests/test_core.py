@@ -181,3 +181,25 @@ def test_spec_reference_is_current():
     from provisioner.specdoc import spec_markdown
 
     assert (ROOT / "docs" / "spec.md").read_text() == spec_markdown(), "run: slurmk8s spec docs > docs/spec.md"
+
+
+def test_nodesync_drains_unavailable_and_undrains_only_its_own():
+    from provisioner.inventory import SlurmNode
+    from provisioner.nodesync import plan
+
+    inv = Inventory((
+        SlurmNode("a", "p", "p", 1, 1, unavailable="kubernetes node a is cordoned"),
+        SlurmNode("b", "p", "p", 1, 1),
+        SlurmNode("c", "p", "p", 1, 1),
+        SlurmNode("d", "p", "p", 1, 1, unavailable="kubernetes node d is cordoned"),
+    ))
+    slurm = [
+        {"name": "a", "state": ["IDLE", "CLOUD"], "reason": ""},
+        {"name": "b", "state": ["IDLE", "DRAIN"], "reason": "kubernetes node b is NotReady"},
+        {"name": "c", "state": ["IDLE", "DRAIN"], "reason": "health check: /dev/shm too small"},
+        {"name": "d", "state": ["IDLE", "DRAIN"], "reason": "kubernetes node d is cordoned"},
+    ]
+    actions = plan(inv, slurm)
+    assert [(a.names, a.state) for a in actions] == [(("a",), "DRAIN"), (("b",), "UNDRAIN")]
+    assert actions[0].argv() == ["scontrol", "update", "nodename=a", "state=DRAIN",
+                                 "reason=kubernetes node a is cordoned"]

@@ -68,6 +68,14 @@ case "$(slurm_conf_get "$CONF" SlurmctldParameters)" in
     *) log "WARNING: SlurmctldParameters lacks enable_configless: slurmd --conf-server will fail" ;;
 esac
 
+# Drain the Slurm nodes whose Kubernetes node is cordoned or NotReady (inventory.json) once
+# slurmctld answers; runs in the background, reaped by tini.
+if [ -x /opt/slurmk8s/bin/slurmk8s-sync-nodes ] && [ -r "$CONF_DIR/inventory.json" ]; then
+    ( SLURMK8S_INVENTORY="$CONF_DIR/inventory.json" \
+        setpriv --reuid "$SLURM_USER" --regid "$SLURM_USER" --init-groups -- \
+        /opt/slurmk8s/bin/slurmk8s-sync-nodes --wait 120 2>&1 | sed -u 's/^/[sync-nodes] /' ) &
+fi
+
 log "exec (as $SLURM_USER) slurmctld -D ${extra[*]} $*"
 exec setpriv --reuid "$SLURM_USER" --regid "$SLURM_USER" --init-groups -- \
     slurmctld -D "${extra[@]}" "$@"

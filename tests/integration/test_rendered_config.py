@@ -97,7 +97,15 @@ def test_real_slurmctld_sees_exactly_the_inventory(docker_ready, tmp_path: Path)
             time.sleep(0.5)
 
         # nodes: names, CPUs, memory, features, GRES, CLOUD + powered down, drain reason for the cordoned one
-        nodes = {n["name"]: n for n in scontrol_json(name, "show", "nodes")["nodes"]}
+        # (drained by the entrypoint's slurmk8s-sync-nodes once slurmctld answers)
+        cordoned = [n.name for n in result.inventory.nodes if n.unavailable]
+        assert cordoned == ["gpu-gpu5"]
+        deadline = time.monotonic() + 30
+        while True:
+            nodes = {n["name"]: n for n in scontrol_json(name, "show", "nodes")["nodes"]}
+            if "DRAIN" in nodes["gpu-gpu5"]["state"] or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
         assert set(nodes) == set(result.inventory.names)
         for inv in result.inventory.nodes:
             seen = nodes[inv.name]
