@@ -20,6 +20,8 @@ app = typer.Typer(
 from provisioner.localk8s import cluster_app, toolchain_app  # noqa: E402
 app.add_typer(cluster_app, name="cluster")
 app.add_typer(toolchain_app, name="toolchain")
+from provisioner.images import images_app  # noqa: E402
+app.add_typer(images_app, name="images")
 from provisioner.deploy.commands import register as _register_deploy  # noqa: E402  (up, preview, down, outputs)
 _register_deploy(app)
 # --- end sub-apps ---
