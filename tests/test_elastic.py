@@ -23,7 +23,7 @@ from provisioner.elastic.plan import (
     plan_suspend,
 )
 from provisioner.elastic.programs import Context, Log, run_resume, run_resume_fail, run_suspend, wait_for_boot
-from provisioner.elastic.slurmcmd import FakeSlurm, down_argv
+from provisioner.elastic.slurmcmd import FakeSlurm, down_argv, resume_argv
 from provisioner.inventory import Inventory, SlurmNode
 
 RESUME_FILE = json.dumps({
@@ -240,10 +240,24 @@ def test_suspend_deletes_and_a_failed_delete_sets_down():
     assert slurm.down == {"cpu-1": "slurmk8s suspend: worker not removed: container removal failed (500): device busy"}
 
 
-def test_resume_fail_removes_the_worker():
+def test_resume_fail_removes_the_worker_and_returns_the_node():
     backend = FakeBackend(workers={"cpu-0": Worker("cpu-0", "Pending")})
-    result = run_resume_fail(["cpu-[0-1]"], ctx(backend))
+    slurm = FakeSlurm()
+    result = run_resume_fail(["cpu-[0-1]"], ctx(backend, slurm))
     assert result.code == 0 and backend.workers == {}
+    assert slurm.returned == ["cpu-0", "cpu-1"] and not slurm.down
+
+
+def test_resume_fail_keeps_a_node_down_while_its_worker_remains():
+    class Stuck(FakeBackend):
+        def delete(self, name: str) -> None:
+            raise BackendError(name, "container removal failed (500): busy")
+
+    slurm = FakeSlurm()
+    result = run_resume_fail(["cpu-[0-1]"], ctx(Stuck(workers={"cpu-0": Worker("cpu-0", "Running")}), slurm))
+    assert result.code == 1
+    assert slurm.returned == ["cpu-1"]
+    assert "worker not removed after failed resume" in slurm.down["cpu-0"]
 
 
 def test_set_down_failure_is_logged_not_raised():
@@ -256,6 +270,7 @@ def test_set_down_failure_is_logged_not_raised():
 def test_down_argv_is_a_list_with_a_hostlist():
     assert down_argv(["cpu-1", "cpu-0"], 'slurmk8s resume: no "quotes"') == [
         "scontrol", "update", "nodename=cpu-[0-1]", "state=DOWN", 'reason=slurmk8s resume: no "quotes"']
+    assert resume_argv(["cpu-0"]) == ["scontrol", "update", "nodename=cpu-0", "state=RESUME"]
 
 
 def test_log_file_lines_are_timestamped(tmp_path: Path):

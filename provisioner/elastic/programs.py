@@ -473,7 +473,21 @@ def run_resume_fail(args: Sequence[str], ctx: Context) -> RunResult:
     except BackendError as err:
         ctx.log.write(f"backend unavailable, workers of {','.join(names)} may be left behind: {err.reason}")
         return RunResult(1)
-    return _finish(ctx, plan_resume_fail(names, _workers(ctx)), "worker not removed after failed resume: ")
+    result = _finish(ctx, plan_resume_fail(names, _workers(ctx)), "worker not removed after failed resume: ")
+    # Slurm left these nodes DOWN+POWERED_DOWN (reason kept, jobs requeued). With no worker left
+    # behind, return them to powered-down IDLE so a later job can try again: a node that failed
+    # is retried at most once per ResumeTimeout, and requeued jobs wait 120 s before they retry.
+    clean = [n for n in names if n not in result.down]
+    if clean:
+        from .slurmcmd import SlurmCommandError
+
+        try:
+            ctx.slurm.return_to_service(clean)
+            ctx.log.write(f"returned {','.join(clean)} to service (powered down, idle)")
+        except SlurmCommandError as err:
+            ctx.log.write(f"could not return {','.join(clean)} to service: {err}")
+            result.code = 1
+    return result
 
 
 def _main(program: str, run: Callable[[Sequence[str], Context], RunResult]) -> int:

@@ -23,10 +23,21 @@ class SlurmControl(Protocol):
         """Mark nodes DOWN with a reason (their jobs are requeued by Slurm)."""
         ...
 
+    def return_to_service(self, names: Sequence[str]) -> None:
+        """DOWN+POWERED_DOWN -> IDLE+POWERED_DOWN: the next job that needs the node resumes it again."""
+        ...
+
+
+def _nodes(names: Sequence[str]) -> str:
+    return f"nodename={hostlist.collect_hostlist(list(names))}"
+
 
 def down_argv(names: Sequence[str], reason: str, scontrol: str = "scontrol") -> list[str]:
-    return [scontrol, "update", f"nodename={hostlist.collect_hostlist(list(names))}", "state=DOWN",
-            f"reason={reason}"]
+    return [scontrol, "update", _nodes(names), "state=DOWN", f"reason={reason}"]
+
+
+def resume_argv(names: Sequence[str], scontrol: str = "scontrol") -> list[str]:
+    return [scontrol, "update", _nodes(names), "state=RESUME"]
 
 
 @dataclass(frozen=True)
@@ -46,12 +57,16 @@ class Scontrol:
     def set_down(self, names: Sequence[str], reason: str) -> None:
         self.run(down_argv(names, reason, self.scontrol))
 
+    def return_to_service(self, names: Sequence[str]) -> None:
+        self.run(resume_argv(names, self.scontrol))
+
 
 @dataclass
 class FakeSlurm:
     """Records what the programs asked Slurm to do; `fail` makes set_down raise."""
 
     down: dict[str, str] = field(default_factory=dict)
+    returned: list[str] = field(default_factory=list)
     fail: bool = False
 
     def set_down(self, names: Sequence[str], reason: str) -> None:
@@ -59,3 +74,8 @@ class FakeSlurm:
             raise SlurmCommandError("scontrol: slurm_update error: Unable to contact slurm controller")
         for name in names:
             self.down[name] = reason
+
+    def return_to_service(self, names: Sequence[str]) -> None:
+        if self.fail:
+            raise SlurmCommandError("scontrol: slurm_update error: Unable to contact slurm controller")
+        self.returned += names
