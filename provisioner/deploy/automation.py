@@ -33,7 +33,7 @@ from ..generate import Generated, generate
 from ..inventory import nodes_from_api
 from ..render import Site
 from . import secrets as keys
-from .program import PROJECT, cluster_program, read_k8s_nodes
+from .program import PROJECT, inline_program, read_k8s_nodes
 
 DEFAULT_STATE_DIR = Path("~/.slurmk8s/state")
 DEFAULT_TOOLCHAIN_DIR = Path("/var/cache/slurmk8s/toolchain")
@@ -288,8 +288,12 @@ def open_session(spec_path: str | Path, *, state: str | Path | None = None, stac
             ) from None
         session.timings["nodes"] = time.monotonic() - t0
         session.generated = generate(spec, nodes_from_api(session.nodes), Site())  # clean errors before Pulumi
-    holder["program"] = lambda: cluster_program(spec, session.nodes)
+    holder["program"] = inline_program(spec, session.nodes) if need_cluster else _no_program
     return session
+
+
+def _no_program() -> None:
+    raise DeployError("this operation does not run the program (a bug: open the session with need_cluster=True)")
 
 
 def ensure_stack_config(session: Session, *, wait: bool, spec_path: str | Path | None = None) -> list[str]:

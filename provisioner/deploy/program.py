@@ -15,6 +15,8 @@ Stack configuration it reads (namespace ``slurmk8s``; see ``stacks/Pulumi.*.yaml
 - ``wait`` (default true): wait for slurmctld / login to become ready; false adds
   ``pulumi.com/skipAwait`` (e.g. while images are not loaded yet);
 - ``clusterDomain`` (default ``cluster.local``);
+- ``spec`` (stacks/ only): path of the cluster spec; ``nodes`` (optional): a saved
+  ``kubectl get nodes -o json`` to use instead of the live cluster (offline previews, tests);
 - ``kubernetes:kubeconfig`` (path or content), also used by the default Kubernetes provider.
 
 Ownership: PVCs and the namespace are kept on ``destroy`` (``retainOnDelete``); ``slurmk8s down
@@ -293,7 +295,7 @@ def cluster_program(spec: ClusterSpec, k8s_nodes: Sequence[Mapping[str, Any]] | 
     cluster in `kubernetes:kubeconfig` (or the default kubeconfig) when None."""
     cfg = pulumi.Config(CONFIG_NAMESPACE)
     if k8s_nodes is None:
-        k8s_nodes = read_k8s_nodes(pulumi.Config("kubernetes").get("kubeconfig"))
+        k8s_nodes = nodes_from_config(cfg)
     raw = list(k8s_nodes)
     gen = generate(spec, nodes_from_api(raw), Site())
     site = m.K8sSite(cluster_domain=cfg.get("clusterDomain") or "cluster.local",
@@ -318,6 +320,35 @@ def cluster_program(spec: ClusterSpec, k8s_nodes: Sequence[Mapping[str, Any]] | 
         pulumi.export("ssh_host_public_keys", cluster.login.host_public_keys)
         pulumi.export("ssh_hint", ssh_hint(spec))
     return cluster
+
+
+def nodes_from_config(cfg: pulumi.Config) -> list[dict[str, Any]]:
+    """`slurmk8s:nodes` (a saved `kubectl get nodes -o json`, for offline previews and tests) when set,
+    else the live cluster of `kubernetes:kubeconfig`."""
+    import json
+
+    saved = cfg.get("nodes")
+    if saved:
+        data = json.loads(Path(saved).expanduser().read_text())
+        return list(data["items"] if isinstance(data, dict) else data)
+    return read_k8s_nodes(pulumi.Config("kubernetes").get("kubeconfig"))
+
+
+def inline_program(spec: ClusterSpec, k8s_nodes: Sequence[Mapping[str, Any]] | None = None) -> Callable[[], None]:
+    """The Automation API's inline program: the same function, spec already loaded."""
+
+    def program() -> None:
+        cluster_program(spec, k8s_nodes)
+
+    return program
+
+
+def stack_program() -> SlurmCluster:
+    """For `pulumi up` in stacks/: the spec path comes from config `slurmk8s:spec` (relative to the
+    project directory)."""
+    from ..config import load_spec
+
+    return cluster_program(load_spec(pulumi.Config(CONFIG_NAMESPACE).require("spec")))
 
 
 def ssh_hint(spec: ClusterSpec) -> str:

@@ -1,0 +1,350 @@
+"""The pure manifest builders: schema-valid objects, least privilege, secrets kept out of ConfigMaps,
+worker pods placed and sized from the inventory."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+
+from factories import AWS, aws_fleet, node
+from provisioner import manifests as m
+from provisioner.config import load_spec, parse_spec
+from provisioner.deploy.secrets import generate, secrets_from_values
+from provisioner.errors import Problem
+from provisioner.generate import generate as run_pipeline
+from provisioner.inventory import nodes_from_api
+
+ROOT = Path(__file__).resolve().parents[1]
+# Kubernetes releases to validate against: the local cluster's (1.34) and an older supported one.
+K8S_VERSIONS = ("1.31.0", "1.34.0")
+KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBzd0lrWdoGzZqR7HcXXwVcEBjzC1D8dRp6oOC5eYIx0 a@b"
+# Capabilities Pod Security "baseline" allows to add (the container runtime's default set).
+BASELINE_CAPS = {"AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD", "NET_BIND_SERVICE",
+                 "SETFCAP", "SETGID", "SETPCAP", "SETUID", "SYS_CHROOT"}
+
+
+def _fabric_spec():
+    """Every pool feature at once: pinned GPU pool on AWS nodes with EFA and Multus, a host-network
+    pool, and slot pools (one per zone)."""
+    return parse_spec({
+        "name": "fab",
+        "pools": [
+            {"name": "h100", "node_selector": {"pool": "gpu"}, "extra_resources": {"vpc.amazonaws.com/efa": 32},
+             "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+             "network": {"multus_networks": ["kube-system/efa-0", "efa-1"],
+                         "nccl_env": {"NCCL_DEBUG": "INFO", "FI_PROVIDER": "efa"}}},
+            {"name": "hostnet", "node_selector": {"pool": "hostnet"}, "shm_size": "8Gi",
+             "network": {"host_network": True}},
+            {"name": "spot", "mode": "slots", "cpus": 4, "memory": "16Gi", "domain_label": "topology.kubernetes.io/zone",
+             "domains": [{"name": "us-east-1a", "count": 2}, {"name": "us-east-1b", "count": 1}],
+             "node_selector": {"capacity": "spot"}},
+        ],
+        "users": [{"name": "alice", "uid": 2001, "ssh_keys": [KEY]}, {"name": "bob", "uid": 2002}],
+        "login": {"service_type": "NodePort", "node_port": 30022},
+        "storage": {"home": {"size": "100Gi", "storage_class": "efs-sc", "access_mode": "ReadWriteMany"}},
+    })
+
+
+def _fabric_nodes():
+    gpu = aws_fleet(1, 1, 2)
+    hostnet = [node("hn-1", {"pool": "hostnet"}, cpu="16", memory="64Gi")]
+    hostnet[0]["status"]["addresses"] = [{"type": "InternalIP", "address": "10.1.2.3"}]
+    return gpu + hostnet
+
+
+@pytest.fixture(scope="module")
+def secrets():
+    return secrets_from_values(generate())
+
+
+@pytest.fixture(scope="module")
+def fabric():
+    spec = _fabric_spec()
+    return spec, run_pipeline(spec, nodes_from_api(_fabric_nodes()))
+
+
+@pytest.fixture(scope="module")
+def local():
+    spec = load_spec(ROOT / "examples/local.yaml")
+    return spec, run_pipeline(spec, nodes_from_api([node("localk8s", {"kubernetes.io/os": "linux"}, cpu="2",
+                                                         memory="23Gi")]))
+
+
+def _everything(spec, gen, secrets, site=m.K8sSite()):
+    objs = m.all_objects(spec, gen.inventory, gen.files, secrets, site)
+    return objs + [m.worker_pod(spec, n, site) for n in gen.inventory.nodes]
+
+
+def _pod_specs(obj):
+    if obj["kind"] == "Pod":
+        return [obj["spec"]]
+    if obj["kind"] in ("StatefulSet", "Deployment"):
+        return [obj["spec"]["template"]["spec"]]
+    return []
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+@pytest.mark.parametrize("which", ["local", "fabric", "gpu-example"])
+def test_every_object_validates_against_the_kubernetes_schema(which, version, local, fabric, secrets):
+    if which == "local":
+        spec, gen = local
+    elif which == "fabric":
+        spec, gen = fabric
+    else:
+        spec = load_spec(ROOT / "examples/aws-gpu.yaml")
+        gen = run_pipeline(spec, nodes_from_api(aws_fleet(2, 2, 2)))
+    objs = _everything(spec, gen, secrets)
+    kinds = {o["kind"] for o in objs}
+    assert kinds >= {"Namespace", "Secret", "ConfigMap", "ServiceAccount", "Role", "RoleBinding", "Service",
+                     "PersistentVolumeClaim", "StatefulSet", "Deployment", "PodDisruptionBudget", "NetworkPolicy", "Pod"}
+    for obj in objs:
+        kubernetes_validate.validate(obj, version, strict=True)  # raises on any unknown or wrong field
+    # each object once: (kind, name) unique, all in the cluster's namespace
+    keys = [(o["kind"], o["metadata"].get("name")) for o in objs]
+    assert len(keys) == len(set(keys))
+    assert all(o["metadata"].get("namespace") == spec.namespace_name for o in objs if o["kind"] != "Namespace")
+
+
+def test_the_schema_check_catches_a_broken_object(local, secrets):
+    spec, gen = local
+    pod = m.worker_pod(spec, gen.inventory.nodes[0])
+    pod["spec"]["containers"][0]["resources"]["requests"]["cpu"] = {"nope": 1}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(pod, K8S_VERSIONS[-1], strict=True)
+    pod = m.worker_pod(spec, gen.inventory.nodes[0])
+    pod["spec"]["hostName"] = "typo"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(pod, K8S_VERSIONS[-1], strict=True)
+
+
+def test_rbac_is_pods_only_in_the_own_namespace(fabric, secrets):
+    spec, gen = fabric
+    objs = m.all_objects(spec, gen.inventory, gen.files, secrets)
+    assert not [o for o in objs if o["kind"] in ("ClusterRole", "ClusterRoleBinding")]
+    roles = [o for o in objs if o["kind"] == "Role"]
+    assert len(roles) == 1
+    assert roles[0]["metadata"]["namespace"] == "slurm-fab"
+    assert roles[0]["rules"] == [{"apiGroups": [""], "resources": ["pods"],
+                                  "verbs": ["create", "get", "list", "watch", "delete"]}]
+    (binding,) = [o for o in objs if o["kind"] == "RoleBinding"]
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": m.WORKER_ROLE}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "slurmctld", "namespace": "slurm-fab"}]
+    # only slurmctld gets an API token; it runs as that ServiceAccount
+    for obj in _everything(spec, gen, secrets):
+        for ps in _pod_specs(obj):
+            if obj["metadata"]["name"] == "slurmctld":
+                assert ps["serviceAccountName"] == "slurmctld" and ps["automountServiceAccountToken"] is True
+            else:
+                assert ps["automountServiceAccountToken"] is False, obj["metadata"]["name"]
+
+
+def test_no_container_is_privileged(fabric, local, secrets):
+    for spec, gen in (fabric, local):
+        for obj in _everything(spec, gen, secrets):
+            for ps in _pod_specs(obj):
+                assert not any("hostPath" in v for v in ps.get("volumes", []))
+                assert not ps.get("hostPID") and not ps.get("hostIPC")
+                assert ps["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+                for c in ps["containers"] + ps.get("initContainers", []):
+                    sc = c["securityContext"]
+                    assert sc["privileged"] is False and sc["allowPrivilegeEscalation"] is False
+                    assert sc["capabilities"]["drop"] == ["ALL"]
+                    assert set(sc["capabilities"]["add"]) <= BASELINE_CAPS, c["name"]
+                hostnet = ps.get("hostNetwork", False)
+                pool = (obj["metadata"].get("labels") or {}).get(m.L_POOL)
+                assert hostnet == (pool == "hostnet"), obj["metadata"]["name"]
+
+
+def test_secrets_never_reach_a_config_map(fabric, secrets):
+    spec, gen = fabric
+    objs = m.all_objects(spec, gen.inventory, gen.files, secrets)
+    needles = [secrets.munge_key_b64[:32]] + [k.splitlines()[1] for k in secrets.ssh_host_keys.values()]
+    for obj in objs:
+        if obj["kind"] != "Secret":
+            text = json.dumps(obj)
+            assert "PRIVATE KEY" not in text, obj["metadata"]["name"]
+            assert not any(n in text for n in needles), obj["metadata"]["name"]
+    by_name = {o["metadata"]["name"]: o for o in objs if o["kind"] == "Secret"}
+    assert by_name["slurm-auth"]["data"] == {"munge.key": secrets.munge_key_b64}
+    assert set(by_name["ssh-host-keys"]["stringData"]) == {"ssh_host_ed25519_key", "ssh_host_ecdsa_key",
+                                                          "ssh_host_rsa_key"}
+    assert by_name["authorized-keys"]["stringData"] == {"alice": KEY + "\n"}  # bob has no key: no file
+
+
+def test_worker_pod_lands_on_its_kubernetes_node_with_gpus_and_rdma(fabric):
+    spec, gen = fabric
+    node_ = gen.inventory["h100-ip-10-0-0-1"]
+    pod = m.worker_pod(spec, node_)
+    assert pod["metadata"]["name"] == "h100-ip-10-0-0-1"
+    assert pod["metadata"]["labels"][m.L_NODE] == "h100-ip-10-0-0-1"
+    assert pod["metadata"]["labels"][m.L_POOL] == "h100"
+    assert pod["metadata"]["labels"][m.L_CLUSTER] == "fab"
+    assert pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"] == {
+        "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In",
+                                                "values": ["ip-10-0-0-1.ec2.internal"]}]}]}
+    assert pod["spec"]["hostname"] == "h100-ip-10-0-0-1" and pod["spec"]["subdomain"] == "workers"
+    res = pod["spec"]["containers"][0]["resources"]
+    assert res["requests"] == res["limits"] == {
+        "cpu": str(node_.cpus), "memory": f"{node_.real_memory}Mi", "nvidia.com/gpu": "8",
+        "vpc.amazonaws.com/efa": "32"}
+    assert node_.cpus == 190 and node_.real_memory == 2000 * 1024 - 1024
+    env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+    assert env["SLURMK8S_NODENAME"] == "h100-ip-10-0-0-1"
+    assert env["SLURMK8S_CONTROLLER"] == "slurmctld-0.slurmctld.slurm-fab.svc.cluster.local:6817"
+    assert env["NCCL_DEBUG"] == "INFO" and env["FI_PROVIDER"] == "efa"
+    assert pod["metadata"]["annotations"][m.A_MULTUS] == "kube-system/efa-0,efa-1"
+    assert pod["spec"]["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    shm = next(v for v in pod["spec"]["volumes"] if v["name"] == "dshm")
+    assert shm["emptyDir"] == {"medium": "Memory", "sizeLimit": f"{node_.real_memory // 2}Mi"}
+    assert pod["spec"]["restartPolicy"] == "Always"
+    assert pod["spec"]["terminationGracePeriodSeconds"] <= 15
+    assert pod["spec"]["dnsConfig"]["searches"] == ["workers.slurm-fab.svc.cluster.local",
+                                                    "slurmctld.slurm-fab.svc.cluster.local"]
+    # every Slurm node gets its own Kubernetes node
+    targets = [m.worker_pod(spec, n)["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+               ["nodeSelectorTerms"][0].get("matchFields", [{}])[0].get("values", [None])[0]
+               for n in gen.inventory.in_pool("h100")]
+    assert targets == ["ip-10-0-0-0.ec2.internal", "ip-10-0-0-1.ec2.internal"]
+
+
+def test_host_network_and_slot_pools(fabric):
+    spec, gen = fabric
+    pod = m.worker_pod(spec, gen.inventory["hostnet-hn-1"])
+    assert pod["spec"]["hostNetwork"] is True and pod["spec"]["dnsPolicy"] == "ClusterFirstWithHostNet"
+    shm = next(v for v in pod["spec"]["volumes"] if v["name"] == "dshm")
+    assert shm["emptyDir"]["sizeLimit"] == "8Gi"
+    assert "nvidia.com/gpu" not in pod["spec"]["containers"][0]["resources"]["limits"]
+
+    slot = gen.inventory["spot-us-east-1b-0"]
+    pod = m.worker_pod(spec, slot)
+    assert pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"] == {
+        "nodeSelectorTerms": [{"matchExpressions": [{"key": "topology.kubernetes.io/zone", "operator": "In",
+                                                     "values": ["us-east-1b"]}]}]}
+    assert pod["spec"]["nodeSelector"] == {"capacity": "spot"}
+    assert pod["spec"]["containers"][0]["resources"]["limits"] == {"cpu": "4", "memory": "16384Mi"}
+    assert "hostNetwork" not in pod["spec"] and pod["spec"]["dnsPolicy"] == "ClusterFirst"
+
+
+def test_worker_pod_is_its_pool_template_plus_the_node(fabric):
+    spec, gen = fabric
+    for n in gen.inventory.nodes:
+        pod = m.worker_pod(spec, n)
+        template = json.loads(m.worker_template_config_map(spec, spec.pool(n.pool))["data"]["pod.json"])
+        assert pod["spec"]["containers"][0]["image"] == template["spec"]["containers"][0]["image"]
+        for key in ("subdomain", "restartPolicy", "dnsConfig", "securityContext", "automountServiceAccountToken"):
+            assert pod["spec"][key] == template["spec"][key]
+        assert {k: v for k, v in pod["metadata"]["labels"].items() if k != m.L_NODE} == template["metadata"]["labels"]
+    # the spec hash changes when the spec does, so a resume can replace an outdated pod
+    other = parse_spec({**spec.model_dump(mode="json"), "images": {"worker": "slurmk8s/slurmd:v2"}})
+    n = gen.inventory.nodes[0]
+    assert (m.worker_pod(spec, n)["metadata"]["annotations"][m.A_SPEC_HASH]
+            != m.worker_pod(other, n)["metadata"]["annotations"][m.A_SPEC_HASH])
+    assert m.worker_pod(spec, n) == m.worker_pod(spec, n)
+
+
+def test_spec_config_map_round_trips(fabric, local):
+    for spec, _ in (fabric, local):
+        cm = m.spec_config_map(spec, m.K8sSite(cluster_domain="corp.local", host_network_sources=("10.0.0.1/32",)))
+        assert parse_spec(json.loads(cm["data"]["spec.json"])) == spec
+        assert json.loads(cm["data"]["site.json"]) == {"cluster_domain": "corp.local",
+                                                       "host_network_sources": ["10.0.0.1/32"]}
+
+
+def test_controller_and_login_shape(local, secrets):
+    spec, gen = local
+    sts = m.controller_statefulset(spec, gen.files)
+    assert "replicas" not in sts["spec"], "replicas belongs to the idle teardown (SSA field ownership)"
+    assert sts["spec"]["serviceName"] == "slurmctld"
+    ps = sts["spec"]["template"]["spec"]
+    mounts = {v["mountPath"]: v["name"] for v in ps["containers"][0]["volumeMounts"]}
+    assert mounts == {"/etc/slurm": "slurm-config", "/etc/slurmk8s/spec": "spec", "/etc/slurmk8s/users": "users",
+                      "/etc/slurmk8s/secret": "munge-key", "/var/spool/slurmctld": "state"}
+    env = {e["name"]: e.get("value") for e in ps["containers"][0]["env"]}
+    assert env["SLURMK8S_BACKEND"] == "kubernetes" and env["SLURMK8S_INVENTORY"] == "/etc/slurm/inventory.json"
+    secret_vol = next(v for v in ps["volumes"] if v["name"] == "munge-key")
+    assert secret_vol["secret"] == {"secretName": "slurm-auth", "defaultMode": 0o400}
+    cfg = m.slurm_config_map(spec, gen.files)
+    assert set(cfg["data"]) == {"slurm.conf", "inventory.json"}
+    assert "SlurmctldHost=slurmctld-0" in cfg["data"]["slurm.conf"]
+
+    dep = m.login_deployment(spec, gen.files)
+    assert "replicas" not in dep["spec"]
+    lps = dep["spec"]["template"]["spec"]
+    assert lps["hostname"] == "login" and lps["subdomain"] == "workers"
+    lmounts = {v["mountPath"] for v in lps["containers"][0]["volumeMounts"]}
+    assert lmounts == {"/etc/slurmk8s/users", "/etc/slurmk8s/authorized_keys", "/etc/slurmk8s/ssh-host-keys",
+                       "/etc/slurmk8s/secret", "/home"}
+    # a users change rolls slurmctld and login (their entrypoints merge passwd at start)
+    other = parse_spec({**spec.model_dump(mode="json"),
+                        "users": [*spec.model_dump(mode="json")["users"], {"name": "carol", "uid": 2003}]})
+    gen2 = run_pipeline(other, nodes_from_api([node("localk8s", {"kubernetes.io/os": "linux"}, cpu="2",
+                                                    memory="23Gi")]))
+    assert (m.login_deployment(other, gen2.files)["spec"]["template"]["metadata"]["annotations"][m.A_USERS_HASH]
+            != dep["spec"]["template"]["metadata"]["annotations"][m.A_USERS_HASH])
+
+
+def test_services_storage_and_disruption(fabric, local):
+    spec, gen = fabric
+    login = m.login_service(spec)
+    assert login["spec"]["type"] == "NodePort" and login["spec"]["ports"][0]["nodePort"] == 30022
+    lspec, _ = local
+    assert m.login_service(lspec)["spec"]["type"] == "ClusterIP"
+    assert "nodePort" not in m.login_service(lspec)["spec"]["ports"][0]
+    workers = m.workers_service(spec)
+    assert workers["spec"]["clusterIP"] == "None" and workers["spec"]["publishNotReadyAddresses"] is True
+    ctld = m.controller_service(spec)
+    assert ctld["spec"]["clusterIP"] == "None" and ctld["spec"]["publishNotReadyAddresses"] is True
+    home = m.home_pvc(spec)
+    assert home["spec"] == {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "100Gi"}},
+                            "storageClassName": "efs-sc"}
+    assert "storageClassName" not in m.controller_state_pvc(spec)["spec"]  # cluster default class
+    pdb = m.workers_pdb(spec)
+    assert pdb["spec"]["maxUnavailable"] == 0
+    assert pdb["spec"]["selector"]["matchLabels"] == {m.L_CLUSTER: "fab", m.L_COMPONENT: "worker"}
+    # the PDB and the headless Service select worker pods as the backend creates them
+    pod = m.worker_pod(spec, gen.inventory.nodes[0])
+    labels = pod["metadata"]["labels"]
+    assert all(labels.get(k) == v for k, v in pdb["spec"]["selector"]["matchLabels"].items())
+    assert all(labels.get(k) == v for k, v in workers["spec"]["selector"].items())
+
+
+def test_network_policy_admits_own_pods_and_ssh_only(fabric):
+    spec, _ = fabric
+    intra, ssh = m.network_policies(spec, m.K8sSite(host_network_sources=("10.1.2.3/32",)))
+    assert intra["spec"]["podSelector"] == {"matchLabels": {m.L_CLUSTER: "fab"}}
+    assert intra["spec"]["ingress"] == [{"from": [{"podSelector": {"matchLabels": {m.L_CLUSTER: "fab"}}},
+                                                  {"ipBlock": {"cidr": "10.1.2.3/32"}}]}]
+    assert ssh["spec"]["podSelector"] == {"matchLabels": {m.L_CLUSTER: "fab", m.L_COMPONENT: "login"}}
+    assert ssh["spec"]["ingress"] == [{"ports": [{"protocol": "TCP", "port": 22}]}]
+    assert intra["spec"]["policyTypes"] == ssh["spec"]["policyTypes"] == ["Ingress"]
+
+
+def test_namespace_pod_security_level(fabric, local):
+    assert m.namespace(local[0])["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "baseline"
+    # hostNetwork is not allowed by baseline: the namespace of a host-network pool is 'privileged'
+    assert m.namespace(fabric[0])["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
+
+
+def test_login_disabled_drops_login_objects(secrets):
+    spec = parse_spec({"name": "nl", "pools": [{"name": "cpu", "node_selector": {"p": "c"}}],
+                       "login": {"enabled": False}})
+    gen = run_pipeline(spec, nodes_from_api([node("n1", {"p": "c"})]))
+    names = {(o["kind"], o["metadata"]["name"]) for o in m.all_objects(spec, gen.inventory, gen.files, secrets)}
+    assert ("Deployment", "login") not in names and ("Secret", "ssh-host-keys") not in names
+    assert ("StatefulSet", "slurmctld") in names
+
+
+def test_node_names_that_clash_with_cluster_pods_are_refused(secrets):
+    spec = parse_spec({"name": "c", "pools": [{"name": "cpu", "node_selector": {"p": "c"}, "name_prefix": ""}]})
+    gen = run_pipeline(spec, nodes_from_api([node("login", {"p": "c"})]))
+    with pytest.raises(Problem, match="clashes"):
+        m.all_objects(spec, gen.inventory, gen.files, secrets)
+
+
+def test_topology_labels_stay_out_of_the_pod(fabric):
+    spec, gen = fabric
+    pod = m.worker_pod(spec, gen.inventory.nodes[0])
+    assert not any(k.startswith(AWS) for k in pod["metadata"]["labels"])

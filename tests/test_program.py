@@ -1,0 +1,163 @@
+"""The Pulumi program under Pulumi's mocks: the resource graph, its options, and what leaves it."""
+
+from __future__ import annotations
+
+import json
+import runpy
+from pathlib import Path
+
+import pytest
+
+from factories import aws_fleet, node, node_list
+from provisioner.config import load_spec
+from provisioner.deploy import program as prog
+from provisioner.deploy.secrets import HOST_KEYS, MUNGE_KEY, generate
+
+ROOT = Path(__file__).resolve().parents[1]
+LINUX = {"kubernetes.io/os": "linux"}
+
+
+@pytest.fixture(scope="module")
+def keys() -> dict[str, str]:
+    return generate()
+
+
+def _config(keys: dict[str, str], **extra: str) -> tuple[dict[str, str], list[str]]:
+    cfg = {f"slurmk8s:{k}": v for k, v in keys.items()}
+    cfg.update({f"slurmk8s:{k}": v for k, v in extra.items()})
+    return cfg, [f"slurmk8s:{k}" for k in keys]
+
+
+def _local_nodes() -> list[dict]:
+    return [node("localk8s", LINUX, cpu="2", memory="23Gi"),
+            node("kwok-0", LINUX, taints=[{"key": "kwok.x-k8s.io/node", "value": "fake", "effect": "NoSchedule"}])]
+
+
+def test_components_parent_their_resources(pulumi_run, keys):
+    spec = load_spec(ROOT / "examples/local.yaml")
+    cfg, secret = _config(keys)
+    run = pulumi_run.run(prog.inline_program(spec, _local_nodes()), cfg, secret)
+
+    components = {r.name: r.type for r in run.resources if not r.custom}
+    assert components == {
+        "local": "slurmk8s:index:Cluster", "local-storage": "slurmk8s:index:Storage",
+        "local-controller": "slurmk8s:index:Controller", "local-login": "slurmk8s:index:Login",
+        "local-workers": "slurmk8s:index:WorkerPools", "local-network": "slurmk8s:index:NetworkPolicy",
+    }
+    by_parent: dict[str, set[str]] = {}
+    for r in run.resources:
+        if r.custom:
+            by_parent.setdefault(r.parent.rsplit("::", 1)[-1], set()).add(r.type.split(":")[-1] + "/" + r.name)
+    assert by_parent["local"] == {"Namespace/local-namespace"}
+    assert by_parent["local-storage"] == {"PersistentVolumeClaim/local-home"}
+    assert by_parent["local-controller"] == {
+        "Secret/local-slurm-auth", "ConfigMap/local-slurm-config", "ConfigMap/local-slurm-users",
+        "ConfigMap/local-slurmk8s-spec", "ServiceAccount/local-slurmctld", "Role/local-slurmk8s-worker-pods",
+        "RoleBinding/local-slurmk8s-worker-pods", "PersistentVolumeClaim/local-slurmctld-state",
+        "Service/local-slurmctld", "StatefulSet/local-slurmctld"}
+    assert by_parent["local-login"] == {"Secret/local-ssh-host-keys", "Secret/local-authorized-keys",
+                                        "Deployment/local-login", "Service/local-login"}
+    assert by_parent["local-workers"] == {"ConfigMap/local-worker-template-cpu", "Service/local-workers",
+                                          "PodDisruptionBudget/local-workers"}
+    assert by_parent["local-network"] == {"NetworkPolicy/local-intra-cluster", "NetworkPolicy/local-login-ssh"}
+    assert not run.of_type(":Pod"), "no worker pods at rest"
+
+    # every Kubernetes object waits for the namespace; PVCs and the namespace survive `down`
+    ns_urn = next(r for r in run.resources if r.type.endswith(":Namespace"))
+    for r in run.resources:
+        if r.custom and not r.type.endswith(":Namespace"):
+            assert any(d.endswith("::local-namespace") for d in r.dependencies), r.name
+            assert r.delete_before_replace, r.name
+    retained = sorted(r.name for r in run.resources if r.retain_on_delete)
+    assert retained == ["local-home", "local-namespace", "local-slurmctld-state"]
+    assert ns_urn.retain_on_delete
+
+
+def test_login_waits_for_storage_and_controller(pulumi_run, keys):
+    spec = load_spec(ROOT / "examples/local.yaml")
+    cfg, secret = _config(keys)
+    run = pulumi_run.run(prog.inline_program(spec, _local_nodes()), cfg, secret)
+    login = next(r for r in run.resources if r.name == "local-login" and r.type.endswith("Deployment"))
+    deps = {d.rsplit("::", 1)[-1] for d in login.dependencies}
+    # a dependency on a component is a dependency on each of its children
+    assert {"local-home", "local-slurm-auth", "local-slurm-users", "local-slurmctld", "local-namespace"} <= deps
+
+
+def test_secrets_travel_as_pulumi_secrets_and_never_leave_in_plain_text(pulumi_run, keys):
+    spec = load_spec(ROOT / "examples/local.yaml")
+    cfg, secret = _config(keys)
+    run = pulumi_run.run(prog.inline_program(spec, _local_nodes()), cfg, secret)
+
+    auth = next(r for r in run.resources if r.name == "local-slurm-auth")
+    assert auth.secret_paths == ("data",) and auth.inputs["data"]["munge.key"] == keys[MUNGE_KEY]
+    host = next(r for r in run.resources if r.name == "local-ssh-host-keys")
+    assert host.secret_paths == ("stringData",)
+    assert host.inputs["stringData"]["ssh_host_ed25519_key"] == keys[HOST_KEYS["ed25519"]]
+
+    needles = [keys[MUNGE_KEY], keys[MUNGE_KEY][:40]] + [v.splitlines()[1] for k, v in keys.items() if k != MUNGE_KEY]
+    for cm in run.of_type(":ConfigMap"):
+        text = json.dumps(cm.inputs)
+        assert "PRIVATE KEY" not in text and not any(n in text for n in needles), cm.name
+    exported = json.dumps(run.outputs, default=str)
+    assert "PRIVATE KEY" not in exported and not any(n in exported for n in needles)
+    # what is exported: names, addresses and public host keys
+    assert run.outputs["namespace"] == "slurm-local"
+    assert run.outputs["slurm_nodes"] == ["cpu-localk8s"]
+    assert run.outputs["controller"] == "slurmctld-0.slurmctld.slurm-local.svc.cluster.local:6817"
+    assert [k.split()[0] for k in run.outputs["ssh_host_public_keys"]] == [
+        "ssh-ed25519", "ecdsa-sha2-nistp256", "ssh-rsa"]
+    assert run.outputs["excluded_k8s_nodes"] == ["kwok-0 (cpu): taint kwok.x-k8s.io/node=fake:NoSchedule is not tolerated"]
+
+
+def test_stack_main_and_automation_program_build_the_same_graph(pulumi_run, keys, tmp_path, monkeypatch):
+    """stacks/__main__.py (Pulumi CLI) and the inline program of `slurmk8s up` are one program."""
+    nodes_file = tmp_path / "nodes.json"
+    nodes_file.write_text(json.dumps(node_list(_local_nodes())))
+    spec_path = ROOT / "examples/local.yaml"
+
+    cfg, secret = _config(keys, spec="../examples/local.yaml", nodes=str(nodes_file))
+    monkeypatch.chdir(ROOT / "stacks")  # the Pulumi CLI runs the program in the project directory
+    via_cli = pulumi_run.run(lambda: runpy.run_path(str(ROOT / "stacks/__main__.py"), run_name="__main__"),
+                             cfg, secret)
+    cli_graph = [(r.type, r.name, r.parent, json.dumps(r.inputs, sort_keys=True)) for r in via_cli.resources]
+    cli_outputs = dict(via_cli.outputs)
+
+    cfg, secret = _config(keys)
+    via_auto = pulumi_run.run(prog.inline_program(load_spec(spec_path), _local_nodes()), cfg, secret)
+    auto_graph = [(r.type, r.name, r.parent, json.dumps(r.inputs, sort_keys=True)) for r in via_auto.resources]
+    assert len(cli_graph) == 27 and sum(r.custom for r in via_cli.resources) == 21
+    assert sorted(cli_graph) == sorted(auto_graph)
+    assert cli_outputs == via_auto.outputs
+
+
+def test_missing_keys_say_how_to_make_them(pulumi_run):
+    import pulumi
+
+    spec = load_spec(ROOT / "examples/local.yaml")
+    with pytest.raises(pulumi.RunError, match="slurmk8s stack-secrets"):
+        pulumi_run.run(prog.inline_program(spec, _local_nodes()), {}, [])
+
+
+def test_no_wait_skips_await_on_everything(pulumi_run, keys):
+    spec = load_spec(ROOT / "examples/local.yaml")
+    cfg, secret = _config(keys, wait="false")
+    run = pulumi_run.run(prog.inline_program(spec, _local_nodes()), cfg, secret)
+    for r in run.resources:
+        if r.custom:
+            assert r.inputs["metadata"]["annotations"][prog.SKIP_AWAIT] == "true", r.name
+    cfg, secret = _config(keys)
+    run = pulumi_run.run(prog.inline_program(spec, _local_nodes()), cfg, secret)
+    assert all(prog.SKIP_AWAIT not in (r.inputs["metadata"].get("annotations") or {}) for r in run.resources if r.custom)
+
+
+def test_gpu_stack_pins_pods_and_exports_partitions(pulumi_run, keys):
+    spec = load_spec(ROOT / "examples/aws-gpu.yaml")
+    cfg, secret = _config(keys)
+    run = pulumi_run.run(prog.inline_program(spec, aws_fleet(1, 2, 2)), cfg, secret)
+    assert run.outputs["partitions"] == {"h100": [f"h100-ip-10-0-0-{i}" for i in range(4)]}
+    template = next(r for r in run.resources if r.name == "research-worker-template-h100")
+    pod = json.loads(template.inputs["data"]["pod.json"])
+    assert pod["spec"]["containers"][0]["env"][2:] == [{"name": "NCCL_DEBUG", "value": "WARN"},
+                                                       {"name": "NCCL_SOCKET_IFNAME", "value": "eth0"}]
+    assert "resources" not in pod["spec"]["containers"][0]  # sizes are per node, filled in at resume
+    assert pod["spec"]["nodeSelector"] == {"pool": "gpu"}
