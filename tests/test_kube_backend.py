@@ -1,0 +1,392 @@
+"""The Kubernetes node backend against the in-memory API (FakePodApi) and, marked e2e, against the
+real API server of the cluster in KUBECONFIG (or the local one), in a throwaway namespace."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from factories import node
+from provisioner import manifests as m
+from provisioner.config import parse_spec
+from provisioner.elastic.backend import BackendError
+from provisioner.generate import generate
+from provisioner.inventory import SlurmNode, nodes_from_api
+from provisioner.kube import (
+    ApiError,
+    ClientPodApi,
+    FakePodApi,
+    KubernetesBackend,
+    api_error_from,
+    from_env,
+    worker_from_pod,
+)
+
+NS = "slurm-t"
+
+
+def _spec(namespace: str | None = None, **pool):
+    data = {"name": "t", "pools": [{"name": "cpu", "node_selector": {"p": "c"}, **pool}]}
+    if namespace:
+        data["namespace"] = namespace
+    return parse_spec(data)
+
+
+def _inventory(spec, names=("n1", "n2")):
+    return generate(spec, nodes_from_api([node(n, {"p": "c"}) for n in names])).inventory
+
+
+@pytest.fixture
+def world():
+    spec = _spec()
+    inv = _inventory(spec)
+    api = FakePodApi(namespaces={NS})
+    backend = KubernetesBackend(spec, api, sleep=api.sleep, clock=api.clock, poll=0.5)
+    return spec, inv, api, backend
+
+
+def test_create_makes_exactly_the_nodes_pod(world):
+    spec, inv, api, backend = world
+    backend.create(inv["cpu-n1"])
+    assert list(api.pods) == [(NS, "cpu-n1")]
+    pod = api.pods[(NS, "cpu-n1")]
+    want = m.worker_pod(spec, inv["cpu-n1"])
+    assert pod["spec"] == {**want["spec"], "nodeName": "n1"}
+    assert pod["metadata"]["labels"] == want["metadata"]["labels"]
+    workers = backend.list()
+    assert set(workers) == {"cpu-n1"}
+    w = workers["cpu-n1"]
+    assert (w.name, w.phase, w.host, w.reason) == ("cpu-n1", "Pending", "n1", "")
+    assert w.created_at == pytest.approx(api.now, abs=1)
+
+
+def test_create_is_idempotent(world):
+    _, inv, api, backend = world
+    backend.create(inv["cpu-n1"])
+    uid = api.pods[(NS, "cpu-n1")]["metadata"]["uid"]
+    api.set_phase(NS, "cpu-n1", "Running")
+    api.calls.clear()
+    backend.create(inv["cpu-n1"])
+    assert api.pods[(NS, "cpu-n1")]["metadata"]["uid"] == uid
+    assert [c[0] for c in api.calls] == ["create", "get"]  # 409, then a look at what is there
+
+
+@pytest.mark.parametrize("phase", ["Failed", "Succeeded"])
+def test_create_replaces_a_finished_pod_at_once(world, phase):
+    _, inv, api, backend = world
+    backend.create(inv["cpu-n1"])
+    old = api.pods[(NS, "cpu-n1")]["metadata"]["uid"]
+    api.set_phase(NS, "cpu-n1", phase)
+    t0 = api.now
+    backend.create(inv["cpu-n1"])
+    assert api.pods[(NS, "cpu-n1")]["metadata"]["uid"] != old
+    assert api.pods[(NS, "cpu-n1")]["status"]["phase"] == "Pending"
+    assert api.now == t0  # no waiting
+
+
+def test_create_waits_for_a_terminating_pod_then_creates(world):
+    _, inv, api, backend = world
+    backend.create(inv["cpu-n1"])
+    api.set_phase(NS, "cpu-n1", "Running")
+    backend.delete("cpu-n1")  # suspend, then Slurm resumes the node again at once
+    assert backend.list()["cpu-n1"].phase == "Terminating"
+    t0 = api.now
+    backend.create(inv["cpu-n1"])
+    assert api.now - t0 == pytest.approx(m.WORKER_GRACE_SECONDS, abs=1)
+    assert backend.list()["cpu-n1"].phase == "Pending"
+
+
+def test_create_gives_up_on_a_slow_termination_with_a_retryable_error(world):
+    spec, inv, api, _ = world
+    backend = KubernetesBackend(spec, api, sleep=api.sleep, clock=api.clock, terminating_wait=3)
+    backend.create(inv["cpu-n1"])
+    api.set_phase(NS, "cpu-n1", "Running")
+    backend.delete("cpu-n1")
+    with pytest.raises(BackendError) as err:
+        backend.create(inv["cpu-n1"])
+    assert err.value.retryable and "still terminating" in err.value.reason
+
+
+def test_create_replaces_a_pod_built_from_an_older_spec(world):
+    spec, inv, api, backend = world
+    old_spec = parse_spec({**spec.model_dump(mode="json"), "images": {"worker": "slurmk8s/slurmd:old"}})
+    KubernetesBackend(old_spec, api).create(inv["cpu-n1"])
+    api.set_phase(NS, "cpu-n1", "Running")
+    backend.create(inv["cpu-n1"])
+    assert api.pods[(NS, "cpu-n1")]["spec"]["containers"][0]["image"] == spec.images.worker
+
+
+def test_create_refuses_to_touch_a_foreign_pod(world):
+    _, inv, api, backend = world
+    api.create(NS, {"metadata": {"name": "cpu-n1"}, "spec": {"containers": [{"name": "x", "image": "x"}]}})
+    with pytest.raises(BackendError) as err:
+        backend.create(inv["cpu-n1"])
+    assert not err.value.retryable and "not this cluster's worker" in err.value.reason
+    with pytest.raises(BackendError):
+        backend.delete("cpu-n1")
+    assert (NS, "cpu-n1") in api.pods
+
+
+def test_delete_is_idempotent_and_graceful(world):
+    _, inv, api, backend = world
+    backend.delete("cpu-n2")  # never existed: fine
+    backend.create(inv["cpu-n2"])
+    api.set_phase(NS, "cpu-n2", "Running")
+    backend.delete("cpu-n2")
+    backend.delete("cpu-n2")  # while terminating: fine
+    assert api.pods[(NS, "cpu-n2")]["metadata"]["deletionGracePeriodSeconds"] == m.WORKER_GRACE_SECONDS
+    api.advance(m.WORKER_GRACE_SECONDS)
+    assert backend.list() == {}
+
+
+def test_delete_of_a_pod_replaced_meanwhile_does_not_fail(world):
+    _, inv, api, backend = world
+    backend.create(inv["cpu-n1"])
+    real_get = api.get
+
+    def get_then_replace(ns, name):  # the pod is replaced between our get and our delete
+        pod = real_get(ns, name)
+        api.pods.pop((ns, name))
+        api.create(ns, m.worker_pod(backend.spec, inv["cpu-n1"]))
+        return pod
+
+    api.get = get_then_replace
+    backend.delete("cpu-n1")  # uid precondition -> 409: left for the next suspend / reconcile
+    assert (NS, "cpu-n1") in api.pods
+
+
+@pytest.mark.parametrize("error,needle,retryable", [
+    (ApiError(403, "Forbidden", 'pods is forbidden: User "system:serviceaccount:slurm-t:slurmctld" cannot create '
+                                'resource "pods"'), "RBAC: not allowed to create pods in namespace slurm-t", False),
+    (ApiError(403, "Forbidden", 'pods "cpu-n1" is forbidden: exceeded quota: compute, requested: cpu=7'),
+     "resource quota", True),
+    (ApiError(403, "Forbidden", 'pods "cpu-n1" is forbidden: violates PodSecurity "baseline:latest": host '
+                                'namespaces (hostNetwork=true)'), "Pod Security", False),
+    (ApiError(422, "Invalid", 'Pod "cpu-n1" is invalid: spec.containers[0].image: Required value'),
+     "invalid worker pod spec", False),
+    (ApiError(404, "NotFound", 'namespaces "slurm-t" not found'), "namespace slurm-t not found", False),
+    (ApiError(500, "InternalError", "etcdserver: request timed out"), "API error 500", True),
+    (ApiError(503, "ServiceUnavailable", ""), "API error 503", True),
+    (ApiError(429, "TooManyRequests", "storage is (re)initializing"), "throttling", True),
+    (ApiError(401, "Unauthorized", ""), "token", True),
+    (ApiError(0, "Unreachable", "MaxRetryError: connection refused"), "unreachable", True),
+])
+def test_api_errors_become_readable_backend_errors(world, error, needle, retryable):
+    _, inv, api, backend = world
+    api.fail_next = [error]
+    with pytest.raises(BackendError) as err:
+        backend.create(inv["cpu-n1"])
+    assert needle in err.value.reason and err.value.retryable is retryable
+    assert err.value.node == "cpu-n1" and "\n" not in err.value.reason and len(err.value.reason) < 300
+
+
+def test_rbac_is_enforced_by_the_fake_as_by_the_api_server(world):
+    spec, inv, _, _ = world
+    api = FakePodApi(allowed=frozenset({"get", "list"}))
+    backend = KubernetesBackend(spec, api)
+    with pytest.raises(BackendError, match="RBAC: not allowed to create pods"):
+        backend.create(inv["cpu-n1"])
+    assert backend.list() == {}
+
+
+def test_invalid_node_name_is_rejected_like_the_api_server_does():
+    spec = _spec()
+    api = FakePodApi()
+    bad = SlurmNode(name="Cpu_N1", pool="cpu", partition="cpu", cpus=1, real_memory=1024)
+    with pytest.raises(BackendError, match="invalid worker pod spec"):
+        KubernetesBackend(spec, api).create(bad)
+
+
+def test_list_errors_and_reasons(world):
+    _, inv, api, backend = world
+    backend.create(inv["cpu-n1"])
+    api.set_phase(NS, "cpu-n1", "Pending", waiting="ErrImageNeverPull")
+    assert backend.list()["cpu-n1"].reason == "ErrImageNeverPull"
+    api.fail_next = [ApiError(500, "InternalError", "boom")]
+    with pytest.raises(BackendError) as err:
+        backend.list()
+    assert err.value.retryable
+
+
+def test_worker_reasons_from_real_pod_statuses():
+    unsched = {"metadata": {"name": "a", "labels": {m.L_NODE: "a"}}, "spec": {},
+               "status": {"phase": "Pending", "conditions": [
+                   {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                    "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."}]}}
+    assert worker_from_pod(unsched).reason == "Unschedulable: 0/3 nodes are available: 3 Insufficient nvidia.com/gpu."
+    crash = {"metadata": {"name": "a", "labels": {m.L_NODE: "a"}}, "spec": {"nodeName": "k1"},
+             "status": {"phase": "Running", "containerStatuses": [
+                 {"name": "slurmd", "state": {"waiting": {"reason": "CrashLoopBackOff",
+                                                          "message": "back-off 40s restarting failed container"}}}]}}
+    assert worker_from_pod(crash).reason.startswith("CrashLoopBackOff: back-off")
+    evicted = {"metadata": {"name": "a"}, "spec": {},
+               "status": {"phase": "Failed", "reason": "Evicted", "message": "The node was low on resource: memory."}}
+    w = worker_from_pod(evicted)
+    assert (w.phase, w.reason) == ("Failed", "Evicted: The node was low on resource: memory.")
+    gone = {"metadata": {"name": "a", "deletionTimestamp": "2026-01-01T00:00:00Z"}, "status": {"phase": "Running"}}
+    assert worker_from_pod(gone).phase == "Terminating"
+
+
+def test_api_exception_translation():
+    from kubernetes.client.exceptions import ApiException
+
+    exc = ApiException(status=409, reason="Conflict")
+    exc.body = json.dumps({"kind": "Status", "status": "Failure", "reason": "AlreadyExists",
+                           "message": 'pods "cpu-n1" already exists', "code": 409})
+    err = api_error_from(exc)
+    assert (err.status, err.reason, err.message) == (409, "AlreadyExists", 'pods "cpu-n1" already exists')
+    exc = ApiException(status=502, reason="Bad Gateway")
+    exc.body = "<html>bad gateway</html>"
+    err = api_error_from(exc)
+    assert (err.status, err.reason) == (502, "Bad Gateway") and "bad gateway" in err.message
+    from urllib3.exceptions import MaxRetryError
+
+    assert api_error_from(MaxRetryError(None, "/api", "refused")).status == 0
+
+
+def test_from_env_reads_the_mounted_spec(tmp_path):
+    spec = _spec(namespace="slurm-x")
+    (tmp_path / "spec.json").write_text(json.dumps(spec.model_dump(mode="json")))
+    (tmp_path / "site.json").write_text(json.dumps({"cluster_domain": "corp.local", "host_network_sources": []}))
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1"}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+        "users": [{"name": "u", "user": {"token": "t"}}]}))
+    backend = from_env({"SLURMK8S_SPEC": str(tmp_path / "spec.json"), "SLURMK8S_SITE": str(tmp_path / "site.json"),
+                        "KUBECONFIG": str(kubeconfig), "SLURMK8S_NAMESPACE": "slurm-x"})
+    assert backend.namespace == "slurm-x" and backend.site.cluster_domain == "corp.local"
+    assert backend.spec == spec
+    # nothing listens on port 1: a readable, retryable error instead of a traceback
+    backend.api._timeout = (0.5, 0.5)
+    with pytest.raises(BackendError) as err:
+        backend.list()
+    assert err.value.retryable and "unreachable" in err.value.reason
+
+
+def test_from_env_with_a_broken_spec_says_so(tmp_path):
+    (tmp_path / "spec.json").write_text("{not json")
+    with pytest.raises(BackendError, match="cannot read the cluster spec"):
+        from_env({"SLURMK8S_SPEC": str(tmp_path / "spec.json")})
+
+
+def test_resume_program_replaces_a_dead_worker_through_this_backend(world):
+    """The elastic planner's REPLACE (delete, then create) works against API semantics."""
+    from provisioner.elastic.backend import Worker
+    from provisioner.elastic.plan import Action, plan_resume
+
+    _, inv, api, backend = world
+    backend.create(inv["cpu-n1"])
+    api.set_phase(NS, "cpu-n1", "Failed")
+    (decision,) = plan_resume(["cpu-n1"], inv, backend.list(), None)
+    assert decision.action == Action.REPLACE
+    backend.delete(decision.node)
+    backend.create(decision.slurm_node)
+    assert backend.list() == {"cpu-n1": Worker("cpu-n1", "Pending", "", backend.list()["cpu-n1"].created_at, "n1")}
+
+
+# ---------------------------------------------------------------- e2e: the real API server
+
+LOCAL_KUBECONFIG = "/var/lib/slurmk8s/localk8s/kubeconfig"
+
+
+def _kubeconfig() -> str | None:
+    path = os.environ.get("KUBECONFIG") or LOCAL_KUBECONFIG
+    return path if Path(path).is_file() else None
+
+
+@pytest.fixture
+def live():
+    """A throwaway namespace with the cluster's ServiceAccount/Role/RoleBinding; a backend that
+    talks to the API server with that ServiceAccount's token (so RBAC is the real one)."""
+    from kubernetes import client, config
+
+    path = _kubeconfig()
+    if path is None:
+        pytest.skip("no kubeconfig (set KUBECONFIG or run `slurmk8s cluster up`)")
+    admin = config.new_client_from_config(config_file=path)
+    core = client.CoreV1Api(admin)
+    rbac = client.RbacAuthorizationV1Api(admin)
+    ns = f"slurmk8s-e2e-{uuid.uuid4().hex[:6]}"
+    raw_nodes = json.loads(core.list_node(_preload_content=False).data)["items"]
+    real = [n for n in raw_nodes if not (n["metadata"].get("annotations") or {}).get("kwok.x-k8s.io/node")]
+    k8s_node = real[0]["metadata"]["name"]
+    spec = parse_spec({"name": "e2e", "namespace": ns,
+                       "pools": [{"name": "cpu", "node_selector": {"kubernetes.io/hostname": k8s_node},
+                                  "reserve_cpu": "1500m", "reserve_memory": "20Gi", "min_memory": "256Mi"}],
+                       "images": {"pull_policy": "Never"}})
+    inv = generate(spec, nodes_from_api(real)).inventory
+    core.create_namespace({"metadata": {"name": ns}})
+    try:
+        core.create_namespaced_service_account(ns, m.controller_service_account(spec))
+        rbac.create_namespaced_role(ns, m.worker_role(spec))
+        rbac.create_namespaced_role_binding(ns, m.worker_role_binding(spec))
+        token = core.create_namespaced_service_account_token(
+            "slurmctld", ns, {"spec": {"expirationSeconds": 600}}).status.token
+        cfg = client.Configuration()
+        cfg.host = admin.configuration.host
+        cfg.ssl_ca_cert = admin.configuration.ssl_ca_cert
+        cfg.verify_ssl = admin.configuration.verify_ssl
+        cfg.api_key = {"authorization": f"Bearer {token}"}
+        api = ClientPodApi(client.ApiClient(cfg))
+        yield spec, inv, api, core, ns
+    finally:
+        core.delete_namespace(ns, grace_period_seconds=0)
+
+
+@pytest.mark.e2e
+def test_e2e_backend_creates_lists_and_deletes_real_pods(live):
+    spec, inv, api, core, ns = live
+    backend = KubernetesBackend(spec, api, namespace=ns)
+    n = inv.nodes[0]
+    t0 = time.monotonic()
+    backend.create(n)
+    created = time.monotonic() - t0
+    backend.create(n)  # idempotent against the real 409
+    workers = backend.list()
+    assert set(workers) == {n.name} and workers[n.name].phase in ("Pending", "Running")
+    pod = core.read_namespaced_pod(n.name, ns)
+    assert pod.spec.hostname == n.name and pod.spec.subdomain == "workers"
+    assert pod.spec.affinity.node_affinity.required_during_scheduling_ignored_during_execution \
+        .node_selector_terms[0].match_fields[0].values == [n.k8s_node]
+    t0 = time.monotonic()
+    backend.delete(n.name)
+    backend.delete(n.name)
+    deleted = time.monotonic() - t0
+    # resume right after suspend: waits for the old pod to go, then creates a fresh one
+    backend.create(n)
+    assert backend.list()[n.name].phase in ("Pending", "Running")
+    backend.delete(n.name)
+    print(f"e2e: create {created * 1000:.0f} ms, delete x2 {deleted * 1000:.0f} ms")
+
+
+@pytest.mark.e2e
+def test_e2e_rbac_allows_pods_only_in_the_own_namespace(live):
+    from kubernetes.client.exceptions import ApiException
+
+    spec, inv, api, core, ns = live
+    with pytest.raises(ApiError) as err:
+        api._call(api._core.list_namespaced_secret, ns)
+    assert err.value.status == 403
+    other = KubernetesBackend(spec, api, namespace="default")
+    with pytest.raises(BackendError) as berr:
+        other.create(inv.nodes[0])
+    assert "RBAC: not allowed to create pods in namespace default" in berr.value.reason
+    assert not berr.value.retryable
+    with pytest.raises(ApiException):
+        core.read_namespaced_pod(inv.nodes[0].name, "default")
+
+
+@pytest.mark.e2e
+def test_e2e_invalid_pod_is_a_readable_error(live):
+    spec, _, api, _, ns = live
+    bad = SlurmNode(name="Bad_Name", pool="cpu", partition="cpu", cpus=1, real_memory=256, k8s_node="x")
+    with pytest.raises(BackendError) as err:
+        KubernetesBackend(spec, api, namespace=ns).create(bad)
+    assert "invalid worker pod spec" in err.value.reason and not err.value.retryable
