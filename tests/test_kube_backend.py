@@ -319,7 +319,7 @@ def live():
     k8s_node = real[0]["metadata"]["name"]
     spec = parse_spec({"name": "e2e", "namespace": ns,
                        "pools": [{"name": "cpu", "node_selector": {"kubernetes.io/hostname": k8s_node},
-                                  "reserve_cpu": "1500m", "reserve_memory": "20Gi", "min_memory": "256Mi"}],
+                                  "reserve_cpu": "1", "reserve_memory": "20Gi", "min_memory": "256Mi"}],
                        "images": {"pull_policy": "Never"}})
     inv = generate(spec, nodes_from_api(real)).inventory
     core.create_namespace({"metadata": {"name": ns}})

@@ -161,3 +161,97 @@ def test_gpu_stack_pins_pods_and_exports_partitions(pulumi_run, keys):
                                                        {"name": "NCCL_SOCKET_IFNAME", "value": "eth0"}]
     assert "resources" not in pod["spec"]["containers"][0]  # sizes are per node, filled in at resume
     assert pod["spec"]["nodeSelector"] == {"pool": "gpu"}
+
+
+# ---------------------------------------------------------------- the Automation API driver (no CLI needed)
+
+
+def _exe(path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("#!/bin/sh\necho v3.274.1\n")
+    path.chmod(0o755)
+    return path
+
+
+def test_missing_cli_and_plugin_say_how_to_get_them(tmp_path):
+    from provisioner.deploy import automation as a
+
+    env = {"HOME": str(tmp_path / "home"), "PATH": str(tmp_path / "empty"), "SLURMK8S_TOOLCHAIN_DIR": str(tmp_path / "tc")}
+    with pytest.raises(a.DeployError) as err:
+        a.find_toolchain(env)
+    text = str(err.value)
+    assert "slurmk8s toolchain build pulumi pulumi-kubernetes" in text and "3.274.1" in text
+    assert a.provider_version() in text
+
+    _exe(tmp_path / "tc/bin/pulumi")
+    with pytest.raises(a.DeployError) as err:
+        a.find_toolchain(env)
+    text = str(err.value)
+    assert f"resource-kubernetes-v{a.provider_version()}" in text and "slurmk8s toolchain build pulumi-kubernetes" in text
+
+    plugin = _exe(tmp_path / f"tc/pulumi-home/plugins/resource-kubernetes-v{a.provider_version()}/pulumi-resource-kubernetes")
+    tool = a.find_toolchain(env)
+    assert tool.pulumi == (tmp_path / "tc/bin/pulumi").resolve() and tool.plugin == plugin
+    assert tool.pulumi_home == tmp_path / "tc/pulumi-home" and not tool.plugin_ambient
+    # an operator's PULUMI_HOME and SLURMK8S_PULUMI win
+    other = _exe(tmp_path / "elsewhere/bin/pulumi")
+    home = tmp_path / "ph"
+    _exe(home / f"plugins/resource-kubernetes-v{a.provider_version()}/pulumi-resource-kubernetes")
+    tool = a.find_toolchain({**env, "SLURMK8S_PULUMI": str(other), "PULUMI_HOME": str(home)})
+    assert tool.pulumi == other.resolve() and tool.pulumi_home == home and tool.root == str(other.resolve().parent.parent)
+
+
+def test_engine_env_and_passphrase_file(tmp_path):
+    from provisioner.deploy import automation as a
+
+    state = a.state_dir(tmp_path / "state")
+    assert (state / "backend").is_dir() and (state / "workspace").is_dir()
+    assert oct(state.stat().st_mode & 0o777) == "0o700"
+    tool = a.Toolchain(tmp_path / "bin/pulumi", tmp_path / "ph", tmp_path / "plug/pulumi-resource-kubernetes", False)
+    env = a.engine_env(tool, state, {"PATH": "/usr/bin"})
+    assert env["PULUMI_SKIP_UPDATE_CHECK"] == "true" and env["PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION"] == "true"
+    assert env["PULUMI_HOME"] == str(tmp_path / "ph")
+    pfile = Path(env["PULUMI_CONFIG_PASSPHRASE_FILE"])
+    assert pfile == state / "passphrase" and oct(pfile.stat().st_mode & 0o777) == "0o600"
+    secret = pfile.read_text()
+    assert len(secret.strip()) >= 40 and secret not in json.dumps(env)
+    assert a.engine_env(tool, state, {})["PULUMI_CONFIG_PASSPHRASE_FILE"] == str(pfile)
+    assert pfile.read_text() == secret  # generated once
+    # an operator's passphrase wins and no file is used
+    assert "PULUMI_CONFIG_PASSPHRASE_FILE" not in a.engine_env(tool, state, {"PULUMI_CONFIG_PASSPHRASE": "x"})
+    pfile.chmod(0o644)
+    with pytest.raises(a.DeployError, match="chmod 600"):
+        a.engine_env(tool, state, {})
+
+
+def test_kubeconfig_resolution(tmp_path):
+    from provisioner.deploy import automation as a
+
+    kc = tmp_path / "kc"
+    kc.write_text("x")
+
+    class Saved:
+        value = "/saved/kubeconfig"
+
+    assert a.resolve_kubeconfig(str(kc), {a.KUBECONFIG_KEY: Saved()}, {}) == str(kc.resolve())
+    assert a.resolve_kubeconfig(None, {a.KUBECONFIG_KEY: Saved()}, {"KUBECONFIG": str(kc)}) == "/saved/kubeconfig"
+    assert a.resolve_kubeconfig(None, {}, {"KUBECONFIG": f"{kc}:/other"}) == str(kc.resolve())
+    assert a.resolve_kubeconfig(None, {}, {"HOME": str(tmp_path)}) is None
+    with pytest.raises(a.DeployError, match="no such file"):
+        a.resolve_kubeconfig(str(tmp_path / "missing"), {}, {})
+
+
+@pytest.mark.parametrize("stderr,needle", [
+    ("error: the stack is currently locked by 1 lock(s). Either wait for the other process(es) to end or delete "
+     "the lock file with `pulumi cancel`.", "--repair"),
+    ("warning: Attempting to deploy or update resources with 2 pending operations from previous deployment.\n"
+     "error: the current deployment has 2 resource(s) with pending operations", "pending operations"),
+    ("error: could not load plugin for kubernetes provider: no resource plugin 'pulumi-resource-kubernetes' found",
+     "slurmk8s toolchain build pulumi-kubernetes"),
+    ("error: constructing secrets manager of type \"passphrase\": incorrect passphrase", "passphrase"),
+])
+def test_engine_errors_are_explained(tmp_path, stderr, needle):
+    from provisioner.deploy import automation as a
+
+    err = a._explain_command_error(Exception(stderr), "local", tmp_path)
+    assert needle in str(err)
