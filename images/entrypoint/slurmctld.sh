@@ -71,9 +71,11 @@ esac
 # Drain the Slurm nodes whose Kubernetes node is cordoned or NotReady (inventory.json) once
 # slurmctld answers; runs in the background, reaped by tini.
 if [ -x /opt/slurmk8s/bin/slurmk8s-sync-nodes ] && [ -r "$CONF_DIR/inventory.json" ]; then
-    ( SLURMK8S_INVENTORY="$CONF_DIR/inventory.json" \
+    # Double fork: the job's parent exits at once, so it is re-parented to tini (PID 1), which
+    # reaps it; a plain `( ... ) &` would stay a child of the exec'd slurmctld (a zombie).
+    ( ( SLURMK8S_INVENTORY="$CONF_DIR/inventory.json" \
         setpriv --reuid "$SLURM_USER" --regid "$SLURM_USER" --init-groups -- \
-        /opt/slurmk8s/bin/slurmk8s-sync-nodes --wait 120 2>&1 | sed -u 's/^/[sync-nodes] /' ) &
+        /opt/slurmk8s/bin/slurmk8s-sync-nodes --wait 120 2>&1 | sed -u 's/^/[sync-nodes] /' ) & )
 fi
 
 log "exec (as $SLURM_USER) slurmctld -D ${extra[*]} $*"
