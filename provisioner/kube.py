@@ -328,7 +328,8 @@ def from_env(env: Mapping[str, str]) -> KubernetesBackend:
 
     SLURMK8S_SPEC (default /etc/slurmk8s/spec/spec.json), SLURMK8S_SITE (site.json beside it),
     SLURMK8S_NAMESPACE (default: the ServiceAccount's namespace, else the spec's); in-cluster
-    credentials when KUBERNETES_SERVICE_HOST is set, else KUBECONFIG.
+    credentials when the ServiceAccount token is mounted, else KUBECONFIG. Works with an empty
+    environment (Slurm does not pass slurmctld's environment to ResumeProgram).
     """
     try:
         spec = parse_spec(_read_json(env.get("SLURMK8S_SPEC", DEFAULT_SPEC), "cluster spec"), source="spec.json")
@@ -340,18 +341,33 @@ def from_env(env: Mapping[str, str]) -> KubernetesBackend:
                      host_network_sources=tuple(site_doc.get("host_network_sources", ())))
     namespace = env.get("SLURMK8S_NAMESPACE", "")
     if not namespace and Path(SA_NAMESPACE_FILE).exists():
-        namespace = Path(SA_NAMESPACE_FILE).read_text().strip()
+        namespace = Path(SA_NAMESPACE_FILE).read_text().strip()  # the ServiceAccount's own namespace
     return KubernetesBackend(spec, ClientPodApi(_api_client(env)), namespace=namespace or spec.namespace_name,
                              site=site)
 
 
-def _api_client(env: Mapping[str, str]) -> Any:
-    from kubernetes import client, config
+SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 
+
+def _api_client(env: Mapping[str, str], sa_dir: str = SA_DIR) -> Any:
+    """In-cluster credentials when the ServiceAccount token is mounted, else KUBECONFIG.
+
+    Slurm runs ResumeProgram with a reduced environment, so KUBERNETES_SERVICE_HOST may be
+    missing even inside the pod: then the API is reached as kubernetes.default.svc (which every
+    pod resolves and the API server's certificate names).
+    """
+    from kubernetes import client, config
+    from kubernetes.config.incluster_config import InClusterConfigLoader
+
+    token = Path(sa_dir) / "token"
     try:
-        if env.get("KUBERNETES_SERVICE_HOST"):
+        if env.get("KUBERNETES_SERVICE_HOST") or (token.exists() and not env.get("KUBECONFIG")):
             cfg = client.Configuration()
-            config.load_incluster_config(client_configuration=cfg)
+            InClusterConfigLoader(
+                token_filename=str(token), cert_filename=str(Path(sa_dir) / "ca.crt"),
+                environ={"KUBERNETES_SERVICE_HOST": env.get("KUBERNETES_SERVICE_HOST") or "kubernetes.default.svc",
+                         "KUBERNETES_SERVICE_PORT": env.get("KUBERNETES_SERVICE_PORT") or "443"},
+            ).load_and_set(cfg)
             return client.ApiClient(cfg)
         return config.new_client_from_config(config_file=env.get("KUBECONFIG") or None)
     except config.ConfigException as err:

@@ -390,3 +390,17 @@ def test_e2e_invalid_pod_is_a_readable_error(live):
     with pytest.raises(BackendError) as err:
         KubernetesBackend(spec, api, namespace=ns).create(bad)
     assert "invalid worker pod spec" in err.value.reason and not err.value.retryable
+
+
+def test_in_cluster_credentials_without_the_service_env(tmp_path):
+    """Slurm starts ResumeProgram with a reduced environment: the mounted token is enough."""
+    from provisioner.kube import _api_client
+
+    (tmp_path / "token").write_text("tok")
+    (tmp_path / "ca.crt").write_text("-----BEGIN CERTIFICATE-----\n")
+    api = _api_client({}, sa_dir=str(tmp_path))
+    assert api.configuration.host == "https://kubernetes.default.svc:443"
+    assert api.configuration.get_api_key_with_prefix("BearerToken").lower() == "bearer tok"
+    api = _api_client({"KUBERNETES_SERVICE_HOST": "10.0.0.1", "KUBERNETES_SERVICE_PORT": "6443"},
+                      sa_dir=str(tmp_path))
+    assert api.configuration.host == "https://10.0.0.1:6443"
