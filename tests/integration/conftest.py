@@ -23,7 +23,7 @@ def testbed_available() -> None:
 
 @pytest.fixture(scope="session")
 def cluster(testbed_available, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Testbed]:
-    bed = Testbed(tmp_path_factory.mktemp("cluster"), nodes=4, suspend_time=15, resume_timeout=60,
+    bed = Testbed(tmp_path_factory.mktemp("cluster"), node_count=4, suspend_time=15, resume_timeout=60,
                   suspend_timeout=5)
     bed.up()
     try:

@@ -206,8 +206,12 @@ def test_munge_key_readable_only_by_munge(cluster: Testbed):
     # the user can read neither the installed key nor the mounted Secret, on login ...
     for path in ("/etc/munge/munge.key", "/etc/slurmk8s/secret/munge.key"):
         assert cluster.ssh(["cat", path], check=False).exit_status != 0, path
-    # ... nor on a worker, inside a job
-    job = run_job(cluster, "-N1", "-o", home("key-%j.out"), "--wrap",
-                  "stat -c '%U %a' /etc/munge/munge.key; cat /etc/munge/munge.key >/dev/null 2>&1 || echo denied1; "
-                  "cat /etc/slurmk8s/secret/munge.key >/dev/null 2>&1 || echo denied2")
-    assert read_home(cluster, f"key-{job}.out").split() == ["munge", "400", "denied1", "denied2"]
+    # ... nor on a worker, inside a job; there the key is munge's alone too
+    job = cluster.sbatch("-N1", "-o", home("key-%j.out"), "--wrap",
+                         "cat /etc/munge/munge.key >/dev/null 2>&1 || echo denied1; "
+                         "cat /etc/slurmk8s/secret/munge.key >/dev/null 2>&1 || echo denied2; sleep 5")
+    cluster.wait_job(job, {"RUNNING"}, 90)
+    worker = cluster.job(job)["nodes"]
+    assert cluster.exec(worker, ["stat", "-c", "%U %a", "/etc/munge/munge.key"]).stdout.split() == ["munge", "400"]
+    assert cluster.wait_job(job, {"COMPLETED", "FAILED"}, 60) == "COMPLETED"
+    assert read_home(cluster, f"key-{job}.out").split() == ["denied1", "denied2"]

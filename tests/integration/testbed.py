@@ -126,7 +126,7 @@ def fake_k8s_nodes(nodes: int) -> list[dict[str, Any]]:
 @dataclass
 class Testbed:
     workdir: Path
-    nodes: int = 4
+    node_count: int = 4
     fast_start: bool = True
     suspend_time: int = 15
     resume_timeout: int = 60
@@ -176,9 +176,9 @@ class Testbed:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.key = asyncssh.generate_private_key("ssh-ed25519")
         pubkey = self.key.export_public_key().decode().strip()
-        self.spec = cluster_spec(self.token, self.nodes, fast_start=self.fast_start, suspend_time=self.suspend_time,
+        self.spec = cluster_spec(self.token, self.node_count, fast_start=self.fast_start, suspend_time=self.suspend_time,
                               resume_timeout=self.resume_timeout, suspend_timeout=self.suspend_timeout, pubkey=pubkey)
-        self.generated: Generated = generate(self.spec, nodes_from_api(fake_k8s_nodes(self.nodes)),
+        self.generated: Generated = generate(self.spec, nodes_from_api(fake_k8s_nodes(self.node_count)),
                                              Site(controller_host=self.ctld))
         files = self.generated.files
         write_files(files, self.workdir / "etc-slurm")
@@ -317,7 +317,10 @@ class Testbed:
         return self.scontrol_json("show", "job", str(job_id))["jobs"][0]
 
     def job_state(self, job_id: int) -> str:
-        return self.job(job_id)["job_state"][0]
+        """The base state, except that a job still waiting for its nodes to boot is CONFIGURING
+        (Slurm's JSON says ["RUNNING", "CONFIGURING"] then)."""
+        states = self.job(job_id)["job_state"]
+        return "CONFIGURING" if "CONFIGURING" in states else states[0]
 
     def workers(self) -> dict[str, str]:
         """Worker containers of this cluster: name -> docker state."""
