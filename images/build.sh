@@ -9,7 +9,8 @@
 # <hash> is a content hash of that image's inputs; an image whose hash tag exists is skipped.
 #
 #   --force     rebuild even if the hash-tagged image exists (docker's layer cache still applies)
-#   --no-cache  pass --no-cache to docker build (implies --force)
+#   --no-cache  rebuild every layer (implies --force; only the first docker build of the run gets
+#               --no-cache, the later ones reuse the fresh layers it made)
 #   --list      print each image's hash tag, whether it is built and its size; build nothing
 #   --tags      print "name=image:hash" lines (machine-readable); build nothing
 #
@@ -34,7 +35,7 @@ while [ $# -gt 0 ]; do
         --no-cache) FORCE=1; NO_CACHE=(--no-cache) ;;
         --list) MODE=list ;;
         --tags) MODE=tags ;;
-        -h|--help) sed -n '2,20p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "${BASH_SOURCE[0]}"; exit 0 ;;
         -*) die "unknown option $1 (see --help)" ;;
         *) WANT+=("$1") ;;
     esac
@@ -153,6 +154,10 @@ for name in "${WANT[@]}"; do
         --label "org.slurmk8s.image=$name" --label "org.slurmk8s.inputs-hash=$hash" \
         -t "$tag" -t "$PREFIX/$name:dev" "$ROOT" \
         || die "building $name failed (see the docker build output above)"
+    # The classic builder re-runs every earlier stage of the Dockerfile: with --no-cache that would
+    # rebuild common (and the cheaper targets) once per image. The first build already made them
+    # fresh, so later builds of this run reuse its layers.
+    NO_CACHE=()
     RESULT[$name]="built in $(elapsed "$t")"
     log "($i/${#WANT[@]}) $name: built $tag in $(elapsed "$t")"
 done
