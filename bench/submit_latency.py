@@ -53,16 +53,14 @@ class Bench:
     def __init__(self, bed: Testbed, nodes: int) -> None:
         self.bed = bed
         self.nodes = nodes
-        self.seq = 0
 
     async def submit_and_time(self, conn: asyncssh.SSHClientConnection, timeout: float = 180) -> float:
-        self.seq += 1
-        out = f"/home/{USER}/lat-{self.bed.token}-{self.seq}.out"
-        argv = ["sbatch", "--parsable", f"-N{self.nodes}", "--ntasks-per-node=1", "-o", out, "--wrap",
-                "date +%s.%N"]
+        argv = ["sbatch", "--parsable", f"-N{self.nodes}", "--ntasks-per-node=1", "-o", f"/home/{USER}/lat-%j.out",
+                "--wrap", "date +%s.%N"]
         t0 = time.time()
         result = await conn.run(shlex.join(argv), check=True)
         job = int(str(result.stdout).strip().split(";")[0])
+        out = f"/home/{USER}/lat-{job}.out"
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             cat = await conn.run(shlex.join(["cat", out]), check=False)

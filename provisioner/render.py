@@ -60,6 +60,16 @@ def _group(nodes: Iterable[SlurmNode], key) -> list[tuple[Any, list[str]]]:
     return list(groups.items())
 
 
+def _add_scheduler_parameter(conf: dict[str, str], name: str, value: str) -> None:
+    """Add name=value to SchedulerParameters (kept in `conf` under the user's spelling of the key),
+    unless the user's extra_conf already sets that parameter."""
+    key = next((k for k in conf if k.lower() == "schedulerparameters"), "SchedulerParameters")
+    params = [p for p in conf.get(key, "").split(",") if p.strip()]
+    if not any(p.split("=", 1)[0].strip().lower() == name for p in params):
+        params.append(f"{name}={value}")
+    conf[key] = ",".join(params)
+
+
 def render_slurm_conf(spec: ClusterSpec, inventory: Inventory, topology: Topology, site: Site) -> str:
     node_lines = [
         {"names": compress(names), "cpus": k[0], "real_memory": k[1], "gres": k[2], "features": k[3], "weight": k[4]}
@@ -75,9 +85,12 @@ def render_slurm_conf(spec: ClusterSpec, inventory: Inventory, topology: Topolog
     for node in inventory.nodes:
         partitions[node.partition].append(node.name)
     ctld_params = ["enable_configless", "idle_on_node_suspend"]
+    extra_conf = dict(spec.slurm.extra_conf)
     if spec.elasticity.fast_start:
         # look for nodes to resume every second instead of every 10 s (with PrologSlurmctld below)
         ctld_params += ["power_save_interval=1", "power_save_min_interval=0"]
+        # schedule a batch job at submit time instead of up to 3 s later (idle nodes: ~0.8 s, not ~2.9 s)
+        _add_scheduler_parameter(extra_conf, "batch_sched_delay", "0")
     return _ENV.get_template("slurm.conf.j2").render(
         version=__version__,
         cluster=spec.slurm_cluster_name,
@@ -91,7 +104,7 @@ def render_slurm_conf(spec: ClusterSpec, inventory: Inventory, topology: Topolog
         suspend_timeout=spec.elasticity.suspend_timeout,
         suspend_time=spec.elasticity.suspend_time,
         fast_start=spec.elasticity.fast_start,
-        extra_conf=sorted(spec.slurm.extra_conf.items()),
+        extra_conf=sorted(extra_conf.items()),
         node_lines=node_lines,
         down_lines=down_lines,
         max_time=spec.slurm.max_time,

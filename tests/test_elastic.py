@@ -410,3 +410,40 @@ def test_env_file_under_process_env(tmp_path: Path):
     assert env["SLURMK8S_LOG"] == "/y"
     assert programs.program_env({"SLURMK8S_ENV_FILE": str(tmp_path / "absent")}) == {
         "SLURMK8S_ENV_FILE": str(tmp_path / "absent")}
+
+
+# ---------------------------------------------------------------- fast_start in the rendered slurm.conf
+
+
+def _conf(fast_start: bool, extra: dict[str, str] | None = None) -> dict[str, str]:
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from factories import node
+
+    from provisioner.config import parse_spec
+    from provisioner.generate import generate
+    from provisioner.inventory import nodes_from_api
+    from provisioner.render import parse_conf_lines
+
+    spec = parse_spec({"name": "fs", "pools": [{"name": "cpu"}], "slurm": {"extra_conf": extra or {}},
+                       "elasticity": {"fast_start": fast_start}})
+    text = generate(spec, nodes_from_api([node("n0")])).files["slurm.conf"]
+    return {pairs[0][0]: pairs[0][1] for pairs in parse_conf_lines(text) if pairs[0][0] not in ("NodeName", "PartitionName")}
+
+
+def test_fast_start_settings_are_rendered_and_off_means_slurm_defaults():
+    on = _conf(True)
+    assert on["PrologSlurmctld"] == "/opt/slurmk8s/bin/slurmk8s-prolog-slurmctld"
+    assert "power_save_interval=1" in on["SlurmctldParameters"].split(",")
+    assert on["SchedulerParameters"] == "batch_sched_delay=0"
+    off = _conf(False)
+    assert "PrologSlurmctld" not in off and "SchedulerParameters" not in off
+    assert "power_save_interval" not in off["SlurmctldParameters"]
+
+
+def test_fast_start_merges_into_the_users_scheduler_parameters():
+    merged = _conf(True, {"SchedulerParameters": "bf_continue,bf_interval=60"})
+    assert merged["SchedulerParameters"] == "bf_continue,bf_interval=60,batch_sched_delay=0"
+    own = _conf(True, {"SchedulerParameters": "batch_sched_delay=5"})
+    assert own["SchedulerParameters"] == "batch_sched_delay=5"  # the user's choice wins

@@ -125,6 +125,8 @@ def fake_k8s_nodes(nodes: int) -> list[dict[str, Any]]:
 
 @dataclass
 class Testbed:
+    __test__ = False  # not a test class (pytest collects names starting with "Test")
+
     workdir: Path
     node_count: int = 4
     fast_start: bool = True
