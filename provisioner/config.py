@@ -248,7 +248,8 @@ class Elasticity(Model):
     fast_start: bool = Field(
         default=True,
         description="Start jobs on resumed nodes in ~2 s instead of ~30 s: a PrologSlurmctld that releases a job "
-        "as soon as its nodes booted, and a 1 s power-save scan (power_save_interval=1); false keeps Slurm's defaults.",
+        "as soon as its nodes booted, a 1 s power-save scan (power_save_interval=1) and scheduling at submit "
+        "(batch_sched_delay=0); false keeps Slurm's defaults.",
     )
 
     @model_validator(mode="after")
@@ -491,6 +492,14 @@ class Pool(Model):
         default_factory=dict, description="Extra pod resource requests, e.g. {'rdma/ib': 1}."
     )
     partition: str | None = Field(default=None, description="Slurm partition; defaults to the pool name.")
+    pod_cpu_request: Quantity | None = Field(
+        default=None,
+        description="Worker pod CPU request; defaults to the Slurm node's CPUs (Guaranteed QoS). Lower it only "
+        "to overcommit on purpose (development, load tests); the limit stays the node's CPUs.",
+    )
+    pod_memory_request: Quantity | None = Field(
+        default=None, description="Worker pod memory request; defaults to the node's RealMemory (see pod_cpu_request)."
+    )
     shm_size: Quantity | None = Field(
         default=None, description="Size of the memory-backed /dev/shm; defaults to half the node's memory."
     )

@@ -8,7 +8,6 @@ import random
 from pathlib import Path
 
 import pytest
-import yaml
 
 from factories import AWS, aws_fleet, node
 from provisioner.config import json_schema, load_spec, parse_spec, parse_duration, parse_quantity

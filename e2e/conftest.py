@@ -1,0 +1,64 @@
+"""End-to-end fixtures: a real `slurmk8s up` into the Kubernetes cluster KUBECONFIG names.
+
+The suite deploys examples/local.yaml, changed only where a test needs it (the test's own SSH key,
+a short SuspendTime, three small slot nodes so a 2-node job fits the single local node), then
+drives it as a researcher would: SSH to the login pod, plain sbatch/squeue/sinfo.
+On a failure, the pod logs of the cluster's namespace are attached to the report.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from typing import Iterator
+
+import asyncssh
+import pytest
+import yaml
+
+from helpers import NAMESPACE, ROOT, Cluster, e2e_spec, kjson, kubeconfig, kubectl, slurmk8s
+
+
+@pytest.fixture(scope="session")
+def cluster_reachable() -> None:
+    probe = kubectl("get", "nodes", "-o", "name", check=False, timeout=20)
+    if probe.returncode != 0:
+        pytest.fail(f"no Kubernetes cluster answers with KUBECONFIG={kubeconfig()}: {probe.stderr.strip()}\n"
+                    "start one with `slurmk8s cluster up` (or point KUBECONFIG at yours)")
+
+
+@pytest.fixture(scope="session")
+def cluster(cluster_reachable, tmp_path_factory) -> Iterator[Cluster]:
+    work = tmp_path_factory.mktemp("e2e")
+    key = asyncssh.generate_private_key("ssh-ed25519")
+    spec_path = work / "spec.yaml"
+    spec_path.write_text(yaml.safe_dump(e2e_spec(key.export_public_key().decode().strip() + " e2e")))
+    state = work / "state"
+    log = work / "slurmk8s.log"
+    kubectl("apply", "-f", str(ROOT / "examples" / "localk8s" / "storage.yaml"))
+    t0 = time.monotonic()
+    proc = slurmk8s("up", "--spec", str(spec_path), "--state", str(state), log=log)
+    elapsed = time.monotonic() - t0
+    if proc.returncode != 0:
+        pytest.fail(f"`slurmk8s up` failed (exit {proc.returncode}):\n{log.read_text()[-6000:]}")
+    yield Cluster(spec_path, state, log, key, elapsed)
+    slurmk8s("down", "--spec", str(spec_path), "--state", str(state), "--yes", log=log)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if report.when == "call" and report.failed and "e2e" in item.keywords:
+        try:
+            pods = kjson("get", "pods", "-n", NAMESPACE)["items"]
+            sections = []
+            for pod in pods:
+                name = pod["metadata"]["name"]
+                logs = kubectl("logs", "-n", NAMESPACE, name, "--all-containers", "--tail=60", check=False)
+                sections.append(f"--- pod {name} ({pod['status'].get('phase')}):\n{logs.stdout}{logs.stderr}")
+            events = kubectl("get", "events", "-n", NAMESPACE, "--sort-by=.lastTimestamp", check=False)
+            sections.append(f"--- events:\n{events.stdout[-4000:]}")
+            report.sections.append(("pod logs", "\n".join(sections)))
+        except (subprocess.SubprocessError, OSError, ValueError) as err:
+            report.sections.append(("pod logs", f"could not collect pod logs: {err}"))

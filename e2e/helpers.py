@@ -1,0 +1,121 @@
+"""End-to-end helpers: kubectl, the slurmk8s CLI and SSH to the login pod, as a researcher uses it.
+
+The suite deploys examples/local.yaml, changed only where a test needs it (the test's own SSH key,
+a short SuspendTime, three small slot nodes so a 2-node job fits the single local node), then
+drives it as a researcher would: SSH to the login pod, plain sbatch/squeue/sinfo.
+On a failure, the pod logs of the cluster's namespace are attached to the report.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import asyncssh
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+LOCAL_KUBECONFIG = "/var/lib/slurmk8s/localk8s/kubeconfig"
+TOOLCHAIN_BIN = "/var/cache/slurmk8s/toolchain/bin"
+SLURMK8S = str(Path(sys.executable).with_name("slurmk8s"))
+NAMESPACE = "slurm-local"  # examples/local.yaml's cluster "local"; its static volumes name it
+SUSPEND_TIME = 20
+
+
+def kubeconfig() -> str:
+    return os.environ.get("KUBECONFIG") or LOCAL_KUBECONFIG
+
+
+def kubectl(*args: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    exe = shutil.which("kubectl") or f"{TOOLCHAIN_BIN}/kubectl"
+    return subprocess.run([exe, "--kubeconfig", kubeconfig(), *args], capture_output=True, text=True,
+                          check=check, timeout=timeout)
+
+
+def kjson(*args: str) -> Any:
+    return json.loads(kubectl(*args, "-o", "json").stdout)
+
+
+def slurmk8s(*args: str, log: Path, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, KUBECONFIG=kubeconfig(), PATH=f"{TOOLCHAIN_BIN}:{os.environ.get('PATH', '')}")
+    with log.open("a") as fh:
+        fh.write(f"\n$ slurmk8s {' '.join(args)}\n")
+        fh.flush()
+        proc = subprocess.run([SLURMK8S, *args], stdout=fh, stderr=subprocess.STDOUT, text=True, env=env,
+                              timeout=timeout, check=False)
+    return proc
+
+
+def worker_pods() -> dict[str, dict[str, Any]]:
+    pods = kjson("get", "pods", "-n", NAMESPACE, "-l", "app.kubernetes.io/component=worker")["items"]
+    return {p["metadata"]["name"]: p for p in pods if not p["metadata"].get("deletionTimestamp")}
+
+
+def wait_for(what: str, predicate, timeout: float, interval: float = 0.5):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(interval)
+
+
+@dataclass
+class Login:
+    host: str
+    port: int
+    user: str
+    key: asyncssh.SSHKey
+
+    def run(self, command: str, timeout: float = 120, check: bool = True) -> asyncssh.SSHCompletedProcess:
+        """Run one command as the researcher would type it in their SSH session."""
+
+        async def go() -> asyncssh.SSHCompletedProcess:
+            async with asyncssh.connect(self.host, port=self.port, username=self.user, client_keys=[self.key],
+                                        known_hosts=None, connect_timeout=15) as conn:
+                return await conn.run(command, check=False, timeout=timeout)
+
+        result = asyncio.run(go())
+        if check and result.exit_status != 0:
+            pytest.fail(f"`{command}` on the login pod exited {result.exit_status}:\n{result.stdout}\n{result.stderr}")
+        return result
+
+    def json(self, command: str) -> Any:
+        return json.loads(self.run(command).stdout)
+
+
+@dataclass
+class Cluster:
+    spec_path: Path
+    state: Path
+    log: Path
+    key: asyncssh.SSHKey
+    up_seconds: float
+
+    def login(self, user: str = "alice") -> Login:
+        svc = kjson("get", "service", "-n", NAMESPACE, "login")
+        return Login(svc["spec"]["clusterIP"], 22, user, self.key)
+
+
+def e2e_spec(public_key: str) -> dict[str, Any]:
+    spec = yaml.safe_load((ROOT / "examples" / "local.yaml").read_text())
+    spec["users"][0]["ssh_keys"] = [public_key]
+    spec["elasticity"] = {"suspend_time": SUSPEND_TIME, "resume_timeout": 120}
+    spec["pools"] = [{
+        "name": "cpu", "mode": "slots", "cpus": 1, "memory": "1Gi", "domains": [{"name": "local", "count": 3}],
+        "pod_cpu_request": "50m", "pod_memory_request": "128Mi",
+    }]
+    return spec
+
+

@@ -1,0 +1,162 @@
+"""The product, end to end on a real Kubernetes: up -> SSH -> sbatch -> worker pods -> COMPLETED ->
+pods gone -> down -> up again with /home kept. Tests run in file order and share one cluster."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+
+import asyncssh
+import pytest
+
+from helpers import NAMESPACE, SUSPEND_TIME, Cluster, kjson, kubectl, slurmk8s, wait_for, worker_pods
+
+pytestmark = pytest.mark.e2e
+
+ALLREDUCE_C = r"""
+#include <mpi.h>
+#include <stdio.h>
+#include <unistd.h>
+int main(int argc, char **argv) {
+    int rank, size; long mine, sum = 0; char host[256];
+    MPI_Init(&argc, &argv);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    gethostname(host, sizeof host);
+    mine = (long)(rank + 1) * 1000 + 7;
+    MPI_Allreduce(&mine, &sum, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
+    printf("rank %d of %d on %s sum %ld\n", rank, size, host, sum);
+    MPI_Finalize();
+    return 0;
+}
+"""
+
+
+def job_state(login, job_id: str) -> dict:
+    jobs = login.json(f"scontrol show job {job_id} --json")["jobs"]
+    return jobs[0]
+
+
+def wait_job(login, job_id: str, timeout: float) -> dict:
+    def done():
+        job = job_state(login, job_id)
+        return job if set(job["job_state"]) & {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"} else None
+
+    return wait_for(f"job {job_id} to finish", done, timeout, interval=1.0)
+
+
+def submit(login, script: str) -> str:
+    out = login.run(f"cat > job.sh <<'EOF'\n{script}\nEOF\nsbatch --parsable job.sh").stdout.strip()
+    assert re.fullmatch(r"\d+", out), f"sbatch printed {out!r}"
+    return out
+
+
+def test_up_from_nothing_and_login_answers(cluster: Cluster):
+    login = cluster.login()
+    result = login.run("id -un && squeue --version")
+    assert result.stdout.splitlines()[0] == "alice"
+    print(f"P5: slurmk8s up from nothing -> login answers SSH: {cluster.up_seconds:.1f} s")
+
+
+def test_password_and_root_logins_refused(cluster: Cluster):
+    login = cluster.login()
+
+    async def try_password(user: str) -> bool:
+        try:
+            async with asyncssh.connect(login.host, username=user, password="alice", client_keys=None,
+                                        known_hosts=None, connect_timeout=10, preferred_auth="password,keyboard-interactive"):
+                return True
+        except asyncssh.PermissionDenied:
+            return False
+
+    assert asyncio.run(try_password("alice")) is False
+    assert asyncio.run(try_password("root")) is False
+    with pytest.raises(asyncssh.PermissionDenied):
+        cluster.login(user="root").run("true")
+
+
+def test_two_node_job_from_zero_workers(cluster: Cluster):
+    assert worker_pods() == {}, "worker pods exist before any job"
+    login = cluster.login()
+    t0 = time.monotonic()
+    job = submit(login, "#!/bin/bash\n#SBATCH -N2 -o hosts-%j.out\nsrun hostname")
+
+    def allocated():
+        state = job_state(login, job)
+        return state if state["nodes"] and set(state["job_state"]) & {"RUNNING", "CONFIGURING", "COMPLETED"} else None
+
+    alloc = wait_for(f"job {job} to get nodes", allocated, 60)
+    nodes = sorted(login.run(f"scontrol show hostnames {alloc['nodes']}").stdout.split())
+    assert len(nodes) == 2
+    pods = wait_for("worker pods", lambda: worker_pods() if len(worker_pods()) >= 2 else None, 60)
+    assert sorted(pods) == nodes, "worker pods must be exactly the nodes Slurm chose"
+    final = wait_job(login, job, 180)
+    print(f"2-node job from zero workers: submit -> COMPLETED {time.monotonic() - t0:.1f} s")
+    assert final["job_state"] == ["COMPLETED"], final["job_state"]
+    output = login.run(f"cat ~/hosts-{job}.out").stdout.split()
+    assert sorted(output) == nodes
+
+
+def test_mpi_allreduce_across_two_worker_pods(cluster: Cluster):
+    login = cluster.login()
+    login.run(f"cat > allreduce.c <<'EOF'\n{ALLREDUCE_C}\nEOF\nmpicc -O2 -o allreduce allreduce.c")
+    job = submit(login, "#!/bin/bash\n#SBATCH -N2 -n2 -o mpi-%j.out\nsrun --mpi=pmix ./allreduce")
+    final = wait_job(login, job, 180)
+    out = login.run(f"cat ~/mpi-{job}.out").stdout
+    assert final["job_state"] == ["COMPLETED"], out
+    lines = [l for l in out.splitlines() if l.startswith("rank ")]
+    assert len(lines) == 2, out
+    assert all(l.endswith("sum 3021") for l in lines), out  # (1*1000+7) + (2*1000+7)
+    assert len({l.split()[5] for l in lines}) == 2, "the two ranks must run on two worker pods"
+
+
+def test_busy_node_is_never_removed_while_its_job_runs(cluster: Cluster):
+    login = cluster.login()
+    hold = SUSPEND_TIME + 15
+    job = submit(login, f"#!/bin/bash\n#SBATCH -N1 -o busy-%j.out\nhostname; sleep {hold}; echo done")
+    running = wait_for("job running", lambda: (s := job_state(login, job)) and "RUNNING" in s["job_state"] and s, 120)
+    node = running["nodes"]
+    uid = worker_pods()[node]["metadata"]["uid"]
+    deadline = time.monotonic() + hold - 3
+    while time.monotonic() < deadline:
+        pod = worker_pods().get(node)
+        assert pod is not None and pod["metadata"]["uid"] == uid, f"pod of busy node {node} was removed"
+        time.sleep(2)
+    final = wait_job(login, job, 60)
+    assert final["job_state"] == ["COMPLETED"]
+    assert login.run(f"tail -n1 ~/busy-{job}.out").stdout.strip() == "done"
+
+
+def test_idle_workers_are_suspended_to_zero_pods(cluster: Cluster):
+    login = cluster.login()
+    wait_for("every worker pod to be gone", lambda: worker_pods() == {}, SUSPEND_TIME + 90, interval=2)
+    states = login.run("sinfo -h -N -o '%N %T'").stdout.split("\n")
+
+    def powered_down():
+        rows = [l.split() for l in login.run("sinfo -h -N -o '%N %T'").stdout.splitlines() if l.strip()]
+        return rows if rows and all(state.endswith("~") for _, state in rows) else None
+
+    assert wait_for("sinfo to show every node powered down", powered_down, 60), states
+
+
+def test_down_leaves_only_the_volumes(cluster: Cluster):
+    proc = slurmk8s("down", "--spec", str(cluster.spec_path), "--state", str(cluster.state), log=cluster.log)
+    assert proc.returncode == 0, cluster.log.read_text()[-4000:]
+    for kind in ("pods", "services", "secrets", "roles", "rolebindings", "configmaps", "statefulsets",
+                 "deployments", "serviceaccounts", "networkpolicies", "poddisruptionbudgets"):
+        items = [i["metadata"]["name"] for i in kjson("get", kind, "-n", NAMESPACE)["items"]
+                 if not (kind == "configmaps" and i["metadata"]["name"] == "kube-root-ca.crt")
+                 and not (kind == "serviceaccounts" and i["metadata"]["name"] == "default")]
+        assert items == [], f"`down` left {kind}: {items}"
+    pvcs = sorted(i["metadata"]["name"] for i in kjson("get", "pvc", "-n", NAMESPACE)["items"])
+    assert "home" in pvcs, f"`down` must keep /home's volume: {pvcs}"
+
+
+def test_second_up_finds_home_again(cluster: Cluster):
+    proc = slurmk8s("up", "--spec", str(cluster.spec_path), "--state", str(cluster.state), log=cluster.log)
+    assert proc.returncode == 0, cluster.log.read_text()[-4000:]
+    login = cluster.login()
+    outputs = login.run("ls ~").stdout.split()
+    assert any(name.startswith("hosts-") for name in outputs), outputs
+    kubectl("get", "pvc", "-n", NAMESPACE, "home")
