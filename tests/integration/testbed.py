@@ -294,6 +294,8 @@ class Testbed:
             self.save_logs()
         except (OSError, subprocess.SubprocessError, TestbedError) as err:
             print(f"testbed {self.token}: could not save logs: {err}", file=sys.stderr)
+        # slurmctld first: its resume program may still be creating workers
+        docker("rm", "-f", "-v", self.ctld, check=False)
         ids = docker("ps", "-aq", "--filter", f"label={LABEL_CLUSTER}={self.token}", check=False).stdout.split()
         if ids:
             docker("rm", "-f", "-v", *ids, check=False)
