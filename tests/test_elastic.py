@@ -293,7 +293,12 @@ def test_unwritable_log_falls_back_to_stderr(capsys):
 
 
 def test_backend_registry():
-    assert "docker" in BACKENDS
+    assert {"docker", "kubernetes"} <= set(BACKENDS)
+    for target in BACKENDS.values():  # every entry names a module:function that exists
+        import importlib
+
+        module, _, func = target.partition(":")
+        assert callable(getattr(importlib.import_module(module), func)), target
     with pytest.raises(BackendError, match="unknown SLURMK8S_BACKEND='nope'"):
         backend_from_env({"SLURMK8S_BACKEND": "nope"})
     with pytest.raises(BackendError, match="SLURMK8S_DOCKER_CLUSTER"):

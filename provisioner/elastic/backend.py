@@ -72,6 +72,7 @@ class BackendFactory(Protocol):
 # NodeBackend. Imported lazily, so a backend's dependencies load only where it is used.
 BACKENDS: dict[str, str] = {
     "docker": "provisioner.elastic.docker_backend:from_env",
+    "kubernetes": "provisioner.kube:from_env",
 }
 
 
