@@ -288,22 +288,19 @@ def execute(
     return outcomes, pending
 
 
-def _set_down(slurm: "SlurmControl", failures: Mapping[str, str], log: Log) -> bool:
+def _set_down(slurm: "SlurmControl", failures: Mapping[str, str], log: Log) -> None:
     """Set failed nodes DOWN with their reason, one scontrol call per distinct reason."""
     from .slurmcmd import SlurmCommandError
 
     by_reason: dict[str, list[str]] = {}
     for node, reason in failures.items():
         by_reason.setdefault(reason, []).append(node)
-    ok = True
     for reason, nodes in by_reason.items():
         try:
             slurm.set_down(nodes, reason)
             log.write(f"set DOWN {','.join(nodes)}: {reason}")
         except SlurmCommandError as err:
-            ok = False
             log.write(f"could not set DOWN {','.join(nodes)} ({reason}): {err}")
-    return ok
 
 
 class Context:

@@ -7,6 +7,7 @@ images/build.sh). One cluster serves the whole module; tests run in file order.
 
 from __future__ import annotations
 
+import calendar
 import re
 import time
 
@@ -115,27 +116,34 @@ def test_worker_that_fails_to_start_goes_down_with_reason_and_job_is_requeued(cl
     assert re.search(rf"resume-fail\[\d+\] returned {bad} to service", cluster.elastic_log())
 
 
-def test_busy_node_marked_for_scale_in_finishes_its_job_first(cluster: Testbed):
+@pytest.mark.parametrize("scale_in", ["POWER_DOWN_ASAP", "DRAIN"])
+def test_busy_node_marked_for_scale_in_finishes_its_job_first(cluster: Testbed, scale_in: str):
+    """POWER_DOWN_ASAP: drain, then power down once idle; DRAIN: the drained node, idle, is
+    suspended after SuspendTime (SuspendExcStates does not exclude DRAIN by default)."""
     job = cluster.sbatch("-N1", "-o", home("drain-%j.out"), "--wrap", "sleep 12; echo finished")
     cluster.wait_job(job, {"RUNNING"}, 90)
     name = cluster.job(job)["nodes"]
-    cluster.exec(cluster.ctld, ["scontrol", "update", f"nodename={name}", "state=POWER_DOWN_ASAP",
+    cluster.exec(cluster.ctld, ["scontrol", "update", f"nodename={name}", f"state={scale_in}",
                                 "reason=scale-in test"])
-    # while the job runs, its container stays
-    while cluster.job_state(job) == "RUNNING":
-        assert name in cluster.workers(), f"{name}'s container went away under a running job"
-        assert "DRAIN" in cluster.nodes()[name].state
-        time.sleep(1)
-    assert cluster.job_state(job) == "COMPLETED"
-    assert read_home(cluster, f"drain-{job}.out").strip() == "finished"
-    end = cluster.job(job)["end_time"]["number"]
-    # then Slurm suspends it and our suspend program removes the container
-    wait_for(f"{name}'s container to be removed", lambda: name not in cluster.workers(), 60)
-    wait_for(f"{name} powered down", lambda: cluster.nodes()[name].powered_down, 60)
-    removed = [line for line in cluster.elastic_log().splitlines() if f"{name} delete ok" in line]
-    assert removed, cluster.elastic_log()
-    stamp = time.mktime(time.strptime(removed[-1].split(".")[0], "%Y-%m-%dT%H:%M:%S")) - time.timezone
-    assert stamp >= end, f"container removed at {stamp}, before the job ended at {end}"
+    try:
+        # while the job runs, its container stays
+        while cluster.job_state(job) == "RUNNING":
+            assert name in cluster.workers(), f"{name}'s container went away under a running job"
+            assert "DRAIN" in cluster.nodes()[name].state
+            time.sleep(1)
+        assert cluster.job_state(job) == "COMPLETED"
+        assert read_home(cluster, f"drain-{job}.out").strip() == "finished"
+        end = cluster.job(job)["end_time"]["number"]
+        # then Slurm suspends it and our suspend program removes the container
+        wait_for(f"{name}'s container to be removed", lambda: name not in cluster.workers(), 15 + 60)
+        wait_for(f"{name} powered down", lambda: cluster.nodes()[name].powered_down, 60)
+        removed = [line for line in cluster.elastic_log().splitlines() if f"{name} delete ok" in line]
+        assert removed, cluster.elastic_log()
+        stamp = calendar.timegm(time.strptime(removed[-1].split(".")[0], "%Y-%m-%dT%H:%M:%S"))
+        assert stamp >= end, f"container removed at {stamp}, before the job ended at {end}"
+    finally:
+        if scale_in == "DRAIN":  # undrain for the tests that follow
+            cluster.exec(cluster.ctld, ["scontrol", "update", f"nodename={name}", "state=RESUME"], check=False)
 
 
 # ---------------------------------------------------------------- users, SSH and MPI
