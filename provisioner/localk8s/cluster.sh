@@ -7,7 +7,8 @@
 #   cluster.sh down [--purge]       stop everything, also after an interrupted up (--purge: drop state)
 #   cluster.sh status               what runs (exit 0 running, 3 stopped, 4 partly running)
 #   cluster.sh load-image IMAGE...  copy images from Docker into the cluster's containerd
-#   cluster.sh kwok up|down|status  the kwok controller for fake nodes (annotation kwok.x-k8s.io/node=fake)
+#   cluster.sh kwok up|down|status  the kwok controller for fake nodes (annotation kwok.x-k8s.io/node=fake);
+#                                   once up it is restarted by every `up` until `kwok down`
 #   cluster.sh kubeconfig           print the kubeconfig path
 #
 # State (kept across down/up): $LOCALK8S_ROOT, default /var/lib/slurmk8s/localk8s.
@@ -319,6 +320,8 @@ api_ready() { kubectl get --raw /readyz >/dev/null 2>&1; }
 up() {
   local with_kwok=false a
   for a in "$@"; do case $a in --kwok) with_kwok=true ;; *) die "unknown option for up: $a" ;; esac; done
+  # kwok stays enabled across down/up once started (cluster.sh kwok down disables it)
+  [ -f "$ROOT/kwok.enabled" ] && with_kwok=true
   need_toolchain etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl coredns
   [ "$with_kwok" = false ] || need_toolchain kwok
   [ "$(id -u)" -eq 0 ] || die "the local cluster runs host daemons (containerd, kubelet): run as root"
@@ -458,6 +461,7 @@ status() {
 kwok_up() {
   need_toolchain kwok
   running kube-apiserver || die "the cluster is not running: run '$ME up' first"
+  touch "$ROOT/kwok.enabled"
   if running kwok; then say "kwok already running"; return 0; fi
   local stages=$SHARE/kwok-stages cfg=() f
   [ -d "$stages" ] || die "kwok stage files missing ($stages): run the toolchain build"
@@ -481,10 +485,10 @@ case "${1:-}" in
     shift
     case "${1:-up}" in
       up) export KUBECONFIG=$KUBECONFIG_PATH; kwok_up ;;
-      down) stop kwok ;;
+      down) rm -f "$ROOT/kwok.enabled"; stop kwok ;;
       status) if pid=$(pid_of kwok); then echo "kwok: running (pid $pid)"; else echo "kwok: stopped"; exit 3; fi ;;
       *) die "usage: $ME kwok up|down|status" ;;
     esac ;;
-  -h|--help|help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//' ;;
-  *) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
+  -h|--help|help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//' ;;
+  *) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
 esac
