@@ -103,3 +103,47 @@ def test_cluster_up_without_toolchain_says_to_build_it(tmp_path):
     done = subprocess.run(script_argv(CLUSTER_SCRIPT, ["up"]), env=env, capture_output=True, text=True)
     assert done.returncode == 1
     assert "toolchain build" in done.stderr
+
+
+def _fake_tool(directory, name, output):
+    path = directory / name
+    path.write_text(f"#!/bin/sh\necho '{output}'\n")
+    path.chmod(0o755)
+    return path
+
+
+def test_toolchain_uses_an_installed_tool_at_the_pinned_version(tmp_path):
+    onpath = tmp_path / "onpath"
+    onpath.mkdir()
+    fake = _fake_tool(onpath, "helm", "v3.22.0")
+    env = {"PATH": f"{onpath}:/usr/bin:/bin", "SLURMK8S_TOOLCHAIN_DIR": str(tmp_path / "cache")}
+    done = subprocess.run(script_argv(TOOLCHAIN_SCRIPT, ["build", "helm"]), env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"using installed {fake}" in done.stdout
+    assert (tmp_path / "cache" / "bin" / "helm").resolve() == fake
+
+
+def test_toolchain_does_not_use_an_installed_tool_at_another_version(tmp_path):
+    onpath = tmp_path / "onpath"
+    onpath.mkdir()
+    _fake_tool(onpath, "helm", "v3.1.0")
+    env = {"PATH": f"{onpath}:/usr/bin:/bin", "SLURMK8S_TOOLCHAIN_DIR": str(tmp_path / "cache")}
+    done = subprocess.run(script_argv(TOOLCHAIN_SCRIPT, ["build", "helm"]), env=env, capture_output=True, text=True)
+    # no Go on this PATH: it would build, and says what it needs
+    assert done.returncode == 1
+    assert "go not found" in done.stderr and "helm" in done.stderr
+
+
+def test_toolchain_failure_names_the_tool_and_its_log(tmp_path):
+    onpath = tmp_path / "onpath"
+    onpath.mkdir()
+    (onpath / "go").write_text("#!/bin/sh\necho 'go: simulated failure' >&2\nexit 1\n")
+    (onpath / "go").chmod(0o755)
+    cache = tmp_path / "cache"
+    env = {"PATH": f"{onpath}:/usr/bin:/bin", "SLURMK8S_TOOLCHAIN_DIR": str(cache), "ETCD_VERSION": "v0.0.1"}
+    done = subprocess.run(script_argv(TOOLCHAIN_SCRIPT, ["build", "etcd"]), env=env, capture_output=True, text=True)
+    assert done.returncode == 1
+    log = cache / "logs" / "etcd-v0.0.1.log"
+    assert "etcd v0.0.1: FAILED" in done.stdout and str(log) in done.stdout
+    assert "simulated failure" in log.read_text()
+    assert not (cache / "bin" / "etcd").exists()

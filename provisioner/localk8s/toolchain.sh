@@ -105,7 +105,6 @@ link() { mkdir -p "$BIN"; ln -sfn "$2" "$BIN/$1.tmp.$$" && mv -fT "$BIN/$1.tmp.$
 
 # ---- Go environment -----------------------------------------------------------------------------
 go_env() {
-  command -v go >/dev/null || die "go not found: install Go (>= 1.24) from your mirror, e.g. apt-get install golang"
   export GOPATH=$CACHE/go/path GOMODCACHE=$CACHE/go/path/pkg/mod GOCACHE=$CACHE/go/cache
   export GOFLAGS="-mod=mod -buildvcs=false" GOTOOLCHAIN=local CGO_ENABLED=0
 }
@@ -248,6 +247,7 @@ tool() {
   if [ ${#missing[@]} -eq 0 ]; then
     say "$t $want: cached ($keydir)"
   else
+    command -v go >/dev/null || die "go not found, needed to build ${missing[*]}: install Go (>= 1.24) from your mirror"
     log=$LOGS/$key.log
     say "$t $want: building ${missing[*]} (log: $log)"
     t0=$SECONDS
