@@ -559,14 +559,21 @@ def worker_pod_template(spec: ClusterSpec, pool: Pool, site: K8sSite = K8sSite()
 
 def worker_resources(spec: ClusterSpec, node: SlurmNode) -> dict[str, Any]:
     """requests = limits (Guaranteed QoS): the CPUs and memory slurm.conf gives the node, its GPUs
-    and the pool's extra devices (RDMA, EFA, ...)."""
+    and the pool's extra devices (RDMA, EFA, ...). A pool may lower the CPU / memory requests on
+    purpose (pod_cpu_request / pod_memory_request, overcommit for development); extended resources
+    always request what they limit (Kubernetes requires it)."""
     pool = spec.pool(node.pool)
-    amounts: dict[str, Any] = {"cpu": str(node.cpus), "memory": f"{node.real_memory}Mi"}
+    limits: dict[str, Any] = {"cpu": str(node.cpus), "memory": f"{node.real_memory}Mi"}
     if node.gpus:
-        amounts[pool.gpu_resource] = str(node.gpus)
+        limits[pool.gpu_resource] = str(node.gpus)
     for name, count in sorted(pool.extra_resources.items()):
-        amounts[name] = str(count)
-    return {"requests": dict(amounts), "limits": dict(amounts)}
+        limits[name] = str(count)
+    requests = dict(limits)
+    if pool.pod_cpu_request is not None:
+        requests["cpu"] = str(pool.pod_cpu_request)
+    if pool.pod_memory_request is not None:
+        requests["memory"] = str(pool.pod_memory_request)
+    return {"requests": requests, "limits": limits}
 
 
 def _placement(pool: Pool, node: SlurmNode) -> dict[str, Any] | None:

@@ -35,6 +35,7 @@ class Registration:
     dependencies: tuple[str, ...]
     inputs: dict[str, Any]
     secret_paths: tuple[str, ...]  # top-level input keys sent as Pulumi secrets
+    provider: str = ""  # provider reference ('urn::id') of a custom resource
 
 
 @dataclass
@@ -68,7 +69,7 @@ class PulumiRun:
                         type=request.type, name=request.name, parent=request.parent, custom=request.custom,
                         retain_on_delete=request.retainOnDelete, delete_before_replace=request.deleteBeforeReplace,
                         dependencies=tuple(request.dependencies), inputs=mocks.inputs.get(request.name + request.type, {}),
-                        secret_paths=secret))
+                        secret_paths=secret, provider=request.provider))
                 return resp
 
         class Mocks(pm.Mocks):
@@ -103,6 +104,10 @@ class PulumiRun:
 
     def of_type(self, suffix: str) -> list[Registration]:
         return [r for r in self.resources if r.type.endswith(suffix)]
+
+    def kubernetes(self) -> list[Registration]:
+        """The Kubernetes objects (custom resources other than providers)."""
+        return [r for r in self.resources if r.custom and not r.type.startswith("pulumi:providers:")]
 
     def graph(self) -> list[tuple[str, str, str]]:
         return sorted((r.type, r.name, r.parent.rsplit("::", 1)[-1]) for r in self.resources)

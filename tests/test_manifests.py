@@ -348,3 +348,14 @@ def test_topology_labels_stay_out_of_the_pod(fabric):
     spec, gen = fabric
     pod = m.worker_pod(spec, gen.inventory.nodes[0])
     assert not any(k.startswith(AWS) for k in pod["metadata"]["labels"])
+
+
+def test_deliberate_overcommit_lowers_requests_only():
+    spec = parse_spec({"name": "d", "pools": [{"name": "cpu", "mode": "slots", "cpus": 2, "memory": "4Gi", "gpus": 1,
+                                               "domains": [{"name": "a", "count": 1}], "pod_cpu_request": "50m",
+                                               "pod_memory_request": "128Mi"}]})
+    gen = run_pipeline(spec, [])
+    res = m.worker_pod(spec, gen.inventory.nodes[0])["spec"]["containers"][0]["resources"]
+    assert res["limits"] == {"cpu": "2", "memory": "4096Mi", "nvidia.com/gpu": "1"}
+    assert res["requests"] == {"cpu": "50m", "memory": "128Mi", "nvidia.com/gpu": "1"}
+    kubernetes_validate.validate(m.worker_pod(spec, gen.inventory.nodes[0]), K8S_VERSIONS[-1], strict=True)

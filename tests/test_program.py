@@ -23,7 +23,7 @@ def keys() -> dict[str, str]:
 
 
 def _config(keys: dict[str, str], **extra: str) -> tuple[dict[str, str], list[str]]:
-    cfg = {f"slurmk8s:{k}": v for k, v in keys.items()}
+    cfg = {f"slurmk8s:{k}": v.rstrip("\n") for k, v in keys.items()}  # as `pulumi config set` stores them
     cfg.update({f"slurmk8s:{k}": v for k, v in extra.items()})
     return cfg, [f"slurmk8s:{k}" for k in keys]
 
@@ -48,7 +48,7 @@ def test_components_parent_their_resources(pulumi_run, keys):
     for r in run.resources:
         if r.custom:
             by_parent.setdefault(r.parent.rsplit("::", 1)[-1], set()).add(r.type.split(":")[-1] + "/" + r.name)
-    assert by_parent["local"] == {"Namespace/local-namespace"}
+    assert by_parent["local"] == {"Namespace/local-namespace", "kubernetes/local-k8s"}
     assert by_parent["local-storage"] == {"PersistentVolumeClaim/local-home"}
     assert by_parent["local-controller"] == {
         "Secret/local-slurm-auth", "ConfigMap/local-slurm-config", "ConfigMap/local-slurm-users",
@@ -64,8 +64,11 @@ def test_components_parent_their_resources(pulumi_run, keys):
 
     # every Kubernetes object waits for the namespace; PVCs and the namespace survive `down`
     ns_urn = next(r for r in run.resources if r.type.endswith(":Namespace"))
-    for r in run.resources:
-        if r.custom and not r.type.endswith(":Namespace"):
+    (provider,) = [r for r in run.resources if r.type == "pulumi:providers:kubernetes"]
+    assert provider.inputs["enableConfigMapMutable"] == "true" and provider.inputs["enableSecretMutable"] == "true"
+    for r in run.kubernetes():
+        assert "$pulumi:providers:kubernetes::local-k8s::" in r.provider, r.name  # never the default provider
+        if not r.type.endswith(":Namespace"):
             assert any(d.endswith("::local-namespace") for d in r.dependencies), r.name
             assert r.delete_before_replace, r.name
     retained = sorted(r.name for r in run.resources if r.retain_on_delete)
@@ -125,7 +128,7 @@ def test_stack_main_and_automation_program_build_the_same_graph(pulumi_run, keys
     cfg, secret = _config(keys)
     via_auto = pulumi_run.run(prog.inline_program(load_spec(spec_path), _local_nodes()), cfg, secret)
     auto_graph = [(r.type, r.name, r.parent, json.dumps(r.inputs, sort_keys=True)) for r in via_auto.resources]
-    assert len(cli_graph) == 27 and sum(r.custom for r in via_cli.resources) == 21
+    assert len(cli_graph) == 28 and len(via_cli.kubernetes()) == 21
     assert sorted(cli_graph) == sorted(auto_graph)
     assert cli_outputs == via_auto.outputs
 
@@ -142,12 +145,11 @@ def test_no_wait_skips_await_on_everything(pulumi_run, keys):
     spec = load_spec(ROOT / "examples/local.yaml")
     cfg, secret = _config(keys, wait="false")
     run = pulumi_run.run(prog.inline_program(spec, _local_nodes()), cfg, secret)
-    for r in run.resources:
-        if r.custom:
-            assert r.inputs["metadata"]["annotations"][prog.SKIP_AWAIT] == "true", r.name
+    for r in run.kubernetes():
+        assert r.inputs["metadata"]["annotations"][prog.SKIP_AWAIT] == "true", r.name
     cfg, secret = _config(keys)
     run = pulumi_run.run(prog.inline_program(spec, _local_nodes()), cfg, secret)
-    assert all(prog.SKIP_AWAIT not in (r.inputs["metadata"].get("annotations") or {}) for r in run.resources if r.custom)
+    assert all(prog.SKIP_AWAIT not in (r.inputs["metadata"].get("annotations") or {}) for r in run.kubernetes())
 
 
 def test_gpu_stack_pins_pods_and_exports_partitions(pulumi_run, keys):

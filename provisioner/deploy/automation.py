@@ -170,8 +170,10 @@ def engine_env(tool: Toolchain, state: Path, env: Mapping[str, str] | None = Non
         "PULUMI_SKIP_UPDATE_CHECK": "true",
         "PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION": "true",
         "PULUMI_HOME": str(tool.pulumi_home),
-        # the CLI's directory first: the engine finds an ambient provider plugin next to it
-        "PATH": os.pathsep.join([str(tool.pulumi.parent), str(tool.plugin.parent), env.get("PATH", "")]),
+        "PATH": os.pathsep.join(
+            # an installed plugin is found in PULUMI_HOME; only an ambient one must be on PATH
+            [str(tool.pulumi.parent)] + ([str(tool.plugin.parent)] if tool.plugin_ambient else [])
+            + [env.get("PATH", "")]),
     }
     out.update(passphrase_env(state, env))
     return out
@@ -299,6 +301,7 @@ def _no_program() -> None:
 def ensure_stack_config(session: Session, *, wait: bool, spec_path: str | Path | None = None) -> list[str]:
     """Generate the cluster's keys once (kept, encrypted, in the stack config); record the kubeconfig
     and the wait setting. Returns the names of keys generated now."""
+    started = time.monotonic()
     stack = session.stack
     cfg = stack.get_all_config()
     have = {k.split(":", 1)[1]: v for k, v in cfg.items() if k.startswith(keys.CONFIG_NAMESPACE + ":")}
@@ -313,6 +316,7 @@ def ensure_stack_config(session: Session, *, wait: bool, spec_path: str | Path |
     if spec_path is not None:
         plain[SPEC_KEY] = auto.ConfigValue(str(Path(spec_path).resolve()))
     stack.set_all_config(plain)
+    session.timings["config"] = time.monotonic() - started
     return sorted(new)
 
 
@@ -367,7 +371,7 @@ def repair(session: Session, echo: Printer) -> None:
     lock_root = session.state / "backend" / ".pulumi" / "locks"
     removed = 0
     if lock_root.is_dir():
-        for lock in lock_root.rglob("*.json"):
+        for lock in lock_root.rglob("*.json*"):  # the lock and its .attrs
             if f"/{session.stack.name}/" in str(lock) or lock.parent.name == session.stack.name:
                 lock.unlink()
                 removed += 1

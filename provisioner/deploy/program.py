@@ -17,7 +17,9 @@ Stack configuration it reads (namespace ``slurmk8s``; see ``stacks/Pulumi.*.yaml
 - ``clusterDomain`` (default ``cluster.local``);
 - ``spec`` (stacks/ only): path of the cluster spec; ``nodes`` (optional): a saved
   ``kubectl get nodes -o json`` to use instead of the live cluster (offline previews, tests);
-- ``kubernetes:kubeconfig`` (path or content), also used by the default Kubernetes provider.
+- ``kubernetes:kubeconfig`` (path or content) and ``kubernetes:context``: the cluster, for the
+  program's own Kubernetes provider (ConfigMaps and Secrets mutable: updated in place) and for
+  reading the nodes.
 
 Ownership: PVCs and the namespace are kept on ``destroy`` (``retainOnDelete``); ``slurmk8s down
 --purge`` removes them. Worker pods are never Pulumi resources (the resume/suspend programs own them).
@@ -219,13 +221,22 @@ class SlurmCluster(pulumi.ComponentResource):
     namespace: pulumi.Output[str]
 
     def __init__(self, name: str, spec: ClusterSpec, gen: Generated, secrets: m.ClusterSecrets, site: m.K8sSite, *,
-                 wait: bool = True, opts: pulumi.ResourceOptions | None = None) -> None:
+                 wait: bool = True, kubeconfig: str | None = None, context: str | None = None,
+                 opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("slurmk8s:index:Cluster", name, None, opts)
         m.check_names(spec, gen.inventory)
+        # An explicit provider: ConfigMaps and Secrets are updated in place (server-side apply) when
+        # the inventory, users or keys change, instead of the default delete-and-recreate.
+        provider = k8s.Provider(
+            f"{spec.name}-k8s",
+            kubeconfig=pulumi.Output.secret(kubeconfig) if kubeconfig and "\n" in kubeconfig else kubeconfig,
+            context=context, enable_config_map_mutable=True, enable_secret_mutable=True,
+            opts=pulumi.ResourceOptions(parent=self))
         ns_obj = m.namespace(spec)
         ns = k8s_resource(f"{spec.name}-namespace", ns_obj,
-                          pulumi.ResourceOptions(parent=self, retain_on_delete=True), skip_await=not wait)
-        child = pulumi.ResourceOptions(parent=self)
+                          pulumi.ResourceOptions(parent=self, provider=provider, retain_on_delete=True),
+                          skip_await=not wait)
+        child = pulumi.ResourceOptions(parent=self, providers={"kubernetes": provider})
         self.storage = Storage(f"{name}-storage", spec, wait=wait, depends_on=[ns], opts=child)
         self.controller = Controller(f"{name}-controller", spec, gen, secrets, site, wait=wait,
                                      depends_on=[ns], opts=child)
@@ -303,7 +314,9 @@ def cluster_program(spec: ClusterSpec, k8s_nodes: Sequence[Mapping[str, Any]] | 
     if secrets is None:
         secrets = secrets_from_config(cfg)
     wait = cfg.get_bool("wait")
-    cluster = SlurmCluster(spec.name, spec, gen, secrets, site, wait=True if wait is None else wait)
+    kcfg = pulumi.Config("kubernetes")
+    cluster = SlurmCluster(spec.name, spec, gen, secrets, site, wait=True if wait is None else wait,
+                           kubeconfig=kcfg.get("kubeconfig"), context=kcfg.get("context"))
 
     for ex in gen.inventory.excluded:
         pulumi.log.info(f"Kubernetes node {ex.k8s_node} left out of pool {ex.pool}: {ex.reason}")

@@ -68,8 +68,8 @@ def secrets_from_config(config: Any) -> ClusterSecrets:
     import pulumi
 
     try:
-        munge = config.require_secret(MUNGE_KEY)
-        host = {kind: config.require_secret(key) for kind, key in HOST_KEYS.items()}
+        munge = config.require_secret(MUNGE_KEY).apply(lambda v: v.strip())
+        host = {kind: config.require_secret(key).apply(pem_text) for kind, key in HOST_KEYS.items()}
     except pulumi.ConfigMissingError as err:
         raise pulumi.RunError(
             f"{err}\nThe cluster's generated keys are missing from this stack's configuration. "
@@ -79,8 +79,14 @@ def secrets_from_config(config: Any) -> ClusterSecrets:
     return ClusterSecrets(munge_key_b64=munge, ssh_host_keys=host)
 
 
+def pem_text(value: str) -> str:
+    """A key file's text ending in exactly one newline. `pulumi config set` drops the final newline
+    of a value, and OpenSSH refuses a private key without it ("error in libcrypto")."""
+    return value.strip("\n") + "\n"
+
+
 def secrets_from_values(values: Mapping[str, str]) -> ClusterSecrets:
     """Plain values (tests, or the Automation API before they reach the config)."""
-    return ClusterSecrets(munge_key_b64=values[MUNGE_KEY],
-                          ssh_host_keys={kind: values[key] for kind, key in HOST_KEYS.items()})
+    return ClusterSecrets(munge_key_b64=values[MUNGE_KEY].strip(),
+                          ssh_host_keys={kind: pem_text(values[key]) for kind, key in HOST_KEYS.items()})
 
