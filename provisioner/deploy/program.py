@@ -98,7 +98,12 @@ class _Component(pulumi.ComponentResource):
             delete_before_replace=True,
         )
         name = f"{self._spec.name}-{obj['metadata']['name']}"
-        return k8s_resource(name, obj, opts, skip_await=not self._wait)
+        # PVCs: never awaited. With a WaitForFirstConsumer class a claim binds only once its pod
+        # exists (the StatefulSet / Deployment await covers that), and provider 4.25 waits for
+        # phase Pending when it adopts a claim kept by `down` that is already Bound: 300 s, then
+        # failure (seen on the local cluster; fixed upstream only for updates, pulumi-kubernetes#4181).
+        skip = not self._wait or obj["kind"] == "PersistentVolumeClaim"
+        return k8s_resource(name, obj, opts, skip_await=skip)
 
 
 class Storage(_Component):
