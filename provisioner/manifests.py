@@ -71,6 +71,8 @@ USERS_DIR = "/etc/slurmk8s/users"
 AUTHORIZED_KEYS_DIR = "/etc/slurmk8s/authorized_keys"
 HOST_KEYS_DIR = "/etc/slurmk8s/ssh-host-keys"
 SPEC_DIR = "/etc/slurmk8s/spec"
+ELASTIC_ENV = "/etc/slurmk8s/elastic.env"  # read by the resume/suspend programs (provisioner.elastic)
+ELASTIC_ENV_KEY = "elastic.env"
 SLURM_CONF_DIR = "/etc/slurm"
 STATE_DIR = "/var/spool/slurmctld"
 SSH_HOST_KEY_TYPES = ("ed25519", "ecdsa", "rsa")
@@ -244,6 +246,18 @@ def spec_document(spec: ClusterSpec, site: K8sSite) -> dict[str, Any]:
     }
 
 
+def elastic_env(spec: ClusterSpec) -> dict[str, str]:
+    """Settings of the resume / suspend programs. Slurm starts them with a minimal environment (not
+    the container's), so they read these from /etc/slurmk8s/elastic.env as well."""
+    return {
+        "SLURMK8S_BACKEND": "kubernetes",
+        "SLURMK8S_INVENTORY": f"{SLURM_CONF_DIR}/inventory.json",
+        "SLURMK8S_SPEC": f"{SPEC_DIR}/spec.json",
+        "SLURMK8S_SITE": f"{SPEC_DIR}/site.json",
+        "SLURMK8S_NAMESPACE": spec.namespace_name,
+    }
+
+
 def spec_config_map(spec: ClusterSpec, site: K8sSite) -> dict[str, Any]:
     doc = spec_document(spec, site)
     return {
@@ -252,6 +266,7 @@ def spec_config_map(spec: ClusterSpec, site: K8sSite) -> dict[str, Any]:
         "data": {
             "spec.json": json.dumps(doc["spec"], indent=1, sort_keys=True) + "\n",
             "site.json": json.dumps(doc["site"], indent=1, sort_keys=True) + "\n",
+            ELASTIC_ENV_KEY: "".join(f"{k}={v}\n" for k, v in elastic_env(spec).items()),
         },
     }
 
@@ -339,13 +354,8 @@ def controller_statefulset(spec: ClusterSpec, files: Mapping[str, str], site: K8
         "name": "slurmctld",
         "image": spec.images.controller,
         "imagePullPolicy": spec.images.pull_policy,
-        "env": [
-            {"name": "SLURMK8S_BACKEND", "value": "kubernetes"},
-            {"name": "SLURMK8S_INVENTORY", "value": f"{SLURM_CONF_DIR}/inventory.json"},
-            {"name": "SLURMK8S_SPEC", "value": f"{SPEC_DIR}/spec.json"},
-            {"name": "SLURMK8S_SITE", "value": f"{SPEC_DIR}/site.json"},
-            {"name": "SLURMK8S_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
-        ],
+        # for commands run in the container (kubectl exec); the programs Slurm starts read elastic.env
+        "env": [{"name": k, "value": v} for k, v in elastic_env(spec).items()],
         "ports": [{"name": "slurmctld", "containerPort": SLURMCTLD_PORT, "protocol": "TCP"}],
         "readinessProbe": {"tcpSocket": {"port": SLURMCTLD_PORT}, "periodSeconds": 2, "failureThreshold": 3},
         "livenessProbe": {"tcpSocket": {"port": SLURMCTLD_PORT}, "initialDelaySeconds": 60,
@@ -355,6 +365,7 @@ def controller_statefulset(spec: ClusterSpec, files: Mapping[str, str], site: K8
         "volumeMounts": [
             {"name": "slurm-config", "mountPath": SLURM_CONF_DIR, "readOnly": True},
             {"name": "spec", "mountPath": SPEC_DIR, "readOnly": True},
+            {"name": "spec", "mountPath": ELASTIC_ENV, "subPath": ELASTIC_ENV_KEY, "readOnly": True},
             {"name": "users", "mountPath": USERS_DIR, "readOnly": True},
             {"name": "munge-key", "mountPath": MUNGE_DIR, "readOnly": True},
             {"name": "state", "mountPath": STATE_DIR},

@@ -253,7 +253,7 @@ def test_spec_config_map_round_trips(fabric, local):
                                                        "host_network_sources": ["10.0.0.1/32"]}
 
 
-def test_controller_and_login_shape(local, secrets):
+def test_controller_and_login_shape(local, secrets, tmp_path):
     spec, gen = local
     sts = m.controller_statefulset(spec, gen.files)
     assert "replicas" not in sts["spec"], "replicas belongs to the idle teardown (SSA field ownership)"
@@ -261,9 +261,16 @@ def test_controller_and_login_shape(local, secrets):
     ps = sts["spec"]["template"]["spec"]
     mounts = {v["mountPath"]: v["name"] for v in ps["containers"][0]["volumeMounts"]}
     assert mounts == {"/etc/slurm": "slurm-config", "/etc/slurmk8s/spec": "spec", "/etc/slurmk8s/users": "users",
-                      "/etc/slurmk8s/secret": "munge-key", "/var/spool/slurmctld": "state"}
+                      "/etc/slurmk8s/secret": "munge-key", "/var/spool/slurmctld": "state",
+                      "/etc/slurmk8s/elastic.env": "spec"}
     env = {e["name"]: e.get("value") for e in ps["containers"][0]["env"]}
     assert env["SLURMK8S_BACKEND"] == "kubernetes" and env["SLURMK8S_INVENTORY"] == "/etc/slurm/inventory.json"
+    # Slurm starts ResumeProgram without slurmctld's environment: the same settings as a file
+    from provisioner.elastic.programs import read_env_file
+
+    envfile = tmp_path / "elastic.env"
+    envfile.write_text(m.spec_config_map(spec, m.K8sSite())["data"]["elastic.env"])
+    assert read_env_file(str(envfile)) == {**env, "SLURMK8S_NAMESPACE": "slurm-local"}
     secret_vol = next(v for v in ps["volumes"] if v["name"] == "munge-key")
     assert secret_vol["secret"] == {"secretName": "slurm-auth", "defaultMode": 0o400}
     cfg = m.slurm_config_map(spec, gen.files)
