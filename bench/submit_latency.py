@@ -11,8 +11,9 @@ the batch script does (`date +%s.%N` on the worker). Containers share this machi
 t1 - t0 is submit-to-start as the user sees it: slightly more than submit-to-RUNNING (it includes
 sbatch itself, the SSH round trip and the batch step's launch).
 
-"From zero": before each run every node is forced to power down (scontrol ... POWER_DOWN_FORCE),
-and the run starts once no worker container exists. "From idle": the job's nodes are up and idle.
+"From zero": before each run every node is forced to power down (scontrol ... POWER_DOWN_FORCE);
+once no worker container exists, the bench waits a random 0..--jitter seconds (so submits do not
+all land at the same phase of Slurm's 1/10/30 s timers) and submits. "From idle": the job's nodes are up and idle.
 Needs Docker and the images (images/build.sh). CPU-light, but long: the defaults take ~30 s per
 from-zero run with fast_start off.
 """
@@ -23,6 +24,7 @@ import argparse
 import asyncio
 import json
 import math
+import random
 import shlex
 import statistics
 import sys
@@ -50,9 +52,11 @@ def summary(values: list[float]) -> dict[str, float]:
 
 
 class Bench:
-    def __init__(self, bed: Testbed, nodes: int) -> None:
+    def __init__(self, bed: Testbed, nodes: int, jitter: float, seed: int) -> None:
         self.bed = bed
         self.nodes = nodes
+        self.jitter = jitter
+        self.rng = random.Random(seed)
 
     async def submit_and_time(self, conn: asyncssh.SSHClientConnection, timeout: float = 180) -> float:
         argv = ["sbatch", "--parsable", f"-N{self.nodes}", "--ntasks-per-node=1", "-o", f"/home/{USER}/lat-%j.out",
@@ -85,6 +89,9 @@ class Bench:
             if "zero" in cases:
                 for i in range(runs):
                     await asyncio.to_thread(self.bed.power_down_all, 180)
+                    # submit at a random phase of Slurm's periodic timers (power-save scan 1 s / 10 s,
+                    # the 30 s job tick); right after the power-down wait the phase would be fixed
+                    await asyncio.sleep(self.rng.uniform(0, self.jitter))
                     latency = await self.submit_and_time(conn)
                     results["zero"].append(latency)
                     print(f"  zero run {i + 1}/{runs}: {latency:.2f}s", flush=True)
@@ -106,6 +113,9 @@ def main() -> int:
     parser.add_argument("--modes", default="default,fast", help="comma list of: default (fast_start off), fast")
     parser.add_argument("--cases", default="zero,idle", help="comma list of: zero, idle")
     parser.add_argument("--nodes", type=int, default=1, help="nodes per job (default 1)")
+    parser.add_argument("--jitter", type=float, default=30.0,
+                        help="from zero: wait a random 0..JITTER s before each submit (default 30)")
+    parser.add_argument("--seed", type=int, default=1, help="seed of the jitter")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
     reason = unavailable_reason()
@@ -123,7 +133,7 @@ def main() -> int:
                   f"{args.nodes}-node jobs", flush=True)
             bed.up()
             try:
-                raw[mode] = asyncio.run(Bench(bed, args.nodes).run(args.runs, cases))
+                raw[mode] = asyncio.run(Bench(bed, args.nodes, args.jitter, args.seed).run(args.runs, cases))
             finally:
                 bed.down()
         report[mode] = {case: summary(values) for case, values in raw[mode].items() if values}
@@ -135,7 +145,8 @@ def main() -> int:
             print(f"{mode:<8} {case:<5} {s['n']:>3} {s['p50']:>7.2f} {s['p95']:>7.2f} {s['min']:>7.2f} "
                   f"{s['max']:>7.2f} {s['mean']:>7.2f}")
     if args.json:
-        args.json.write_text(json.dumps({"nodes": args.nodes, "summary": report, "raw": raw}, indent=1) + "\n")
+        args.json.write_text(json.dumps({"nodes": args.nodes, "jitter": args.jitter, "seed": args.seed,
+                                         "summary": report, "raw": raw}, indent=1) + "\n")
     return 0
 
 
