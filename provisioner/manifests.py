@@ -49,7 +49,11 @@ A_MULTUS = "k8s.v1.cni.cncf.io/networks"
 CONTROLLER = "slurmctld"  # StatefulSet, its headless Service, ServiceAccount
 CONTROLLER_POD = "slurmctld-0"  # = SlurmctldHost
 CONTROLLER_STATE_PVC = "slurmctld-state"
-LOGIN = "login"  # Deployment, Service, and the login pod's hostname
+LOGIN = "login"  # Deployment and the SSH Service
+# The login pod's hostname, under the workers' subdomain. Not "login": inside the namespace a bare
+# "login" resolves to the SSH Service (port 22 only) first, while jobs that call back to the login
+# pod (salloc, interactive frameworks) use its hostname and arbitrary ports.
+LOGIN_HOST = "login-0"
 WORKERS = "workers"  # headless Service: the subdomain of worker pods (and of the login pod)
 HOME_PVC = "home"
 AUTH_SECRET = "slurm-auth"
@@ -415,7 +419,7 @@ def login_service(spec: ClusterSpec) -> dict[str, Any]:
 
 
 def login_deployment(spec: ClusterSpec, files: Mapping[str, str], site: K8sSite = K8sSite()) -> dict[str, Any]:
-    """sshd + Slurm clients (configless through sackd). Hostname 'login' under the workers'
+    """sshd + Slurm clients (configless through sackd). Hostname 'login-0' under the workers'
     subdomain, so jobs can reach back to it by name (salloc, interactive frameworks)."""
     labels = {**base_labels(spec, LOGIN), L_SUBDOMAIN: WORKERS}
     annotations = {
@@ -428,7 +432,9 @@ def login_deployment(spec: ClusterSpec, files: Mapping[str, str], site: K8sSite 
         "imagePullPolicy": spec.images.pull_policy,
         "env": [{"name": "SLURMK8S_CONTROLLER", "value": controller_address(spec, site)}],
         "ports": [{"name": "ssh", "containerPort": SSH_PORT, "protocol": "TCP"}],
-        "readinessProbe": {"tcpSocket": {"port": SSH_PORT}, "periodSeconds": 2, "failureThreshold": 3},
+        # not a TCP probe: sshd logs every probe connection. The entrypoint execs sshd last, after
+        # munge, users and the Slurm client config are in place: sshd running means ready.
+        "readinessProbe": {"exec": {"command": ["pgrep", "-x", "sshd"]}, "periodSeconds": 2, "failureThreshold": 3},
         "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}},
         "securityContext": _container_security(LOGIN_CAPS),
         "volumeMounts": [
@@ -448,7 +454,7 @@ def login_deployment(spec: ClusterSpec, files: Mapping[str, str], site: K8sSite 
             "template": {
                 "metadata": {"labels": labels, "annotations": annotations},
                 "spec": {
-                    "hostname": LOGIN,
+                    "hostname": LOGIN_HOST,
                     "subdomain": WORKERS,
                     "automountServiceAccountToken": False,
                     "enableServiceLinks": False,
@@ -524,7 +530,8 @@ def worker_pod_template(spec: ClusterSpec, pool: Pool, site: K8sSite = K8sSite()
         "imagePullPolicy": spec.images.pull_policy,
         "env": env,
         "ports": [{"name": "slurmd", "containerPort": SLURMD_PORT, "protocol": "TCP"}],
-        "readinessProbe": {"tcpSocket": {"port": SLURMD_PORT}, "periodSeconds": 2, "failureThreshold": 3},
+        # no probe: slurmd logs an error for every bare TCP connection, and nothing waits for a
+        # worker pod's readiness (Slurm tracks the node's registration itself)
         "securityContext": _container_security(BASE_CAPS),
         "volumeMounts": [
             {"name": "munge-key", "mountPath": MUNGE_DIR, "readOnly": True},
@@ -669,7 +676,7 @@ def network_policies(spec: ClusterSpec, site: K8sSite = K8sSite()) -> list[dict[
 
 def check_names(spec: ClusterSpec, inventory: Inventory) -> None:
     """Slurm node names become pod names and hostnames next to the fixed ones used here."""
-    reserved = {LOGIN, CONTROLLER_POD, CONTROLLER, WORKERS}
+    reserved = {LOGIN, LOGIN_HOST, CONTROLLER_POD, CONTROLLER, WORKERS}
     issues = [
         Issue(f"pools[{next(i for i, p in enumerate(spec.pools) if p.name == n.pool)}].name_prefix",
               f"Slurm node name {n.name!r} clashes with the {n.name!r} pod/service of the cluster",

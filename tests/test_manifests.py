@@ -280,7 +280,7 @@ def test_controller_and_login_shape(local, secrets, tmp_path):
     dep = m.login_deployment(spec, gen.files)
     assert "replicas" not in dep["spec"]
     lps = dep["spec"]["template"]["spec"]
-    assert lps["hostname"] == "login" and lps["subdomain"] == "workers"
+    assert lps["hostname"] == "login-0" and lps["subdomain"] == "workers"
     lmounts = {v["mountPath"] for v in lps["containers"][0]["volumeMounts"]}
     assert lmounts == {"/etc/slurmk8s/users", "/etc/slurmk8s/authorized_keys", "/etc/slurmk8s/ssh-host-keys",
                        "/etc/slurmk8s/secret", "/home"}
