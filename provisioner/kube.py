@@ -86,6 +86,15 @@ def api_error_from(exc: Exception) -> ApiError:
     return ApiError(int(status), reason, message)
 
 
+def transport_error(exc: Exception) -> ApiError:
+    """A connection-level failure: TLS verification (a setup problem, not transient) or no answer."""
+    text = str(exc)
+    tls = re.search(r"certificate verify failed: ([^(')\]]+)", text)
+    if tls:
+        return ApiError(0, "TLSVerify", tls.group(1).strip())
+    return ApiError(0, "Unreachable", f"{type(exc).__name__}: {text[:MAX_REASON]}")
+
+
 class ClientPodApi:
     """PodApi over the official client (raw JSON, no model objects), with request timeouts."""
 
@@ -104,7 +113,7 @@ class ClientPodApi:
         except ApiException as exc:
             raise api_error_from(exc) from None
         except (HTTPError, OSError) as exc:
-            raise ApiError(0, "Unreachable", f"{type(exc).__name__}: {str(exc)[:MAX_REASON]}") from None
+            raise transport_error(exc) from None
         data = resp.data
         return json.loads(data) if data else {}
 
@@ -205,6 +214,8 @@ class KubernetesBackend:
     def _error(self, node: str, verb: str, err: ApiError) -> BackendError:
         ns = self.namespace
         msg = _one_line(err.message)
+        if err.status == 0 and err.reason == "TLSVerify":
+            return BackendError(node, f"cannot verify the Kubernetes API server's TLS certificate: {msg}")
         if err.status == 0:
             return BackendError(node, f"Kubernetes API unreachable ({msg})", retryable=True)
         if err.status == 401:

@@ -404,3 +404,21 @@ def test_in_cluster_credentials_without_the_service_env(tmp_path):
     api = _api_client({"KUBERNETES_SERVICE_HOST": "10.0.0.1", "KUBERNETES_SERVICE_PORT": "6443"},
                       sa_dir=str(tmp_path))
     assert api.configuration.host == "https://10.0.0.1:6443"
+
+
+def test_tls_verification_failure_is_named_and_not_retried(world):
+    """Seen in the slurmctld pod (Python 3.13 verifies X.509 strictly) against a CA without keyUsage."""
+    from urllib3.exceptions import MaxRetryError, SSLError
+
+    from provisioner.kube import transport_error
+
+    inner = SSLError("[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed: CA cert does not include key "
+                     "usage extension (_ssl.c:1029)")
+    err = transport_error(MaxRetryError(None, "/api/v1/namespaces/x/pods", inner))
+    assert (err.status, err.reason, err.message) == (0, "TLSVerify", "CA cert does not include key usage extension")
+    _, inv, api, backend = world
+    api.fail_next = [err]
+    with pytest.raises(BackendError) as berr:
+        backend.create(inv["cpu-n1"])
+    assert berr.value.reason == ("cannot verify the Kubernetes API server's TLS certificate: CA cert does not "
+                                 "include key usage extension") and not berr.value.retryable
