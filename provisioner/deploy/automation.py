@@ -41,6 +41,7 @@ PULUMI_CLI_BUILT = "3.274.1"  # what `slurmk8s toolchain build` makes (the Go pr
 KUBECONFIG_KEY = "kubernetes:kubeconfig"
 WAIT_KEY = f"{keys.CONFIG_NAMESPACE}:wait"
 SPEC_KEY = f"{keys.CONFIG_NAMESPACE}:spec"
+NAMESPACE_GONE_TIMEOUT = 180.0
 
 Printer = Callable[[str], Any]
 
@@ -437,7 +438,19 @@ def delete_leftovers(session: Session, echo: Printer, *, purge: bool) -> None:
                     if err.status != 404:
                         raise
             core.delete_namespace(ns)
-            echo(f"deleted namespace {ns}")
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < NAMESPACE_GONE_TIMEOUT:  # a next `up` must not meet it Terminating
+                try:
+                    core.read_namespace(ns)
+                except ApiException as err:
+                    if err.status == 404:
+                        break
+                    raise
+                time.sleep(1)
+            else:
+                raise DeployError(f"namespace {ns} is still terminating after {NAMESPACE_GONE_TIMEOUT:.0f}s; "
+                                  f"see `kubectl get ns {ns} -o yaml` (finalizers)")
+            echo(f"deleted namespace {ns} ({time.monotonic() - t0:.1f}s)")
         else:
             echo(f"kept namespace {ns} with PersistentVolumeClaims {m.HOME_PVC} and {m.CONTROLLER_STATE_PVC} "
                  "(`slurmk8s down --purge` deletes them)")
