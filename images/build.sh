@@ -50,7 +50,7 @@ done
 inputs() {
     local common=(images/Dockerfile images/common images/entrypoint/lib.sh .dockerignore)
     case "$1" in
-        slurmd) printf '%s\n' "${common[@]}" images/entrypoint/slurmd.sh ;;
+        slurmd) printf '%s\n' "${common[@]}" images/entrypoint/slurmd.sh images/health provisioner/health.py ;;
         login) printf '%s\n' "${common[@]}" images/entrypoint/login.sh images/login ;;
         slurmctld) printf '%s\n' "${common[@]}" images/entrypoint/slurmctld.sh pyproject.toml provisioner ;;
     esac

@@ -57,6 +57,7 @@ MANAGED_SLURM_KEYS = frozenset(
         "SuspendTimeout", "SuspendTime", "ResumeRate", "SuspendRate", "PrologSlurmctld",
         "NodeName", "PartitionName", "DownNodes", "GresTypes", "MailProg", "JobAcctGatherType", "ReconfigFlags", "TreeWidth",
         "CommunicationParameters", "TopologyParam",
+        "HealthCheckProgram", "HealthCheckInterval", "HealthCheckNodeState",
     )
 )
 
@@ -261,6 +262,40 @@ class Elasticity(Model):
         if self.idle_teardown is not None and self.idle_teardown < self.suspend_time:
             raise ValueError("idle_teardown is shorter than suspend_time (workers go first, then the control tier); raise idle_teardown or lower suspend_time")
         return self
+
+
+class Health(Model):
+    """Slurm's HealthCheckProgram on every worker (slurmk8s-healthcheck in the slurmd image): a node
+    that fails a check is drained with the reason 'health: <check>: <detail>'."""
+
+    enabled: bool = Field(default=True, description="Run the health checks (at slurmd start and every interval).")
+    interval: Duration = Field(
+        default=300, description="HealthCheckInterval: seconds between checks on a node (slurmd also checks at start)."
+    )
+    min_disk_free: Quantity = Field(
+        default="1Gi", description="Least free space on /, /tmp and /var/spool/slurmd (each file system once)."
+    )
+    min_shm: Quantity = Field(default="64Mi", description="Least size of the pod's /dev/shm.")
+    min_memory_fraction: float = Field(
+        default=0.9, gt=0, le=1,
+        description="Memory the pod can still use plus memory allocated to jobs must reach this share of RealMemory.",
+    )
+    mpi_loopback: bool = Field(default=True, description="Run a 2-rank MPI allreduce on the node itself (~0.5 s).")
+    gpu: bool = Field(
+        default=True, description="GPU pools: nvidia-smi -L must list the Gres count and nvidia-smi must succeed."
+    )
+
+    @model_validator(mode="after")
+    def _bounds(self) -> "Health":
+        if self.enabled and self.interval < 10:
+            raise ValueError("health.interval below 10s keeps workers busy checking; use e.g. 300")
+        return self
+
+    def conf_line(self) -> str:
+        """The thresholds for the check program, as the comment line it reads from slurm.conf."""
+        return (f"#slurmk8s-health min_disk_free_mb={mib(self.min_disk_free)} min_shm_mb={mib(self.min_shm)} "
+                f"min_memory_fraction={self.min_memory_fraction:g} mpi_loopback={int(self.mpi_loopback)} "
+                f"gpu={int(self.gpu)}")
 
 
 class Slurm(Model):
@@ -599,6 +634,7 @@ class ClusterSpec(Model):
     topology: Topology = Field(default_factory=Topology, description="topology.conf from node labels.")
     images: Images = Field(default_factory=Images, description="Container images.")
     login: Login = Field(default_factory=Login, description="The login pod and how SSH reaches it.")
+    health: Health = Field(default_factory=Health, description="Worker health checks that drain bad nodes.")
 
     @field_validator("name")
     @classmethod
@@ -662,6 +698,12 @@ class ClusterSpec(Model):
             issues.append(("slurm.default_partition",
                            f"partition {self.slurm.default_partition!r} is not any pool's partition "
                            f"({', '.join(sorted(partitions))})"))
+        if self.health.enabled:
+            for i, p in enumerate(self.pools):
+                if p.shm_size is not None and parse_quantity(p.shm_size) < parse_quantity(self.health.min_shm):
+                    issues.append((f"pools[{i}].shm_size",
+                                   f"shm_size {p.shm_size} is below health.min_shm {self.health.min_shm}, so every "
+                                   "node of the pool would be drained; raise shm_size or lower health.min_shm"))
         if self.topology.plugin == "block" and any(p.mode == "slots" for p in self.pools):
             for i, p in enumerate(self.pools):
                 if p.mode == "slots" and p.domain_label != self.topology.block_label:

@@ -105,6 +105,7 @@ def render_slurm_conf(spec: ClusterSpec, inventory: Inventory, topology: Topolog
         suspend_time=spec.elasticity.suspend_time,
         fast_start=spec.elasticity.fast_start,
         extra_conf=sorted(extra_conf.items()),
+        health=spec.health if spec.health.enabled else None,
         node_lines=node_lines,
         down_lines=down_lines,
         max_time=spec.slurm.max_time,

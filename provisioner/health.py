@@ -1,0 +1,441 @@
+"""Worker health checks: Slurm's HealthCheckProgram for slurmk8s worker pods.
+
+Each check is a pure function of what was measured (``/proc/meminfo`` text, ``statvfs`` numbers,
+command results, the node's Slurm record) and returns a :class:`Result` with a reason. The runner
+(:func:`main`, console script ``slurmk8s-healthcheck``) measures, runs every check, logs one line
+per check and, when one fails, drains the node::
+
+    scontrol update nodename=<node> state=DRAIN reason="health: <check>: <detail>"
+
+then exits 1 (0 when all passed or were skipped). slurmd runs it as root at its start, before it
+registers (so a resumed node is drained before it takes a job), and every HealthCheckInterval.
+
+Thresholds: the renderer writes one comment line into slurm.conf, which configless slurmd fetches
+(and re-fetches on ``scontrol reconfigure``)::
+
+    #slurmk8s-health min_disk_free_mb=1024 min_shm_mb=64 min_memory_fraction=0.9 mpi_loopback=1 gpu=1
+
+``SLURMK8S_HEALTH_<KEY>`` environment variables override single values (tests, debugging).
+
+This module runs inside the slurmd image under Debian's ``python3-minimal``: standard library only
+(no ``shutil``, ``shlex``), no import of the rest of the package, nothing happens at import time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, fields, replace
+from typing import Callable, Mapping, Sequence
+
+OK, FAIL, SKIP = "ok", "fail", "skip"
+MIB = 2**20
+CONF_MARKER = "#slurmk8s-health"
+CONF_PATHS = ("/run/slurm/conf/slurm.conf", "/var/spool/slurmd/conf-cache/slurm.conf", "/etc/slurm/slurm.conf")
+MPI_PROBE = "/usr/local/lib/slurmk8s/mpi-loopback"
+DEFAULT_LOG = "/var/log/slurm/healthcheck.log"
+REASON_MAX = 200
+
+
+@dataclass(frozen=True)
+class Result:
+    check: str
+    status: str  # ok | fail | skip
+    detail: str
+
+    @property
+    def failed(self) -> bool:
+        return self.status == FAIL
+
+
+@dataclass(frozen=True)
+class Config:
+    min_disk_free_mb: int = 1024
+    min_shm_mb: int = 64
+    min_memory_fraction: float = 0.9
+    mpi_loopback: bool = True
+    gpu: bool = True
+    disk_paths: tuple[str, ...] = ("/", "/tmp", "/var/spool/slurmd")
+    mpi_timeout: float = 10.0
+
+
+@dataclass(frozen=True)
+class FsStat:
+    """What a check needs of ``os.statvfs``: sizes in bytes and the file system's identity."""
+
+    total: int
+    free: int  # available to unprivileged users (f_bavail)
+    fsid: int = 0
+
+
+@dataclass(frozen=True)
+class SlurmNode:
+    """The node's record in slurmctld (``scontrol show node --json``), as far as the checks use it."""
+
+    name: str
+    real_memory_mb: int
+    alloc_memory_mb: int
+    gpus: int
+    state: tuple[str, ...]
+    reason: str
+
+
+@dataclass(frozen=True)
+class Proc:
+    returncode: int
+    stdout: str
+    stderr: str = ""
+
+
+# ---------------------------------------------------------------- configuration
+
+
+def _parse_bool(value: str) -> bool:
+    v = value.strip().lower()
+    if v in ("1", "yes", "true", "on"):
+        return True
+    if v in ("0", "no", "false", "off"):
+        return False
+    raise ValueError(f"not a boolean: {value!r}")
+
+
+def _coerce(name: str, value: str) -> object:
+    kind = {f.name: f.type for f in fields(Config)}[name]
+    if kind == "bool":
+        return _parse_bool(value)
+    if kind == "int":
+        return int(value)
+    if kind == "float":
+        return float(value)
+    return tuple(p for p in value.split(",") if p)
+
+
+def parse_conf_line(text: str) -> dict[str, str]:
+    """The key=value pairs of the ``#slurmk8s-health`` line of a slurm.conf ({} if there is none)."""
+    for line in text.splitlines():
+        if line.startswith(CONF_MARKER + " ") or line.strip() == CONF_MARKER:
+            return dict(tok.split("=", 1) for tok in line[len(CONF_MARKER):].split() if "=" in tok)
+    return {}
+
+
+def load_config(conf_text: str | None, env: Mapping[str, str]) -> tuple[Config, list[str]]:
+    """Config from the slurm.conf line, then ``SLURMK8S_HEALTH_<KEY>`` overrides -> (config, warnings).
+
+    Unknown keys and bad values are warnings (the default stays): a typo must not drain a cluster.
+    """
+    values: dict[str, str] = parse_conf_line(conf_text or "")
+    for f in fields(Config):
+        key = f"SLURMK8S_HEALTH_{f.name.upper()}"
+        if key in env:
+            values[f.name] = env[key]
+    known = {f.name for f in fields(Config)}
+    warnings: list[str] = []
+    cfg = Config()
+    for name, raw in sorted(values.items()):
+        if name not in known:
+            warnings.append(f"unknown setting {name}={raw} ignored")
+            continue
+        try:
+            cfg = replace(cfg, **{name: _coerce(name, raw)})
+        except ValueError as err:
+            warnings.append(f"bad value {name}={raw} ignored ({err})")
+    return cfg, warnings
+
+
+# ---------------------------------------------------------------- pure checks
+
+
+def _mib(n: float) -> str:
+    return f"{n / MIB:.0f}MiB"
+
+
+def check_disk(stats: Mapping[str, FsStat | None], min_free_mb: int) -> Result:
+    """Free space on each path (one file system counted once) at least `min_free_mb`."""
+    seen: set[int] = set()
+    checked: list[str] = []
+    for path, st in stats.items():
+        if st is None:
+            continue  # a path that does not exist on this node is not a problem of this node
+        if st.fsid and st.fsid in seen:
+            continue
+        seen.add(st.fsid)
+        if st.free < min_free_mb * MIB:
+            return Result("disk", FAIL, f"{path} has {_mib(st.free)} free, below {min_free_mb}MiB")
+        checked.append(f"{path} {_mib(st.free)}")
+    if not checked:
+        return Result("disk", SKIP, "none of the paths exists")
+    return Result("disk", OK, "free: " + ", ".join(checked))
+
+
+def check_shm(st: FsStat | None, min_shm_mb: int) -> Result:
+    """The pod's /dev/shm (memory-backed; MPI and NCCL use it) is at least `min_shm_mb` in size."""
+    if st is None:
+        return Result("shm", FAIL, "/dev/shm is missing")
+    if st.total < min_shm_mb * MIB:
+        return Result("shm", FAIL, f"/dev/shm is {_mib(st.total)}, below {min_shm_mb}MiB")
+    return Result("shm", OK, f"/dev/shm {_mib(st.total)} ({_mib(st.free)} free)")
+
+
+def parse_meminfo(text: str) -> dict[str, int]:
+    """/proc/meminfo -> {field: bytes}."""
+    out: dict[str, int] = {}
+    for line in text.splitlines():
+        m = re.match(r"^(\w+(?:\(\w+\))?):\s+(\d+)(?:\s+kB)?\s*$", line)
+        if m:
+            out[m.group(1)] = int(m.group(2)) * (1024 if line.rstrip().endswith("kB") else 1)
+    return out
+
+
+def check_memory(meminfo: Mapping[str, int], cgroup_limit: int | None, cgroup_usage: int | None,
+                 node: SlurmNode | None, min_fraction: float) -> Result:
+    """Memory headroom: what the pod may still use plus what Slurm has given to jobs here must cover
+    `min_fraction` of the node's RealMemory. /proc/meminfo is the host's; the pod's cgroup limit
+    bounds it."""
+    if node is None:
+        return Result("memory", SKIP, "node record unavailable (slurmctld not answering?)")
+    if "MemAvailable" not in meminfo:
+        return Result("memory", FAIL, "no MemAvailable in /proc/meminfo")
+    available = meminfo["MemAvailable"]
+    where = "host MemAvailable"
+    if cgroup_limit is not None and cgroup_usage is not None:
+        pod_left = max(0, cgroup_limit - cgroup_usage)
+        if pod_left < available:
+            available, where = pod_left, "pod cgroup limit - usage"
+    headroom = available + node.alloc_memory_mb * MIB
+    need = node.real_memory_mb * MIB * min_fraction
+    detail = (f"{_mib(available)} available ({where}) + {node.alloc_memory_mb}MiB allocated to jobs"
+              f" vs RealMemory {node.real_memory_mb}MiB x {min_fraction:g}")
+    return Result("memory", OK if headroom >= need else FAIL, detail)
+
+
+def check_mpi(enabled: bool, probe_exists: bool, proc: Proc | None, seconds: float) -> Result:
+    """A 2-rank MPI run on the node itself (shared-memory transport) prints 'mpi-loopback ok 2'."""
+    if not enabled:
+        return Result("mpi", SKIP, "mpi_loopback disabled")
+    if not probe_exists:
+        return Result("mpi", SKIP, f"{MPI_PROBE} not installed in this image")
+    if proc is None:
+        return Result("mpi", FAIL, "mpirun not found or timed out")
+    if proc.returncode != 0 or "mpi-loopback ok 2" not in proc.stdout:
+        tail = (proc.stderr.strip() or proc.stdout.strip()).splitlines()[-1:] or ["no output"]
+        return Result("mpi", FAIL, f"2-rank loopback exit {proc.returncode}: {tail[0][:120]}")
+    return Result("mpi", OK, f"2 ranks in {seconds:.2f}s")
+
+
+def parse_gres_gpus(gres: str) -> int:
+    """GPU count of a Slurm Gres string: 'gpu:h100:8(S:0-1),rdma:1' -> 8, 'gpu:2' -> 2, '' -> 0."""
+    total = 0
+    for item in re.split(r",(?![^(]*\))", gres or ""):
+        item = re.sub(r"\(.*\)$", "", item.strip())
+        parts = item.split(":")
+        if parts[0] != "gpu":
+            continue
+        total += int(parts[-1]) if len(parts) > 1 and parts[-1].isdigit() else 1
+    return total
+
+
+def check_gpu(enabled: bool, node: SlurmNode | None, smi_list: Proc | None, smi: Proc | None) -> Result:
+    """GPU pools: `nvidia-smi -L` lists as many GPUs as the node's Gres, and `nvidia-smi` succeeds."""
+    if not enabled:
+        return Result("gpu", SKIP, "gpu checks disabled")
+    if node is None:
+        return Result("gpu", SKIP, "node record unavailable (slurmctld not answering?)")
+    if node.gpus == 0:
+        return Result("gpu", SKIP, "no GPU expected (the node's Gres has none)")
+    if smi_list is None:
+        return Result("gpu", FAIL, f"{node.gpus} GPUs expected but nvidia-smi is missing or hung")
+    if smi_list.returncode != 0:
+        return Result("gpu", FAIL, f"nvidia-smi -L exit {smi_list.returncode}: {smi_list.stderr.strip()[:120]}")
+    found = sum(1 for line in smi_list.stdout.splitlines() if line.startswith("GPU "))
+    if found != node.gpus:
+        return Result("gpu", FAIL, f"nvidia-smi -L lists {found} GPUs, Gres expects {node.gpus}")
+    if smi is None or smi.returncode != 0:
+        code = "hung" if smi is None else f"exit {smi.returncode}"
+        text = "" if smi is None else (smi.stderr.strip() or smi.stdout.strip())[:120]
+        return Result("gpu", FAIL, f"nvidia-smi {code} {text}".strip())
+    return Result("gpu", OK, f"{found} GPUs, nvidia-smi healthy")
+
+
+def parse_node_json(text: str, name: str) -> SlurmNode | None:
+    """`scontrol show node NAME --json` (data_parser v0.0.40+) -> SlurmNode."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        return None
+    for n in data.get("nodes") or []:
+        if n.get("name") == name:
+            return SlurmNode(
+                name=name,
+                real_memory_mb=int(n.get("real_memory") or 0),
+                alloc_memory_mb=int(n.get("alloc_memory") or 0),
+                gpus=parse_gres_gpus(n.get("gres") or ""),
+                state=tuple(n.get("state") or ()),
+                reason=n.get("reason") or "",
+            )
+    return None
+
+
+def drain_reason(failed: Sequence[Result]) -> str:
+    first = failed[0]
+    more = f" (+{len(failed) - 1} more)" if len(failed) > 1 else ""
+    reason = f"health: {first.check}: {first.detail}{more}"
+    return reason[:REASON_MAX].replace('"', "'")
+
+
+def should_drain(node: SlurmNode | None) -> bool:
+    """Do not overwrite an operator's drain (or an earlier health drain) with ours."""
+    return node is None or "DRAIN" not in node.state
+
+
+def drain_argv(node: str, reason: str) -> list[str]:
+    return ["scontrol", "update", f"nodename={node}", "state=DRAIN", f"reason={reason}"]
+
+
+# ---------------------------------------------------------------- measuring (I/O)
+
+
+def statvfs(path: str) -> FsStat | None:
+    try:
+        st = os.statvfs(path)
+        dev = os.stat(path).st_dev
+    except OSError:
+        return None
+    return FsStat(total=st.f_blocks * st.f_frsize, free=st.f_bavail * st.f_frsize, fsid=dev)
+
+
+def read_text(path: str) -> str | None:
+    try:
+        with open(path) as fh:
+            return fh.read()
+    except OSError:
+        return None
+
+
+def cgroup_memory(root: str = "/sys/fs/cgroup") -> tuple[int | None, int | None]:
+    """(limit, usage) in bytes of this container's memory cgroup, v2 or v1; None where unlimited/unknown."""
+    for limit_file, usage_file in (("memory.max", "memory.current"),
+                                   ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes")):
+        limit = read_text(os.path.join(root, limit_file))
+        usage = read_text(os.path.join(root, usage_file))
+        if limit is None or usage is None:
+            continue
+        limit = limit.strip()
+        if limit == "max" or not limit.isdigit() or int(limit) >= 2**60:
+            return None, None
+        return int(limit), int(usage.strip())
+    return None, None
+
+
+def run(argv: Sequence[str], timeout: float, env: Mapping[str, str] | None = None) -> Proc | None:
+    """Run argv; None when it cannot start or times out."""
+    try:
+        p = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout,
+                           env=dict(env) if env is not None else None)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return Proc(p.returncode, p.stdout, p.stderr)
+
+
+def mpi_env(env: Mapping[str, str]) -> dict[str, str]:
+    """No Slurm variables (mpirun must not think it is inside an allocation); root allowed."""
+    out = {k: v for k, v in env.items() if not k.startswith(("SLURM_", "SLURMD_", "PMIX_", "OMPI_"))}
+    out.update({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"})
+    return out
+
+
+MPI_ARGV = ("mpirun", "--oversubscribe", "-n", "2", "--mca", "pml", "ob1", "--mca", "btl", "self,sm", MPI_PROBE)
+
+
+def find_conf(env: Mapping[str, str]) -> str | None:
+    for path in ((env["SLURM_CONF"],) if env.get("SLURM_CONF") else ()) + CONF_PATHS:
+        text = read_text(path)
+        if text is not None:
+            return text
+    return None
+
+
+def gather(cfg: Config, node_name: str, env: Mapping[str, str],
+           runner: Callable[..., Proc | None] = run) -> tuple[list[Result], SlurmNode | None]:
+    """Measure and run every check on this node."""
+    proc = runner(["scontrol", "show", "node", node_name, "--json"], 15)
+    node = parse_node_json(proc.stdout, node_name) if proc is not None and proc.returncode == 0 else None
+    results = [check_disk({p: statvfs(p) for p in cfg.disk_paths}, cfg.min_disk_free_mb),
+               check_shm(statvfs("/dev/shm"), cfg.min_shm_mb)]
+    limit, usage = cgroup_memory()
+    results.append(check_memory(parse_meminfo(read_text("/proc/meminfo") or ""), limit, usage, node,
+                                cfg.min_memory_fraction))
+    probe = os.access(MPI_PROBE, os.X_OK)
+    mpi_proc, seconds = None, 0.0
+    if cfg.mpi_loopback and probe:
+        start = time.monotonic()
+        mpi_proc = runner(list(MPI_ARGV), cfg.mpi_timeout, mpi_env(env))
+        seconds = time.monotonic() - start
+    results.append(check_mpi(cfg.mpi_loopback, probe, mpi_proc, seconds))
+    smi_list = smi = None
+    if cfg.gpu and node is not None and node.gpus:
+        smi_list = runner(["nvidia-smi", "-L"], 20)
+        smi = runner(["nvidia-smi"], 20) if smi_list is not None and smi_list.returncode == 0 else None
+    results.append(check_gpu(cfg.gpu, node, smi_list, smi))
+    return results, node
+
+
+class Log:
+    def __init__(self, path: str | None, node: str) -> None:
+        self.path = path
+        self.node = node
+
+    def write(self, message: str) -> None:
+        line = f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} slurmk8s-healthcheck[{os.getpid()}] {self.node}: {message}\n"
+        sys.stderr.write(line)
+        if self.path:
+            try:
+                with open(self.path, "a") as fh:
+                    fh.write(line)
+            except OSError as err:
+                sys.stderr.write(f"cannot append to {self.path}: {err}\n")
+
+
+def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None,
+         runner: Callable[..., Proc | None] = run) -> int:
+    parser = argparse.ArgumentParser(prog="slurmk8s-healthcheck",
+                                     description="Check this worker; drain it in Slurm when a check fails.")
+    parser.add_argument("--node", help="Slurm node name (default: $SLURMD_NODENAME, $SLURMK8S_NODENAME, hostname)")
+    parser.add_argument("--no-drain", action="store_true", help="only report (exit 1 on a failure)")
+    parser.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
+    args = parser.parse_args(argv)
+    env = os.environ if env is None else env
+    node_name = args.node or env.get("SLURMD_NODENAME") or env.get("SLURMK8S_NODENAME") or socket.gethostname()
+    log = Log(env.get("SLURMK8S_HEALTH_LOG", DEFAULT_LOG) or None, node_name)
+    cfg, warnings = load_config(find_conf(env), env)
+    for w in warnings:
+        log.write(f"config: {w}")
+    results, node = gather(cfg, node_name, env, runner)
+    for r in results:
+        log.write(f"{r.check}: {r.status}: {r.detail}")
+    if args.json:
+        print(json.dumps([r.__dict__ for r in results]))
+    failed = [r for r in results if r.failed]
+    if not failed:
+        return 0
+    reason = drain_reason(failed)
+    if args.no_drain:
+        log.write(f"would drain ({reason}); --no-drain")
+    elif not should_drain(node):
+        log.write(f"already drained ({node.reason if node else '?'}); not overwriting the reason")
+    else:
+        proc = runner(drain_argv(node_name, reason), 15)
+        if proc is None or proc.returncode != 0:
+            log.write(f"DRAIN FAILED: {'' if proc is None else proc.stderr.strip()}")
+        else:
+            log.write(f"drained: {reason}")
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
