@@ -259,3 +259,21 @@ def test_engine_errors_are_explained(tmp_path, stderr, needle):
 
     err = a._explain_command_error(Exception(stderr), "local", tmp_path)
     assert needle in str(err)
+
+
+def test_toolchain_plugin_is_linked_into_the_state_home(tmp_path):
+    from provisioner.deploy import automation as a
+
+    env = {"HOME": str(tmp_path / "home"), "PATH": "", "SLURMK8S_TOOLCHAIN_DIR": str(tmp_path / "tc")}
+    _exe(tmp_path / "tc/bin/pulumi")
+    plugin = _exe(tmp_path / f"tc/pulumi-home/plugins/resource-kubernetes-v{a.provider_version()}/pulumi-resource-kubernetes")
+    tool = a.find_toolchain(env)
+    state = a.state_dir(tmp_path / "state")
+    home = Path(a.engine_env(tool, state, env)["PULUMI_HOME"])
+    assert home == state / "pulumi-home"
+    linked = home / "plugins" / plugin.parent.name / plugin.name
+    assert linked.is_file() and linked.resolve() == plugin.resolve()
+    assert a.engine_env(tool, state, env)["PULUMI_HOME"] == str(home)  # idempotent
+    # an operator's PULUMI_HOME is used as is
+    assert a.engine_env(tool, state, {**env, "PULUMI_HOME": str(tmp_path / "tc/pulumi-home")})["PULUMI_HOME"] == \
+        str(tmp_path / "tc/pulumi-home")

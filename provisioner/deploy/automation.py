@@ -165,12 +165,31 @@ def passphrase_env(state: Path, env: Mapping[str, str]) -> dict[str, str]:
     return {"PULUMI_CONFIG_PASSPHRASE_FILE": str(path)}
 
 
+def engine_home(tool: Toolchain, state: Path, env: Mapping[str, str]) -> Path:
+    """PULUMI_HOME for the engine. An operator's PULUMI_HOME (or ~/.pulumi holding the plugin) is
+    used as is; a plugin from the shared toolchain cache is linked into <state>/pulumi-home, so the
+    engine's logs and workspace files stay with the state instead of piling up in the cache."""
+    if env.get("PULUMI_HOME") or tool.plugin_ambient or tool.pulumi_home != toolchain_dir(env) / "pulumi-home":
+        return tool.pulumi_home
+    home = state / "pulumi-home"
+    plugin_dir = home / "plugins" / tool.plugin.parent.name
+    if plugin_dir.is_symlink():  # the engine ignores a linked plugin directory: it must be a real one
+        plugin_dir.unlink()
+    plugin_dir.mkdir(parents=True, exist_ok=True)
+    link = plugin_dir / tool.plugin.name
+    if link.is_symlink() and link.resolve() != tool.plugin.resolve():
+        link.unlink()
+    if not link.exists():
+        link.symlink_to(tool.plugin)
+    return home
+
+
 def engine_env(tool: Toolchain, state: Path, env: Mapping[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ if env is None else env)
     out = {
         "PULUMI_SKIP_UPDATE_CHECK": "true",
         "PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION": "true",
-        "PULUMI_HOME": str(tool.pulumi_home),
+        "PULUMI_HOME": str(engine_home(tool, state, env)),
         "PATH": os.pathsep.join(
             # an installed plugin is found in PULUMI_HOME; only an ambient one must be on PATH
             [str(tool.pulumi.parent)] + ([str(tool.plugin.parent)] if tool.plugin_ambient else [])
@@ -265,7 +284,7 @@ def open_session(spec_path: str | Path, *, state: str | Path | None = None, stac
                                    description="slurmk8s clusters (inline Automation API program)")
     try:
         cmd = auto.PulumiCommand(root=tool.root, skip_version_check=False)
-        opts = auto.LocalWorkspaceOptions(work_dir=str(sdir / "workspace"), pulumi_home=str(tool.pulumi_home),
+        opts = auto.LocalWorkspaceOptions(work_dir=str(sdir / "workspace"), pulumi_home=wenv["PULUMI_HOME"],
                                           env_vars=wenv, secrets_provider="passphrase", project_settings=project,
                                           pulumi_command=cmd)
         holder: dict[str, Any] = {}
