@@ -23,6 +23,17 @@ RepairOpt = Annotated[bool, typer.Option(
     "--repair", help="First remove a stale lock and pending operations of an interrupted run, then refresh.")]
 
 
+def _automation() -> Any:
+    """provisioner.deploy.automation, or a clear error when the Pulumi SDKs (the 'deploy' extra) are missing."""
+    try:
+        from . import automation
+    except ImportError as err:
+        typer.echo(f"error: {err.name or err}: the Pulumi SDKs are not installed. Fix: pip install 'slurmk8s[deploy]' "
+                   "(pulumi==3.272.0, pulumi-kubernetes==4.25.0)", err=True)
+        raise typer.Exit(2) from None
+    return automation
+
+
 def _echo_line(line: str) -> None:
     typer.echo(line.rstrip("\n"))
 
@@ -35,7 +46,7 @@ def _fail(err: Exception, code: int = 2) -> NoReturn:
 def _session(spec: Path, *, state: Optional[Path], stack: Optional[str], kubeconfig: Optional[str],
              need_cluster: bool) -> Any:
     from ..errors import SlurmK8sError
-    from . import automation as a
+    a = _automation()
 
     try:
         return a.open_session(spec, state=state, stack_name=stack, kubeconfig=kubeconfig, need_cluster=need_cluster)
@@ -44,7 +55,7 @@ def _session(spec: Path, *, state: Optional[Path], stack: Optional[str], kubecon
 
 
 def _report(op: str, result: Any, session: Any) -> None:
-    from . import automation as a
+    a = _automation()
 
     changes = ", ".join(f"{k} {v}" for k, v in sorted(result.changes.items())) or "no changes"
     typer.echo(f"{op}: {result.summary or 'done'} - {changes}; engine {result.seconds:.1f}s, "
@@ -63,7 +74,7 @@ def up(spec: SpecOpt, kubeconfig: KubeOpt = None, state: StateOpt = None, stack:
        diff: Annotated[bool, typer.Option("--diff", help="Show a detailed diff.")] = False) -> None:
     """Create or update the cluster (Pulumi Automation API, local state)."""
     from ..errors import SlurmK8sError
-    from . import automation as a
+    a = _automation()
 
     session = _session(spec, state=state, stack=stack, kubeconfig=kubeconfig, need_cluster=True)
     try:
@@ -84,7 +95,7 @@ def preview(spec: SpecOpt, kubeconfig: KubeOpt = None, state: StateOpt = None, s
             ) -> None:
     """Show what `up` would change."""
     from ..errors import SlurmK8sError
-    from . import automation as a
+    a = _automation()
 
     session = _session(spec, state=state, stack=stack, kubeconfig=kubeconfig, need_cluster=True)
     try:
@@ -102,7 +113,7 @@ def down(spec: SpecOpt, kubeconfig: KubeOpt = None, state: StateOpt = None, stac
          repair: RepairOpt = False) -> None:
     """Tear the cluster down. Keeps the PersistentVolumeClaims (and the namespace) unless --purge."""
     from ..errors import SlurmK8sError
-    from . import automation as a
+    a = _automation()
 
     session = _session(spec, state=state, stack=stack, kubeconfig=kubeconfig, need_cluster=False)
     ns = session.spec.namespace_name
@@ -123,7 +134,7 @@ def outputs(spec: SpecOpt, state: StateOpt = None, stack: StackOpt = None,
             as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
     """Print the stack outputs (secrets are never printed)."""
     from ..errors import SlurmK8sError
-    from . import automation as a
+    a = _automation()
 
     session = _session(spec, state=state, stack=stack, kubeconfig=None, need_cluster=False)
     try:
@@ -142,7 +153,7 @@ def stack_secrets(
 ) -> None:
     """For `pulumi up` in stacks/: generate the cluster's keys into the stack config (once)."""
     from ..errors import SlurmK8sError
-    from . import automation as a
+    a = _automation()
 
     try:
         made = a.stack_secrets(stack_dir, stack)
