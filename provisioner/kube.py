@@ -186,6 +186,8 @@ def worker_from_pod(pod: Mapping[str, Any]) -> Worker:
         reason=pod_reason(pod),
         created_at=_epoch(meta.get("creationTimestamp")),
         host=(pod.get("spec") or {}).get("nodeName"),
+        ready_at=next((_epoch(c.get("lastTransitionTime")) for c in (pod.get("status") or {}).get("conditions") or ()
+                       if c.get("type") == "Ready" and c.get("status") == "True"), None),
     )
 
 

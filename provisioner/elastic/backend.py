@@ -32,6 +32,7 @@ class Worker:
     reason: str = ""  # e.g. "Unschedulable: 0/3 nodes are available", "ErrImageNeverPull"
     created_at: float | None = None  # epoch seconds
     host: str | None = None  # Kubernetes node / Docker host it runs on
+    ready_at: float | None = None  # epoch seconds it became Ready, where the backend knows it
 
 
 class NodeBackend(Protocol):

@@ -38,6 +38,7 @@ class Reason(str, Enum):
     SUSPEND = "suspend"  # Slurm suspends the node, its worker exists
     ALREADY_GONE = "already-gone"  # Slurm suspends / gave up on the node, no worker exists
     RESUME_FAILED = "resume-failed"  # Slurm gave up on the node (ResumeTimeout): remove its worker
+    BACKOFF = "backoff"  # the node's pool failed to resume too often lately: refused for a while
 
 
 @dataclass(frozen=True)
@@ -136,8 +137,13 @@ def plan_resume(
     inventory: Inventory,
     workers: Mapping[str, Worker],
     request: ResumeRequest | None = None,
+    backoff: Mapping[str, str] | None = None,
 ) -> list[Decision]:
-    """One decision per node Slurm asked to resume (argv is authoritative; the file adds job ids)."""
+    """One decision per node Slurm asked to resume (argv is authoritative; the file adds job ids).
+
+    `backoff`: pool -> why its resumes are refused now (see ``reconcile.active_backoffs``); a node
+    of such a pool that needs a worker fails at once with that reason.
+    """
     decisions = []
     for name in names:
         jobs = request.jobs_of(name) if request else ()
@@ -149,6 +155,9 @@ def plan_resume(
         node = inventory[name]
         if node.unavailable:
             decisions.append(Decision(name, Action.FAIL, Reason.UNAVAILABLE, node.unavailable, jobs=jobs))
+        elif backoff and node.pool in backoff and (worker is None or worker.phase not in LIVE_PHASES):
+            decisions.append(Decision(name, Action.FAIL, Reason.BACKOFF, f"pool {node.pool}: {backoff[node.pool]}",
+                                      jobs=jobs))
         elif worker is None:
             decisions.append(Decision(name, Action.CREATE, Reason.RESUME, slurm_node=node, jobs=jobs))
         elif worker.phase in LIVE_PHASES:

@@ -12,6 +12,11 @@ Environment:
   SLURMK8S_LOG        log file (default /var/log/slurmk8s/elastic.log)
   SLURMK8S_BUDGET     seconds the resume / suspend / resume-fail programs may take (default 20)
   SLURMK8S_PARALLEL   backend calls in flight at once (default 8)
+  SLURMK8S_EVENTS     JSON lines, one per decision and its outcome, for the reconcile loop's
+                      metrics (default /var/log/slurmk8s/events.jsonl; empty: none)
+  SLURMK8S_LEDGER     per-pool resume failure history shared with the reconcile loop (default
+                      /var/spool/slurmctld/slurmk8s/ledger.json, on the StateSaveLocation volume);
+                      a pool that failed too often is refused at once (reason backoff) for a while
   SLURM_RESUME_FILE   set by Slurm for ResumeProgram (JSON, temporary: read at once)
 
 Slurm starts these programs with a minimal environment (not slurmctld's), so the settings above
@@ -37,6 +42,7 @@ if TYPE_CHECKING:
 DEFAULT_ENV_FILE = "/etc/slurmk8s/elastic.env"
 DEFAULT_LOG = "/var/log/slurmk8s/elastic.log"
 DEFAULT_INVENTORY = "/etc/slurm/inventory.json"
+DEFAULT_EVENTS = "/var/log/slurmk8s/events.jsonl"
 DEFAULT_BUDGET = 20.0
 DEFAULT_PARALLEL = 8
 PROLOG_POLL = 0.1
@@ -83,6 +89,35 @@ class Log:
     def close(self) -> None:
         if self._fh is not None and self._fh not in (sys.stderr, sys.stdout):
             self._fh.close()
+
+
+def append_events(path: str, program: str, outcomes: Sequence["Outcome"], pending: Sequence["Decision"] = (),
+                  now: float | None = None) -> str:
+    """One JSON line per decision and its outcome (ok / failed / abandoned), appended with one
+    write (O_APPEND) so concurrent programs do not interleave lines. Returns an error text or ''."""
+    import json
+
+    if not path:
+        return ""
+    at = time.time() if now is None else now
+    rows = [{"ts": round(at, 3), "program": program, "node": o.decision.node, "action": o.decision.action.value,
+             "reason": o.decision.reason.value, "outcome": "ok" if o.ok else "failed", "error": o.error[:200]}
+            for o in outcomes]
+    rows += [{"ts": round(at, 3), "program": program, "node": d.node, "action": d.action.value,
+              "reason": d.reason.value, "outcome": "abandoned", "error": ""} for d in pending]
+    if not rows:
+        return ""
+    data = "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows).encode()
+    try:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
+    except OSError as err:
+        return f"cannot append to the events file {path}: {err}"
+    return ""
 
 
 def read_env_file(path: str) -> dict[str, str]:
@@ -307,13 +342,14 @@ class Context:
     """What a program run needs, gathered from the environment (or given by a test)."""
 
     def __init__(self, env: Mapping[str, str], log: Log, *, backend: "NodeBackend | None" = None,
-                 slurm: "SlurmControl | None" = None, inventory=None) -> None:
+                 slurm: "SlurmControl | None" = None, inventory=None, ledger=None) -> None:
         self.env = env
         self.log = log
         self._backend = backend
         self._slurm = slurm
         self._inventory = inventory
         self.start = time.monotonic()
+        self._ledger = ledger
         self.budget = _env_float(env, "SLURMK8S_BUDGET", DEFAULT_BUDGET)
         self.parallel = int(_env_float(env, "SLURMK8S_PARALLEL", DEFAULT_PARALLEL))
 
@@ -334,6 +370,27 @@ class Context:
 
             self._backend = backend_from_env(self.env)
         return self._backend
+
+    @property
+    def program(self) -> str:
+        return self.log.program.split("[", 1)[0]
+
+    def ledger(self):
+        """The per-pool failure ledger (reconcile.FileLedger at SLURMK8S_LEDGER); None without one.
+
+        The programs' entry points (`_main`) default SLURMK8S_LEDGER / SLURMK8S_EVENTS; a Context
+        built without them (tests) has no ledger and writes no events.
+        """
+        if self._ledger is None and self.env.get("SLURMK8S_LEDGER"):
+            from ..reconcile import FileLedger, Policy
+
+            self._ledger = FileLedger(self.env["SLURMK8S_LEDGER"], Policy.from_env(self.env))
+        return self._ledger
+
+    def emit(self, outcomes: Sequence["Outcome"], pending: Sequence["Decision"] = ()) -> None:
+        error = append_events(self.env.get("SLURMK8S_EVENTS", ""), self.program, outcomes, pending)
+        if error:
+            self.log.write(error)
 
     def inventory(self):
         if self._inventory is None:
@@ -383,6 +440,7 @@ def _finish(ctx: Context, decisions: Sequence["Decision"], failure_prefix: str) 
                       f"({', '.join(d.node for d in pending)})")
     if failures:
         _set_down(ctx.slurm, failures, ctx.log)
+    ctx.emit(outcomes, pending)
     ok = sum(o.ok for o in outcomes)
     ctx.log.write(f"done in {time.monotonic() - ctx.start:.2f}s: {ok} ok, {len(failures)} failed")
     return RunResult(1 if failures else 0, failures, bool(pending))
@@ -394,12 +452,45 @@ def _fail_all(ctx: Context, names: Sequence[str], why: str) -> RunResult:
     failures = {n: down_reason(Decision(n, Action.FAIL, Reason.RESUME, why)) for n in names}
     ctx.log.write(f"cannot resume {','.join(names)}: {why}")
     _set_down(ctx.slurm, failures, ctx.log)
+    ctx.emit([Outcome(Decision(n, Action.FAIL, Reason.RESUME, why), False, why) for n in names])
     return RunResult(1, failures)
+
+
+def _pool_backoffs(ctx: Context) -> dict[str, str]:
+    """pool -> refusal reason for the pools in backoff; {} when the ledger cannot be read (logged)."""
+    from ..reconcile import LedgerError, Policy, active_backoffs
+
+    ledger = ctx.ledger()
+    if ledger is None:
+        return {}
+    try:
+        return active_backoffs(ledger, time.time(), Policy.from_env(ctx.env))
+    except LedgerError as err:
+        ctx.log.write(f"{err}; resuming without the pool backoff check")
+        return {}
+
+
+def _record_failures(ctx: Context, nodes: Mapping[str, str], inventory) -> None:
+    """Failed resumes -> the pool failure ledger (drives the backoff)."""
+    from ..reconcile import LedgerError
+
+    ledger = ctx.ledger()
+    if ledger is None:
+        return
+    now = time.time()
+    for node, reason in nodes.items():
+        if node not in inventory:
+            continue
+        try:
+            ledger.record_failure(inventory[node].pool, node, reason, now)
+        except LedgerError as err:
+            ctx.log.write(f"{err}; failure of {node} not recorded")
+            return
 
 
 def run_resume(args: Sequence[str], ctx: Context, resume_file_text: str | None) -> RunResult:
     from .backend import BackendError
-    from .plan import InputError, parse_hostlists, parse_resume_file, plan_resume
+    from .plan import Action, InputError, parse_hostlists, parse_resume_file, plan_resume
 
     try:
         names = parse_hostlists(args)
@@ -427,8 +518,14 @@ def run_resume(args: Sequence[str], ctx: Context, resume_file_text: str | None) 
         ctx.backend()
     except BackendError as err:
         return _fail_all(ctx, names, f"backend unavailable: {err.reason}")
-    decisions = plan_resume(names, inventory, _workers(ctx), request)
-    return _finish(ctx, decisions, "")
+    backoff = _pool_backoffs(ctx)
+    decisions = plan_resume(names, inventory, _workers(ctx), request, backoff)
+    result = _finish(ctx, decisions, "")
+    # failures of the backend (and of our budget) count towards the pool's backoff; refusals
+    # (unknown node, unavailable, backoff itself) do not
+    counted = {d.node for d in decisions if d.action in (Action.CREATE, Action.REPLACE)}
+    _record_failures(ctx, {n: r for n, r in result.down.items() if n in counted}, inventory)
+    return result
 
 
 def run_suspend(args: Sequence[str], ctx: Context) -> RunResult:
@@ -471,6 +568,13 @@ def run_resume_fail(args: Sequence[str], ctx: Context) -> RunResult:
         ctx.log.write(f"backend unavailable, workers of {','.join(names)} may be left behind: {err.reason}")
         return RunResult(1)
     result = _finish(ctx, plan_resume_fail(names, _workers(ctx)), "worker not removed after failed resume: ")
+    try:
+        inventory = ctx.inventory()
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        ctx.log.write(f"inventory unreadable, failures not recorded for the pool backoff: {err}")
+    else:
+        _record_failures(ctx, {n: "slurmk8s resume-failed: no registration within ResumeTimeout" for n in names},
+                         inventory)
     # Slurm left these nodes DOWN+POWERED_DOWN (reason kept, jobs requeued). With no worker left
     # behind, return them to powered-down IDLE so a later job can try again: a node that failed
     # is retried at most once per ResumeTimeout, and requeued jobs wait 120 s before they retry.
@@ -487,8 +591,12 @@ def run_resume_fail(args: Sequence[str], ctx: Context) -> RunResult:
     return result
 
 
+DEFAULT_LEDGER = "/var/spool/slurmctld/slurmk8s/ledger.json"  # = reconcile.DEFAULT_LEDGER (not imported: prolog speed)
+
+
 def _main(program: str, run: Callable[[Sequence[str], Context], RunResult]) -> int:
     env, env_error = _load_env()
+    env = {"SLURMK8S_EVENTS": DEFAULT_EVENTS, "SLURMK8S_LEDGER": DEFAULT_LEDGER, **env}
     log = Log(program, env.get("SLURMK8S_LOG", DEFAULT_LOG))
     if env_error:
         log.write(env_error)

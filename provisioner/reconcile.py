@@ -1,0 +1,990 @@
+"""The in-cluster reconcile loop: finds workers and Slurm nodes that disagree, fixes them, says why,
+and serves the cluster's Prometheus metrics.
+
+How it is run (second container of the slurmctld pod)
+-----------------------------------------------------
+- command: ``slurmk8s-reconcile --period 10 --metrics-port 9410`` (``--once`` runs one pass and
+  exits: tests, debugging; ``--metrics-port 0`` serves no metrics).
+- image: the slurmctld image (it has scontrol / squeue, the auth key setup and the provisioner venv).
+- user: SlurmUser (``scontrol update`` needs SlurmUser or root), with the same Slurm client config
+  and auth key as slurmctld (slurm.conf under /etc/slurm, munge / auth key from the secret).
+- env: the elastic programs' settings, read the same way (process environment over
+  ``SLURMK8S_ENV_FILE``, default /etc/slurmk8s/elastic.env): ``SLURMK8S_BACKEND=kubernetes``,
+  ``SLURMK8S_INVENTORY``, ``SLURMK8S_SPEC`` / ``SLURMK8S_SITE`` / ``SLURMK8S_NAMESPACE``; and
+  ``SLURMK8S_LOG`` (this loop logs to ``reconcile.log`` beside it unless ``SLURMK8S_RECONCILE_LOG``),
+  ``SLURMK8S_EVENTS`` (default /var/log/slurmk8s/events.jsonl, written by the resume / suspend
+  programs, tailed here for metrics), ``SLURMK8S_LEDGER`` (default
+  /var/spool/slurmctld/slurmk8s/ledger.json), ``SLURMK8S_BACKOFF_FAILURES`` / ``_WINDOW`` /
+  ``_COOLOFF`` (3 / 600 / 300).
+- volumes: the StateSaveLocation PVC at /var/spool/slurmctld (the failure ledger must survive a
+  restart and is shared with ResumeProgram), the same /var/log/slurmk8s volume as the slurmctld
+  container (an emptyDir shared by both containers: events file and logs), the slurm config
+  (/etc/slurm, with inventory.json), the spec ConfigMap (/etc/slurmk8s/spec), elastic.env, the auth
+  key secret, and the ServiceAccount token.
+- port: 9410/TCP, name ``metrics``, path ``/metrics`` (Prometheus text format).
+- RBAC: the slurmctld ServiceAccount's pod rights in its own namespace; the loop itself uses only
+  pods list (backend.list) and delete (backend.delete, which gets the pod first).
+- probes: ``/metrics`` answers while the loop runs; ``slurmk8s_reconcile_last_run_timestamp_seconds``
+  tells whether passes still complete.
+
+What it does, each period
+-------------------------
+fetch (workers from the backend first, then ``scontrol show nodes --json``, the inventory and the
+failure ledger) -> :func:`classify` (pure, one :class:`Finding` per disagreement, each with a
+:class:`Kind` and a detail) -> the actions of :data:`ACTIONS` for that kind -> one log line per
+finding with what was done and why. The pool backoff (``consecutive failures >= N within a window
+-> refuse resumes for a cooling-off period``) is computed from the :class:`FailureLedger`, which the
+resume / resume-fail programs and this loop all write; the resume program reads it and refuses
+nodes of a pool in backoff at once (reason ``backoff``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field, replace
+from enum import Enum
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Protocol, Sequence
+
+from .elastic.backend import BackendError, NodeBackend, Worker
+from .elastic.slurmcmd import SlurmCommandError, down_argv, resume_argv
+
+if TYPE_CHECKING:
+    from .elastic.programs import Log
+    from .inventory import Inventory
+
+DEFAULT_LEDGER = "/var/spool/slurmctld/slurmk8s/ledger.json"
+DEFAULT_EVENTS = "/var/log/slurmk8s/events.jsonl"
+DEFAULT_PERIOD = 10.0
+DEFAULT_METRICS_PORT = 9410
+REASON_PREFIX = "slurmk8s"  # DOWN reasons we set start with this; others' DOWN nodes are left alone
+
+# Pending reasons that will not clear by themselves (soon enough): Slurm would only notice them at
+# ResumeTimeout. Unschedulable gets a longer bound (a cluster autoscaler may be adding a node).
+STUCK_REASONS = ("ErrImagePull", "ImagePullBackOff", "ErrImageNeverPull", "InvalidImageName",
+                 "CreateContainerConfigError", "CreateContainerError")
+UNSCHEDULABLE = "Unschedulable"
+DEAD_PHASES = frozenset({"Failed", "Succeeded"})
+
+
+# ---------------------------------------------------------------- inputs
+
+
+def _num(value: Any) -> float | None:
+    """Slurm 24.11 data_parser number ({"set", "infinite", "number"} or a bare int) -> float | None."""
+    if isinstance(value, dict):
+        if not value.get("set") or value.get("infinite"):
+            return None
+        value = value.get("number")
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    return None
+
+
+@dataclass(frozen=True)
+class NodeStatus:
+    """One Slurm node as `scontrol show nodes --json` reports it (the parts the loop uses)."""
+
+    name: str
+    state: frozenset[str]  # base state and flags: {"IDLE", "CLOUD", "POWERED_DOWN"}
+    reason: str = ""
+    partitions: tuple[str, ...] = ()
+    booted_at: float | None = None  # boot_time / slurmd_start_time, whichever is later
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> "NodeStatus":
+        times = [t for t in (_num(obj.get("boot_time")), _num(obj.get("slurmd_start_time"))) if t]
+        return cls(
+            name=str(obj.get("name", "")),
+            state=frozenset(str(s).upper() for s in obj.get("state") or ()),
+            reason=str(obj.get("reason") or ""),
+            partitions=tuple(str(p) for p in obj.get("partitions") or ()),
+            booted_at=max(times) if times else None,
+        )
+
+    @property
+    def powered_down(self) -> bool:
+        return "POWERED_DOWN" in self.state and not self.powering
+
+    @property
+    def powering(self) -> bool:
+        return bool({"POWERING_UP", "POWERING_DOWN"} & self.state)
+
+    @property
+    def down(self) -> bool:
+        return "DOWN" in self.state
+
+    @property
+    def down_by_us(self) -> bool:
+        return self.down and self.reason.startswith(REASON_PREFIX)
+
+    @property
+    def summary(self) -> str:
+        """One state word for metrics: down, drain, powering_up, powering_down, powered_down, or the
+        base state (idle, allocated, mixed, ...)."""
+        for flag in ("DOWN", "DRAIN", "POWERING_UP", "POWERING_DOWN", "POWERED_DOWN", "COMPLETING"):
+            if flag in self.state:
+                return flag.lower()
+        for base in ("ALLOCATED", "MIXED", "IDLE", "FUTURE", "UNKNOWN", "ERROR"):
+            if base in self.state:
+                return base.lower()
+        return "other"
+
+    @property
+    def busy(self) -> bool:
+        return bool({"ALLOCATED", "MIXED", "COMPLETING"} & self.state)
+
+
+def parse_nodes(doc: Mapping[str, Any]) -> dict[str, NodeStatus]:
+    out = {}
+    for obj in doc.get("nodes") or ():
+        node = NodeStatus.from_json(obj)
+        if node.name:
+            out[node.name] = node
+    return out
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    job_id: int
+    partition: str
+    state: str  # first of job_state ("PENDING", "RUNNING", ...); CONFIGURING counts as PENDING
+    submit_time: float | None = None
+    start_time: float | None = None
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> "JobStatus":
+        states = [str(s).upper() for s in obj.get("job_state") or ()]
+        state = states[0] if states else "UNKNOWN"
+        if "CONFIGURING" in states:
+            state = "PENDING"  # allocated, waiting for its nodes to boot: not running yet
+        return cls(int(obj.get("job_id", 0)), str(obj.get("partition") or ""), state,
+                   _num(obj.get("submit_time")), _num(obj.get("start_time")))
+
+
+def parse_jobs(doc: Mapping[str, Any]) -> list[JobStatus]:
+    return [JobStatus.from_json(j) for j in doc.get("jobs") or () if isinstance(j, dict)]
+
+
+# ---------------------------------------------------------------- failure history / backoff
+
+
+@dataclass(frozen=True)
+class Failure:
+    node: str
+    at: float
+    reason: str
+
+
+@dataclass(frozen=True)
+class PoolHistory:
+    failures: tuple[Failure, ...] = ()
+    last_success: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"failures": [{"node": f.node, "at": f.at, "reason": f.reason} for f in self.failures],
+                "last_success": self.last_success}
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> "PoolHistory":
+        failures = tuple(Failure(str(f["node"]), float(f["at"]), str(f.get("reason", "")))
+                         for f in obj.get("failures") or () if isinstance(f, dict) and "node" in f and "at" in f)
+        last = obj.get("last_success")
+        return cls(failures, float(last) if isinstance(last, (int, float)) else None)
+
+
+@dataclass(frozen=True)
+class Policy:
+    """The loop's bounds (seconds) and the pool backoff rule."""
+
+    grace: float = 20.0  # a healthy worker / a freshly booted node is not judged before this age
+    pending_timeout: float = 60.0  # image / config errors while Pending
+    unschedulable_timeout: float = 180.0  # Unschedulable (an autoscaler may be adding capacity)
+    backoff_failures: int = 3  # consecutive resume failures of a pool ...
+    backoff_window: float = 600.0  # ... within this many seconds ...
+    backoff_cooloff: float = 300.0  # ... refuse its resumes for this long after the last one
+    dedupe: float = 120.0  # a node's failure seen again (by another program) within this counts once
+    keep: int = 50  # failures kept per pool
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str], **overrides: float) -> "Policy":
+        def get(key: str, default: float) -> float:
+            try:
+                return float(env.get(key, default))
+            except ValueError:
+                return default
+
+        base = cls()
+        policy = cls(backoff_failures=int(get("SLURMK8S_BACKOFF_FAILURES", base.backoff_failures)),
+                     backoff_window=get("SLURMK8S_BACKOFF_WINDOW", base.backoff_window),
+                     backoff_cooloff=get("SLURMK8S_BACKOFF_COOLOFF", base.backoff_cooloff))
+        return replace(policy, **overrides) if overrides else policy
+
+
+def consecutive_failures(history: PoolHistory, now: float, policy: Policy) -> list[Failure]:
+    """Failures after the pool's last success and within the window."""
+    since = max(history.last_success or -math.inf, now - policy.backoff_window)
+    return [f for f in history.failures if f.at > since]
+
+
+def backoff_until(history: PoolHistory, now: float, policy: Policy) -> float | None:
+    """When the pool's cooling-off period ends, or None when the pool is not backed off."""
+    failures = consecutive_failures(history, now, policy)
+    if len(failures) < max(1, policy.backoff_failures):
+        return None
+    until = max(f.at for f in failures) + policy.backoff_cooloff
+    return until if until > now else None
+
+
+def backoff_detail(history: PoolHistory, now: float, policy: Policy) -> str | None:
+    """The refusal reason for a pool in backoff (None when it is not)."""
+    until = backoff_until(history, now, policy)
+    if until is None:
+        return None
+    failures = consecutive_failures(history, now, policy)
+    last = max(failures, key=lambda f: f.at)
+    return (f"{len(failures)} consecutive resume failures within {policy.backoff_window:.0f}s, "
+            f"last {last.node}: {last.reason}; resumes refused for {until - now:.0f}s more")
+
+
+def add_failure(history: PoolHistory, node: str, reason: str, at: float, policy: Policy) -> PoolHistory:
+    """The history with one failure more (pure); a repeat of the same node's failure counts once."""
+    for f in history.failures:
+        if f.node == node and abs(at - f.at) < policy.dedupe and f.at > (history.last_success or -math.inf):
+            return history
+    failures = (*history.failures, Failure(node, at, reason[:200]))[-policy.keep:]
+    return PoolHistory(failures, history.last_success)
+
+
+class LedgerError(Exception):
+    pass
+
+
+class FailureLedger(Protocol):
+    """Per-pool resume failure history that survives restarts and is shared between processes."""
+
+    def load(self) -> dict[str, PoolHistory]: ...
+
+    def record_failure(self, pool: str, node: str, reason: str, at: float) -> None: ...
+
+    def record_success(self, pool: str, at: float) -> None: ...
+
+
+@dataclass
+class MemoryLedger:
+    """In-memory FailureLedger for tests."""
+
+    policy: Policy = field(default_factory=Policy)
+    pools: dict[str, PoolHistory] = field(default_factory=dict)
+
+    def load(self) -> dict[str, PoolHistory]:
+        return dict(self.pools)
+
+    def record_failure(self, pool: str, node: str, reason: str, at: float) -> None:
+        self.pools[pool] = add_failure(self.pools.get(pool, PoolHistory()), node, reason, at, self.policy)
+
+    def record_success(self, pool: str, at: float) -> None:
+        self.pools[pool] = PoolHistory((), at)
+
+
+@dataclass
+class FileLedger:
+    """FailureLedger in one JSON file (on the StateSaveLocation volume), updated under flock and
+    replaced atomically, so the resume programs and the loop can write it concurrently."""
+
+    path: str = DEFAULT_LEDGER
+    policy: Policy = field(default_factory=Policy)
+
+    def _read(self) -> dict[str, PoolHistory]:
+        try:
+            with open(self.path) as fh:
+                doc = json.load(fh)
+        except FileNotFoundError:
+            return {}
+        except (OSError, json.JSONDecodeError) as err:
+            raise LedgerError(f"cannot read the failure ledger {self.path}: {err}") from None
+        pools = doc.get("pools") if isinstance(doc, dict) else None
+        return {str(k): PoolHistory.from_json(v) for k, v in (pools or {}).items() if isinstance(v, dict)}
+
+    def load(self) -> dict[str, PoolHistory]:
+        return self._read()
+
+    def _update(self, fn: Callable[[dict[str, PoolHistory]], dict[str, PoolHistory]]) -> None:
+        import fcntl
+
+        try:
+            os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+            with open(self.path + ".lock", "a") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                pools = fn(self._read())
+                tmp = f"{self.path}.{os.getpid()}.tmp"
+                with open(tmp, "w") as fh:
+                    json.dump({"pools": {k: v.to_json() for k, v in sorted(pools.items())}}, fh, indent=1)
+                os.replace(tmp, self.path)
+        except OSError as err:
+            raise LedgerError(f"cannot update the failure ledger {self.path}: {err}") from None
+
+    def record_failure(self, pool: str, node: str, reason: str, at: float) -> None:
+        self._update(lambda p: {**p, pool: add_failure(p.get(pool, PoolHistory()), node, reason, at, self.policy)})
+
+    def record_success(self, pool: str, at: float) -> None:
+        self._update(lambda p: {**p, pool: PoolHistory((), at)})
+
+
+def active_backoffs(ledger: FailureLedger, now: float, policy: Policy) -> dict[str, str]:
+    """pool -> refusal reason, for the pools in backoff now (used by the resume program)."""
+    out = {}
+    for pool, history in ledger.load().items():
+        detail = backoff_detail(history, now, policy)
+        if detail:
+            out[pool] = detail
+    return out
+
+
+# ---------------------------------------------------------------- classification
+
+
+class Kind(str, Enum):
+    OK = "ok"
+    ORPHAN_WORKER = "orphan-worker"  # a worker for no node of the inventory / of Slurm
+    WORKER_FOR_POWERED_DOWN_NODE = "worker-for-powered-down-node"
+    MISSING_WORKER = "missing-worker"  # Slurm has the node up / allocated, no worker exists
+    STUCK_PENDING = "stuck-pending"  # Pending for a reason that will not clear in time
+    WORKER_FAILED = "worker-failed"  # the worker exited (phase Failed / Succeeded)
+    DOWN_WORKER_GONE = "down-worker-gone"  # DOWN by slurmk8s, not powered down, no worker: power it down
+    DOWN_POWERED_DOWN = "down-powered-down"  # DOWN+POWERED_DOWN by slurmk8s, no worker: back to idle
+    POOL_BACKOFF = "pool-backoff"  # the pool failed too often: resumes are refused for a while
+    POOL_RECOVERED = "pool-recovered"  # a worker created after the pool's failures came up
+
+
+class Op(str, Enum):
+    DELETE_WORKER = "delete-worker"
+    SET_DOWN = "set-down"  # scontrol update state=DOWN reason=...: Slurm requeues the node's jobs
+    POWER_DOWN = "power-down"  # scontrol update state=POWER_DOWN_FORCE: suspend, then idle~
+    RETURN_TO_SERVICE = "return-to-service"  # scontrol update state=RESUME: DOWN~ -> idle~
+    RECORD_FAILURE = "record-failure"
+    RECORD_SUCCESS = "record-success"
+
+
+# What each kind of finding makes the loop do, in order (a failing step stops the rest).
+ACTIONS: dict[Kind, tuple[Op, ...]] = {
+    Kind.OK: (),
+    Kind.ORPHAN_WORKER: (Op.DELETE_WORKER,),
+    Kind.WORKER_FOR_POWERED_DOWN_NODE: (Op.DELETE_WORKER,),
+    Kind.MISSING_WORKER: (Op.SET_DOWN, Op.POWER_DOWN),
+    Kind.STUCK_PENDING: (Op.DELETE_WORKER, Op.SET_DOWN, Op.RECORD_FAILURE),
+    Kind.WORKER_FAILED: (Op.DELETE_WORKER, Op.SET_DOWN, Op.RECORD_FAILURE),
+    Kind.DOWN_WORKER_GONE: (Op.POWER_DOWN,),
+    Kind.DOWN_POWERED_DOWN: (Op.RETURN_TO_SERVICE,),
+    Kind.POOL_BACKOFF: (),  # the resume program refuses; nothing to do here
+    Kind.POOL_RECOVERED: (Op.RECORD_SUCCESS,),
+}
+
+
+@dataclass(frozen=True)
+class Finding:
+    node: str  # Slurm node / worker name; the pool name for POOL_* findings
+    kind: Kind
+    detail: str = ""
+    pool: str = ""
+
+    @property
+    def ops(self) -> tuple[Op, ...]:
+        return ACTIONS[self.kind]
+
+    @property
+    def down_reason(self) -> str:
+        """The Slurm node reason for SET_DOWN: names the kind and the pod, one line, no quotes."""
+        text = f"{REASON_PREFIX} {self.kind.value}: {self.detail}"
+        return " ".join(text.replace('"', "'").split())[:200]
+
+    def describe(self) -> str:
+        ops = ", ".join(op.value for op in self.ops) or "nothing"
+        return f"{self.node} {self.kind.value}" + (f" [{self.pool}]" if self.pool else "") + \
+            (f": {self.detail}" if self.detail else "") + f" -> {ops}"
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    nodes: Mapping[str, NodeStatus]  # Slurm's view
+    workers: Mapping[str, Worker]  # the backend's view (fetched before the nodes)
+    inventory: "Inventory"
+    history: Mapping[str, PoolHistory] = field(default_factory=dict)  # pool -> resume failure history
+
+
+def _age(since: float | None, now: float) -> float:
+    return now - since if since is not None else math.inf
+
+
+def _worker_words(w: Worker) -> str:
+    return f"pod {w.name} {w.phase}" + (f" ({w.reason})" if w.reason else "")
+
+
+def _stuck_bound(w: Worker, policy: Policy) -> float | None:
+    if w.phase != "Pending" or not w.reason:
+        return None
+    if w.reason.startswith(UNSCHEDULABLE):
+        return policy.unschedulable_timeout
+    if w.reason.startswith(STUCK_REASONS):
+        return policy.pending_timeout
+    return None
+
+
+def classify_pair(name: str, node: NodeStatus | None, worker: Worker | None, snapshot: Snapshot, now: float,
+                  policy: Policy) -> Finding:
+    """One (Slurm node, worker) pair -> a Finding (OK when they agree)."""
+    inv = snapshot.inventory
+    pool = inv[name].pool if name in inv else ""
+    if worker is not None and worker.phase != "Terminating":
+        age = _age(worker.created_at, now)
+        if name not in inv or node is None:
+            where = "the inventory" if name not in inv else "Slurm's nodes"
+            if age < policy.grace:
+                return Finding(name, Kind.OK, f"new worker not in {where} yet ({age:.0f}s old)", pool)
+            return Finding(name, Kind.ORPHAN_WORKER, f"{_worker_words(worker)} is for no node in {where}", pool)
+        if node.powered_down:
+            if age < policy.grace:
+                return Finding(name, Kind.OK, f"worker {age:.0f}s old for a powered-down node: within grace", pool)
+            return Finding(name, Kind.WORKER_FOR_POWERED_DOWN_NODE,
+                           f"{_worker_words(worker)} exists while Slurm has the node powered down "
+                           f"({'+'.join(sorted(node.state))})", pool)
+        if "POWERING_DOWN" in node.state:
+            return Finding(name, Kind.OK, "powering down: the suspend program removes the worker", pool)
+        if worker.phase in DEAD_PHASES:
+            return Finding(name, Kind.WORKER_FAILED, f"{_worker_words(worker)}", pool)
+        bound = _stuck_bound(worker, policy)
+        if bound is not None and age >= bound:
+            return Finding(name, Kind.STUCK_PENDING, f"{_worker_words(worker)} for {age:.0f}s", pool)
+        history = snapshot.history.get(pool)
+        if (history and history.failures and worker.phase == "Running" and not node.powering and not node.down
+                and worker.created_at is not None and worker.created_at > max(f.at for f in history.failures)):
+            return Finding(name, Kind.POOL_RECOVERED, f"pod {name} created after the pool's last failure is up", pool)
+        return Finding(name, Kind.OK, "", pool)
+    # no worker (or one on its way out)
+    if node is None:
+        return Finding(name, Kind.OK, "worker terminating", pool)
+    if node.powering:
+        return Finding(name, Kind.OK, "powering up / down: Slurm's timeouts apply", pool)
+    if node.powered_down:
+        if node.down_by_us:
+            return Finding(name, Kind.DOWN_POWERED_DOWN, f"no worker; was set DOWN: {node.reason}", pool)
+        return Finding(name, Kind.OK, "", pool)
+    if node.down:
+        if node.down_by_us:
+            return Finding(name, Kind.DOWN_WORKER_GONE, f"no worker; was set DOWN: {node.reason}", pool)
+        return Finding(name, Kind.OK, "DOWN by someone else: left alone", pool)
+    if name not in inv:
+        return Finding(name, Kind.OK, "not in the inventory: not ours to judge", pool)
+    if _age(node.booted_at, now) < policy.grace:
+        return Finding(name, Kind.OK, "just booted: the worker list may predate it", pool)
+    gone = f"pod {name} is gone" + (f" ({worker.phase})" if worker is not None else "")
+    return Finding(name, Kind.MISSING_WORKER,
+                   f"{gone} while Slurm has the node {'+'.join(sorted(node.state - {'CLOUD'}))}", pool)
+
+
+def classify(snapshot: Snapshot, now: float, policy: Policy = Policy()) -> list[Finding]:
+    """Every Slurm node and every worker -> findings (OK ones included), then one per pool in
+    backoff. Pure: no I/O, no clock."""
+    names = sorted(set(snapshot.nodes) | set(snapshot.workers))
+    findings = [classify_pair(n, snapshot.nodes.get(n), snapshot.workers.get(n), snapshot, now, policy)
+                for n in names]
+    for pool, history in sorted(snapshot.history.items()):
+        detail = backoff_detail(history, now, policy)
+        if detail:
+            findings.append(Finding(pool, Kind.POOL_BACKOFF, detail, pool))
+    return findings
+
+
+# ---------------------------------------------------------------- Slurm access
+
+
+class SlurmClient(Protocol):
+    def show_nodes(self) -> dict[str, Any]: ...
+
+    def jobs(self) -> dict[str, Any]: ...
+
+    def update(self, argv: Sequence[str]) -> None: ...
+
+
+def power_down_argv(names: Sequence[str], scontrol: str = "scontrol") -> list[str]:
+    return [scontrol, "update", f"nodename={','.join(names)}", "state=POWER_DOWN_FORCE"]
+
+
+@dataclass
+class SlurmCli:
+    """scontrol / squeue with --json, argv lists, a timeout per call; `observe(command, seconds, ok)`
+    is told the latency of every call (the controller RPC metric)."""
+
+    timeout: float = 10.0
+    scontrol: str = field(default_factory=lambda: shutil.which("scontrol") or "/usr/bin/scontrol")
+    squeue: str = field(default_factory=lambda: shutil.which("squeue") or "/usr/bin/squeue")
+    observe: Callable[[str, float, bool], None] | None = None
+
+    def _run(self, command: str, argv: Sequence[str]) -> str:
+        start = time.monotonic()
+        ok = False
+        try:
+            proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=self.timeout, check=False)
+            if proc.returncode != 0:
+                raise SlurmCommandError(f"{' '.join(argv)}: exit {proc.returncode}: {proc.stderr.strip()[:300]}")
+            ok = True
+            return proc.stdout
+        except (OSError, subprocess.TimeoutExpired) as err:
+            raise SlurmCommandError(f"{' '.join(argv)}: {err}") from None
+        finally:
+            if self.observe is not None:
+                self.observe(command, time.monotonic() - start, ok)
+
+    def _json(self, command: str, argv: Sequence[str]) -> dict[str, Any]:
+        text = self._run(command, argv)
+        try:
+            doc = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise SlurmCommandError(f"{' '.join(argv)}: not JSON: {err}") from None
+        return doc if isinstance(doc, dict) else {}
+
+    def show_nodes(self) -> dict[str, Any]:
+        return self._json("show_nodes", [self.scontrol, "show", "nodes", "--json"])
+
+    def jobs(self) -> dict[str, Any]:
+        return self._json("squeue", [self.squeue, "--json"])
+
+    def update(self, argv: Sequence[str]) -> None:
+        self._run("update", argv)
+
+
+@dataclass
+class FakeSlurmClient:
+    """Canned `scontrol show nodes --json` / `squeue --json`; records every update argv."""
+
+    nodes: list[dict[str, Any]] = field(default_factory=list)
+    job_list: list[dict[str, Any]] = field(default_factory=list)
+    updates: list[list[str]] = field(default_factory=list)
+    fail_updates: bool = False
+    fail_reads: bool = False
+
+    def show_nodes(self) -> dict[str, Any]:
+        if self.fail_reads:
+            raise SlurmCommandError("scontrol: error: Unable to contact slurm controller")
+        return {"nodes": self.nodes}
+
+    def jobs(self) -> dict[str, Any]:
+        if self.fail_reads:
+            raise SlurmCommandError("squeue: error: Unable to contact slurm controller")
+        return {"jobs": self.job_list}
+
+    def update(self, argv: Sequence[str]) -> None:
+        self.updates.append(list(argv))
+        if self.fail_updates:
+            raise SlurmCommandError(f"{' '.join(argv)}: exit 1: slurm_update error: Invalid node state")
+
+
+# ---------------------------------------------------------------- acting
+
+
+@dataclass(frozen=True)
+class Done:
+    finding: Finding
+    op: Op
+    ok: bool
+    error: str = ""
+    argv: tuple[str, ...] = ()
+
+
+@dataclass
+class Report:
+    findings: list[Finding] = field(default_factory=list)
+    done: list[Done] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)  # what kept the pass from seeing everything
+    snapshot: Snapshot | None = None
+
+    def of(self, kind: Kind) -> list[Finding]:
+        return [f for f in self.findings if f.kind == kind]
+
+    @property
+    def acted(self) -> list[Finding]:
+        return [f for f in self.findings if f.ops]
+
+
+def _do(op: Op, finding: Finding, slurm: SlurmClient, backend: NodeBackend, ledger: FailureLedger,
+        now: float, scontrol: str) -> tuple[str, ...]:
+    """Carry out one op; returns the argv it ran (Slurm ops). Raises on failure."""
+    name = finding.node
+    if op is Op.DELETE_WORKER:
+        backend.delete(name)
+        return ()
+    if op is Op.SET_DOWN:
+        argv = down_argv([name], finding.down_reason, scontrol)
+    elif op is Op.POWER_DOWN:
+        argv = power_down_argv([name], scontrol)
+    elif op is Op.RETURN_TO_SERVICE:
+        argv = resume_argv([name], scontrol)
+    elif op is Op.RECORD_FAILURE:
+        ledger.record_failure(finding.pool or "unknown", name, finding.down_reason, now)
+        return ()
+    elif op is Op.RECORD_SUCCESS:
+        ledger.record_success(finding.pool, now)
+        return ()
+    else:  # pragma: no cover - every Op is handled above
+        raise ValueError(f"unknown op {op}")
+    slurm.update(argv)
+    return tuple(argv)
+
+
+def run_once(slurm: SlurmClient, backend: NodeBackend, inventory: "Inventory", ledger: FailureLedger, now: float,
+             log: "Log", policy: Policy = Policy(), scontrol: str = "scontrol") -> Report:
+    """Fetch, classify, act, log. Never raises for a failing backend, Slurm or ledger: the
+    errors are in the report and the log, and the next pass tries again."""
+    report = Report()
+    try:
+        workers = backend.list()  # first: a worker missing here was missing before Slurm's answer too
+    except BackendError as err:
+        report.errors.append(f"cannot list workers: {err.reason}")
+        log.write(f"pass skipped: {report.errors[-1]}")
+        return report
+    try:
+        nodes = parse_nodes(slurm.show_nodes())
+    except SlurmCommandError as err:
+        report.errors.append(f"cannot read Slurm's nodes: {err}")
+        log.write(f"pass skipped: {report.errors[-1]}")
+        return report
+    try:
+        history = ledger.load()
+    except LedgerError as err:
+        report.errors.append(str(err))
+        log.write(f"{err}; classifying without failure history")
+        history = {}
+    snapshot = Snapshot(nodes, workers, inventory, history)
+    report.snapshot = snapshot
+    report.findings = classify(snapshot, now, policy)
+    todo = report.acted
+    if any(f.kind is Kind.MISSING_WORKER for f in todo):
+        # DOWN kills the node's jobs: look once more, a resume may have created the worker meanwhile
+        try:
+            again = backend.list()
+        except BackendError as err:
+            again = workers
+            log.write(f"could not re-list workers before setting nodes DOWN: {err.reason}")
+        for f in [f for f in todo if f.kind is Kind.MISSING_WORKER and f.node in again]:
+            log.write(f"{f.node}: worker appeared meanwhile; not setting it DOWN")
+            todo.remove(f)
+    for finding in todo:
+        steps = []
+        for op in finding.ops:
+            try:
+                argv = _do(op, finding, slurm, backend, ledger, now, scontrol)
+            except (BackendError, SlurmCommandError, LedgerError) as err:
+                error = err.reason if isinstance(err, BackendError) else str(err)
+                report.done.append(Done(finding, op, False, error))
+                steps.append(f"{op.value} FAILED ({error})")
+                break
+            report.done.append(Done(finding, op, True, "", argv))
+            steps.append(f"{op.value} ok")
+        log.write(f"{finding.node} {finding.kind.value}" + (f" [{finding.pool}]" if finding.pool else "")
+                  + f": {finding.detail} -> {', '.join(steps)}")
+    for f in report.of(Kind.POOL_BACKOFF):
+        log.write(f"pool {f.pool} in backoff: {f.detail}")
+    return report
+
+
+# ---------------------------------------------------------------- events from the resume / suspend programs
+
+
+@dataclass
+class EventTail:
+    """Reads the JSON lines appended to the events file since the last call (from its end at start:
+    counters restart at zero with the process, as Prometheus expects)."""
+
+    path: str
+    offset: int | None = None
+    _partial: str = ""
+
+    def read(self) -> list[dict[str, Any]]:
+        try:
+            size = os.path.getsize(self.path)
+        except OSError:
+            return []
+        if self.offset is None:
+            self.offset = size
+            return []
+        if size < self.offset:  # truncated / rotated
+            self.offset, self._partial = 0, ""
+        if size == self.offset:
+            return []
+        try:
+            with open(self.path, "rb") as fh:
+                fh.seek(self.offset)
+                chunk = fh.read(size - self.offset)
+        except OSError:
+            return []
+        self.offset += len(chunk)
+        text = self._partial + chunk.decode(errors="replace")
+        lines = text.split("\n")
+        self._partial = lines.pop()
+        out = []
+        for line in lines:
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a torn or foreign line: skip it, keep reading
+            if isinstance(obj, dict):
+                out.append(obj)
+        return out
+
+
+# ---------------------------------------------------------------- metrics
+
+
+LATENCY_BUCKETS = (0.5, 1, 2, 3, 5, 10, 20, 30, 60, 120, 300, 600, 1800, 3600)
+RPC_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+
+
+class Metrics:
+    """The loop's Prometheus metrics, in their own registry (prometheus_client imported here only)."""
+
+    def __init__(self) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+        r = self.registry = CollectorRegistry()
+        self.jobs = Gauge("slurmk8s_jobs", "Jobs by partition and state (pending, running)",
+                          ["partition", "state"], registry=r)
+        self.nodes = Gauge("slurmk8s_nodes", "Slurm nodes by pool and state", ["pool", "state"], registry=r)
+        self.workers = Gauge("slurmk8s_workers", "Worker pods by pool and phase", ["pool", "phase"], registry=r)
+        self.elastic = Counter("slurmk8s_elastic_requests", "Resume / suspend / resume-fail decisions by "
+                               "action, reason and outcome", ["program", "action", "reason", "outcome"], registry=r)
+        self.findings = Counter("slurmk8s_reconcile_findings", "Reconcile findings that needed action, by kind",
+                                ["kind"], registry=r)
+        self.actions = Counter("slurmk8s_reconcile_actions", "Reconcile actions by op and outcome",
+                               ["op", "outcome"], registry=r)
+        self.passes = Counter("slurmk8s_reconcile_passes", "Reconcile passes by outcome", ["outcome"], registry=r)
+        self.last_run = Gauge("slurmk8s_reconcile_last_run_timestamp_seconds", "End of the last reconcile pass",
+                              registry=r)
+        self.pass_seconds = Histogram("slurmk8s_reconcile_duration_seconds", "Time of one reconcile pass",
+                                      buckets=RPC_BUCKETS, registry=r)
+        self.backoff = Gauge("slurmk8s_pool_backoff", "1 while the pool's resumes are refused (backoff)",
+                             ["pool"], registry=r)
+        self.submit_to_running = Histogram("slurmk8s_job_submit_to_running_seconds",
+                                           "Job submit_time -> start_time, observed when first seen RUNNING",
+                                           ["partition"], buckets=LATENCY_BUCKETS, registry=r)
+        self.pod_start = Histogram("slurmk8s_worker_start_seconds", "Worker created -> Ready (Running)",
+                                   ["pool"], buckets=LATENCY_BUCKETS, registry=r)
+        self.provisioned = Counter("slurmk8s_node_provisioned_seconds", "Node-seconds with a worker in existence",
+                                   ["pool"], registry=r)
+        self.busy = Counter("slurmk8s_node_busy_seconds", "Node-seconds allocated to jobs", ["pool"], registry=r)
+        self.rpc = Histogram("slurmk8s_controller_rpc_seconds", "Latency of scontrol / squeue calls",
+                             ["command"], buckets=RPC_BUCKETS, registry=r)
+        self.rpc_errors = Counter("slurmk8s_controller_rpc_errors", "Failed scontrol / squeue calls",
+                                  ["command"], registry=r)
+        self._gauge_keys: dict[str, set[tuple[str, ...]]] = {}
+        self._seen_running: dict[int, float] = {}
+        self._seen_ready: set[tuple[str, float]] = set()
+        self._last: float | None = None
+        self._lock = threading.Lock()
+
+    # -- observation helpers
+
+    def observe_rpc(self, command: str, seconds: float, ok: bool) -> None:
+        self.rpc.labels(command).observe(seconds)
+        if not ok:
+            self.rpc_errors.labels(command).inc()
+
+    def _set_gauge(self, key: str, gauge: Any, values: Mapping[tuple[str, ...], float]) -> None:
+        """Set a labelled gauge to exactly `values` (label sets not seen any more drop to 0)."""
+        old = self._gauge_keys.get(key, set())
+        for labels in old - set(values):
+            gauge.labels(*labels).set(0)
+        for labels, v in values.items():
+            gauge.labels(*labels).set(v)
+        self._gauge_keys[key] = old | set(values)
+
+    def observe_pass(self, report: Report, jobs: Sequence[JobStatus] | None, now: float, started: float,
+                     seconds: float, backoff_pools: Iterable[str]) -> None:
+        with self._lock:
+            self.passes.labels("ok" if not report.errors else "error").inc()
+            self.pass_seconds.observe(seconds)
+            self.last_run.set(now)
+            for f in report.acted:
+                self.findings.labels(f.kind.value).inc()
+            for d in report.done:
+                self.actions.labels(d.op.value, "ok" if d.ok else "failed").inc()
+            pools = set(backoff_pools)
+            self._set_gauge("backoff", self.backoff, {(p,): 1.0 for p in pools})
+            snap = report.snapshot
+            if snap is not None:
+                self._observe_snapshot(snap, now, started)
+            if jobs is not None:
+                self._observe_jobs(jobs, started)
+
+    def _observe_snapshot(self, snap: Snapshot, now: float, started: float) -> None:
+        inv = snap.inventory
+
+        def pool_of(name: str) -> str:
+            return inv[name].pool if name in inv else "unknown"
+
+        counts: dict[tuple[str, ...], float] = {}
+        for name, node in snap.nodes.items():
+            key = (pool_of(name), node.summary)
+            counts[key] = counts.get(key, 0) + 1
+        self._set_gauge("nodes", self.nodes, counts)
+        counts = {}
+        for name, w in snap.workers.items():
+            key = (pool_of(name), w.phase)
+            counts[key] = counts.get(key, 0) + 1
+        self._set_gauge("workers", self.workers, counts)
+        # node-seconds since the previous pass, attributed with this pass's state
+        if self._last is not None:
+            dt = max(0.0, now - self._last)
+            for name, w in snap.workers.items():
+                if w.phase != "Terminating":
+                    self.provisioned.labels(pool_of(name)).inc(dt)
+            for name, node in snap.nodes.items():
+                if node.busy:
+                    self.busy.labels(pool_of(name)).inc(dt)
+        self._last = now
+        for name, w in snap.workers.items():
+            if w.phase != "Running" or w.created_at is None or w.created_at < started:
+                continue  # only workers created while this process watches: no stale huge values
+            key = (name, w.created_at)
+            if key in self._seen_ready:
+                continue
+            self._seen_ready.add(key)
+            ready = w.ready_at or now
+            self.pod_start.labels(pool_of(name)).observe(max(0.0, ready - w.created_at))
+        live = {(n, w.created_at) for n, w in snap.workers.items()}
+        self._seen_ready &= live
+
+    def _observe_jobs(self, jobs: Sequence[JobStatus], started: float) -> None:
+        counts: dict[tuple[str, ...], float] = {}
+        for j in jobs:
+            if j.state in ("PENDING", "RUNNING"):
+                key = (j.partition, j.state.lower())
+                counts[key] = counts.get(key, 0) + 1
+        self._set_gauge("jobs", self.jobs, counts)
+        for j in jobs:
+            if j.state != "RUNNING" or j.job_id in self._seen_running:
+                continue
+            self._seen_running[j.job_id] = j.start_time or 0.0
+            if j.submit_time and j.start_time and j.start_time >= started - 1:
+                self.submit_to_running.labels(j.partition).observe(max(0.0, j.start_time - j.submit_time))
+        running = {j.job_id for j in jobs if j.state == "RUNNING"}
+        for job_id in [k for k in self._seen_running if k not in running]:
+            del self._seen_running[job_id]
+
+    def observe_events(self, events: Iterable[Mapping[str, Any]]) -> None:
+        with self._lock:
+            for e in events:
+                self.elastic.labels(str(e.get("program", "")), str(e.get("action", "")), str(e.get("reason", "")),
+                                    str(e.get("outcome", ""))).inc()
+
+    def exposition(self) -> bytes:
+        from prometheus_client import generate_latest
+
+        return generate_latest(self.registry)
+
+    def serve(self, port: int, addr: str = "0.0.0.0") -> Any:
+        from prometheus_client import start_http_server
+
+        return start_http_server(port, addr=addr, registry=self.registry)
+
+
+def exported_names(registry: Any) -> set[str]:
+    """Every sample name the registry can export (counter _total, histogram _bucket/_sum/_count...),
+    whether or not a labelled child exists yet."""
+    suffixes = {"counter": ("_total", "_created"), "gauge": ("",), "histogram": ("_bucket", "_sum", "_count", "_created"),
+                "summary": ("", "_sum", "_count", "_created"), "info": ("_info",)}
+    names = set()
+    for family in registry.collect():
+        for s in suffixes.get(family.type, ("",)):
+            names.add(family.name + s)
+    return names
+
+
+# ---------------------------------------------------------------- the loop
+
+
+def _load_inventory(path: str) -> "Inventory":
+    from .inventory import Inventory
+
+    with open(path) as fh:
+        return Inventory.from_json(json.load(fh))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from .elastic.backend import backend_from_env
+    from .elastic.programs import DEFAULT_INVENTORY, DEFAULT_LOG, Log, program_env
+
+    parser = argparse.ArgumentParser(prog="slurmk8s-reconcile", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--once", action="store_true", help="one pass, then exit (status 1 if it had errors)")
+    parser.add_argument("--period", type=float, default=DEFAULT_PERIOD, help="seconds between passes")
+    parser.add_argument("--metrics-port", type=int, default=DEFAULT_METRICS_PORT, help="0: no metrics endpoint")
+    parser.add_argument("--grace", type=float, default=None, help="seconds before a worker / boot is judged")
+    parser.add_argument("--pending-timeout", type=float, default=None)
+    parser.add_argument("--unschedulable-timeout", type=float, default=None)
+    args = parser.parse_args(argv)
+
+    env = program_env(os.environ)
+    log_path = env.get("SLURMK8S_RECONCILE_LOG") or os.path.join(
+        os.path.dirname(env.get("SLURMK8S_LOG", DEFAULT_LOG)), "reconcile.log")
+    log = Log("reconcile", log_path)
+    overrides = {k: v for k, v in (("grace", args.grace), ("pending_timeout", args.pending_timeout),
+                                   ("unschedulable_timeout", args.unschedulable_timeout)) if v is not None}
+    policy = Policy.from_env(env, **overrides)
+    ledger = FileLedger(env.get("SLURMK8S_LEDGER", DEFAULT_LEDGER), policy)
+    metrics = Metrics() if args.metrics_port else None
+    slurm = SlurmCli(observe=metrics.observe_rpc if metrics else None)
+    if metrics is not None:
+        metrics.serve(args.metrics_port)
+        log.write(f"metrics on :{args.metrics_port}/metrics")
+    events = EventTail(env.get("SLURMK8S_EVENTS", DEFAULT_EVENTS))
+    events.read()  # start at the end
+    started = time.time()
+    inventory_path = env.get("SLURMK8S_INVENTORY", DEFAULT_INVENTORY)
+    log.write(f"started: period {args.period:.0f}s, grace {policy.grace:.0f}s, ledger {ledger.path}")
+    backend: NodeBackend | None = None
+    code = 0
+    while True:
+        tick = time.monotonic()
+        now = time.time()
+        errors: list[str] = []
+        report = Report()
+        try:
+            inventory = _load_inventory(inventory_path)
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            errors.append(f"inventory {inventory_path} unreadable: {err}")
+            inventory = None
+        if inventory is not None:
+            try:
+                backend = backend or backend_from_env(env)
+            except BackendError as err:
+                errors.append(f"backend unavailable: {err.reason}")
+        if inventory is not None and backend is not None:
+            report = run_once(slurm, backend, inventory, ledger, now, log, policy, slurm.scontrol)
+        report.errors[:0] = errors
+        for e in errors:
+            log.write(f"pass skipped: {e}")
+        if metrics is not None:
+            jobs: list[JobStatus] | None = None
+            try:
+                jobs = parse_jobs(slurm.jobs())
+            except SlurmCommandError as err:
+                log.write(f"cannot read the queue for metrics: {err}")
+            pools = [f.pool for f in report.findings if f.kind is Kind.POOL_BACKOFF]
+            metrics.observe_pass(report, jobs, now, started, time.monotonic() - tick, pools)
+            metrics.observe_events(events.read())
+        code = 1 if report.errors else 0
+        if args.once:
+            break
+        time.sleep(max(0.5, args.period - (time.monotonic() - tick)))
+    log.close()
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
