@@ -343,8 +343,12 @@ def run(argv: Sequence[str], timeout: float, env: Mapping[str, str] | None = Non
 
 
 def mpi_env(env: Mapping[str, str]) -> dict[str, str]:
-    """No Slurm variables (mpirun must not think it is inside an allocation); root allowed."""
+    """No Slurm variables (mpirun must not think it is inside an allocation); root allowed. slurmd
+    starts the check with almost no environment, and OpenMPI fails ("Failed initializing opal")
+    without HOME: give it HOME and PATH."""
     out = {k: v for k, v in env.items() if not k.startswith(("SLURM_", "SLURMD_", "PMIX_", "OMPI_"))}
+    out.setdefault("HOME", "/root")
+    out.setdefault("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
     out.update({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"})
     return out
 

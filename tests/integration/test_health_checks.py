@@ -1,0 +1,121 @@
+"""Health checks on the Docker test bed: a worker whose check fails drains itself with the reason,
+a healthy one stays IDLE, and the drained node comes back with a fresh worker.
+
+Own small cluster (2 nodes, health interval 10 s): one node gets an image whose MPI probe is broken
+on purpose (the docker backend's per-node image override), so its check fails at slurmd's start;
+later a raised /dev/shm threshold (slurm.conf + scontrol reconfigure) makes the periodic check fail.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from typing import Iterator
+
+import pytest
+
+from testbed import IMAGES, Testbed, docker, fake_k8s_nodes, wait_for
+
+from provisioner.config import Health
+from provisioner.generate import generate
+from provisioner.inventory import nodes_from_api
+from provisioner.render import Site, write_files
+
+pytestmark = pytest.mark.integration
+
+BROKEN_MPI = """FROM {base}
+RUN printf '#!/bin/sh\\necho "mpi-loopback: broken on purpose" >&2\\nexit 3\\n' >/usr/local/lib/slurmk8s/mpi-loopback
+"""
+
+
+class HealthTestbed(Testbed):
+    __test__ = False
+
+    def _prepare(self) -> None:
+        super()._prepare()
+        self.render(Health(interval=10))
+
+    def render(self, health: Health) -> None:
+        self.spec = self.spec.model_copy(update={"health": health})
+        self.generated = generate(self.spec, nodes_from_api(fake_k8s_nodes(self.node_count)),
+                                  Site(controller_host=self.ctld))
+        write_files(self.generated.files, self.workdir / "etc-slurm")
+
+
+@pytest.fixture(scope="module")
+def bed(testbed_available, tmp_path_factory: pytest.TempPathFactory) -> Iterator[HealthTestbed]:
+    b = HealthTestbed(tmp_path_factory.mktemp("health"), node_count=2, suspend_time=30, resume_timeout=60,
+                      suspend_timeout=5)
+    b.up()
+    try:
+        yield b
+    finally:
+        b.down()
+        print(f"\ntestbed {b.token}: logs kept in {b.log_dir}")
+
+
+def health_log(bed: Testbed, name: str) -> str:
+    return bed.exec(name, ["cat", "/var/log/slurm/healthcheck.log"], check=False).stdout
+
+
+def sinfo_r(bed: Testbed) -> str:
+    return bed.exec(bed.ctld, ["sinfo", "-R", "-h", "-o", "%n|%E"]).stdout
+
+
+def test_failing_check_drains_the_node_healthy_one_stays_idle_and_a_fresh_worker_replaces_it(bed: HealthTestbed):
+    bad, good = bed.node_names
+    broken = f"slurmk8s/slurmd-broken-mpi:{bed.token}"
+    subprocess.run(["docker", "build", "-q", "-t", broken, "-"], input=BROKEN_MPI.format(base=IMAGES["slurmd"]),
+                   text=True, check=True, capture_output=True, timeout=120)
+    try:
+        bed.set_overrides({"images": {bad: broken}})
+        bed.exec(bed.ctld, ["scontrol", "update", f"nodename={bad},{good}", "state=POWER_UP"])
+
+        # the check at slurmd's start (before it registers) drains the broken node
+        def drained() -> bool:
+            n = bed.nodes()[bad]
+            return "DRAIN" in n.state and n.reason.startswith("health: mpi:")
+        wait_for(f"{bad} drained by its health check", drained, 60)
+        node = bed.nodes()[bad]
+        assert "2-rank loopback exit" in node.reason, node.reason
+        assert f"{bad}|health: mpi: 2-rank loopback exit" in sinfo_r(bed)
+        started = time.monotonic()
+
+        # the healthy node registers and stays IDLE through several periodic checks
+        wait_for(f"{good} up", lambda: bed.nodes()[good].up, 60)
+        wait_for("two periodic checks on the healthy node",
+                 lambda: health_log(bed, good).count("mpi: ok:") >= 3, 40, interval=1)
+        log = health_log(bed, good)
+        assert "gpu: skip: no GPU expected (the node's Gres has none)" in log
+        assert "shm: ok: /dev/shm 512MiB" in log
+        assert bed.nodes()[good].up and bed.nodes()[good].state[0] == "IDLE"
+        assert "drained: health: mpi:" in health_log(bed, bad)
+        print(f"healthy node checked {log.count('mpi: ok:')} times; drain reason: {node.reason}")
+
+        # the drained, idle node is suspended after SuspendTime: its worker is deleted
+        bed.set_overrides({})  # the node's "hardware" is fixed: the next worker gets the good image
+        wait_for(f"{bad}'s worker removed", lambda: bad not in bed.workers(), 30 + 60, interval=1)
+        wait_for(f"{bad} powered down", lambda: bed.nodes()[bad].powered_down, 60, interval=1)
+        after = bed.nodes()[bad]
+        print(f"{bad} after suspend ({time.monotonic() - started:.0f}s): state {after.state} reason {after.reason!r}")
+        if "DRAIN" in after.state:
+            # idle_on_node_suspend did not clear the drain: the operator's RESUME does
+            bed.exec(bed.ctld, ["scontrol", "update", f"nodename={bad}", "state=RESUME"])
+        # the next resume creates a fresh worker, which passes and takes jobs
+        bed.exec(bed.ctld, ["scontrol", "update", f"nodename={bad}", "state=POWER_UP"], check=False)
+        wait_for(f"{bad} up again with a fresh worker", lambda: bed.nodes()[bad].up, 90, interval=1)
+        assert "mpi: ok:" in health_log(bed, bad)
+        assert "DRAIN" not in bed.nodes()[bad].state
+
+        # the periodic check: a raised /dev/shm threshold (slurm.conf, reconfigure) drains it within an interval
+        bed.render(Health(interval=10, min_shm="4Gi"))
+        bed.exec(bed.ctld, ["scontrol", "reconfigure"])
+
+        def shm_drained() -> bool:
+            n = bed.nodes()[bad]
+            return "DRAIN" in n.state and n.reason.startswith("health: shm:")
+        wait_for(f"{bad} drained by the periodic check", shm_drained, 60, interval=1)
+        assert bed.nodes()[bad].reason == "health: shm: /dev/shm is 512MiB, below 4096MiB"
+    finally:
+        bed.set_overrides({})
+        docker("rmi", "-f", broken, check=False)
