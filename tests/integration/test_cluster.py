@@ -14,7 +14,7 @@ import time
 import asyncssh
 import pytest
 
-from testbed import USER, Testbed, wait_for
+from testbed import UID, USER, Testbed, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -153,10 +153,11 @@ def test_user_submits_over_ssh_and_two_node_job_writes_to_shared_home(cluster: T
     who = cluster.ssh(["id", "-un"]).stdout.strip()
     assert who == USER
     job = run_job(cluster, "-N2", "--ntasks-per-node=1", "-o", home("two-%j.out"), "--wrap",
-                  "srun bash -c 'echo $(hostname) $SLURM_PROCID'")
+                  "srun bash -c 'echo $(hostname) $SLURM_PROCID $(id -un) $(id -u)'")
     lines = sorted(read_home(cluster, f"two-{job}.out").splitlines())
     nodes = cluster.hosts(cluster.job(job)["nodes"])
     assert [line.split()[1] for line in lines] == ["0", "1"]
+    assert {tuple(line.split()[2:]) for line in lines} == {(USER, str(UID))}  # same user, same uid on every worker
     assert sorted(line.split()[0] for line in lines) == sorted(nodes)
     assert len(set(nodes)) == 2
 

@@ -55,8 +55,8 @@ class TestbedError(RuntimeError):
     pass
 
 
-def docker(*args: str, check: bool = True, timeout: float = 120, input: str | None = None) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout, input=input)
+def docker(*args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:
         raise TestbedError(f"docker {' '.join(args[:3])}...: exit {proc.returncode}: {proc.stderr.strip()}")
     return proc
@@ -98,14 +98,8 @@ class NodeState:
     def powered_down(self) -> bool:
         return "POWERED_DOWN" in self.state and "POWERING_DOWN" not in self.state
 
-    @property
-    def up(self) -> bool:
-        """Registered and usable: not powered down / powering, not DOWN / DRAIN / NOT_RESPONDING."""
-        bad = {"POWERED_DOWN", "POWERING_UP", "POWERING_DOWN", "DOWN", "DRAIN", "NOT_RESPONDING", "FAIL"}
-        return not bad & set(self.state)
 
-
-def cluster_spec(token: str, nodes: int, *, fast_start: bool = True, suspend_time: int = 15,
+def cluster_spec(token: str, *, fast_start: bool = True, suspend_time: int = 15,
               resume_timeout: int = 60, suspend_timeout: int = 5, pubkey: str = "") -> ClusterSpec:
     return parse_spec({
         "name": f"it-{token}",
@@ -178,7 +172,7 @@ class Testbed:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.key = asyncssh.generate_private_key("ssh-ed25519")
         pubkey = self.key.export_public_key().decode().strip()
-        self.spec = cluster_spec(self.token, self.node_count, fast_start=self.fast_start, suspend_time=self.suspend_time,
+        self.spec = cluster_spec(self.token, fast_start=self.fast_start, suspend_time=self.suspend_time,
                               resume_timeout=self.resume_timeout, suspend_timeout=self.suspend_timeout, pubkey=pubkey)
         self.generated: Generated = generate(self.spec, nodes_from_api(fake_k8s_nodes(self.node_count)),
                                              Site(controller_host=self.ctld))
