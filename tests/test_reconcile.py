@@ -1,0 +1,560 @@
+"""Unit tests for the reconcile loop: the pure classifier (every Kind), the action table, run_once
+with fakes (recorded argv), the pool backoff and its ledger, the resume program's refusal, the
+events file, the metrics and the dashboard's queries. No Docker, no Slurm."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from provisioner import reconcile as rc
+from provisioner.elastic import programs
+from provisioner.elastic.backend import BackendError, FakeBackend, Worker
+from provisioner.elastic.plan import Reason
+from provisioner.elastic.programs import Context, Log, run_resume, run_resume_fail, run_suspend
+from provisioner.elastic.slurmcmd import FakeSlurm
+from provisioner.inventory import Inventory, SlurmNode
+from provisioner.reconcile import (
+    ACTIONS,
+    FakeSlurmClient,
+    FileLedger,
+    Kind,
+    MemoryLedger,
+    Op,
+    Policy,
+    PoolHistory,
+    Snapshot,
+    classify,
+    parse_nodes,
+    run_once,
+)
+
+NOW = 1_800_000_000.0
+POLICY = Policy(grace=20, pending_timeout=60, unschedulable_timeout=180, backoff_failures=3,
+                backoff_window=600, backoff_cooloff=300, dedupe=120)
+DASHBOARD = Path(__file__).resolve().parents[1] / "charts" / "dashboards" / "slurmk8s.json"
+
+
+def inventory(n: int = 4, pool: str = "cpu") -> Inventory:
+    return Inventory(tuple(SlurmNode(f"{pool}-{i}", pool, pool, 2, 1024) for i in range(n)))
+
+
+def node_json(name: str, *state: str, reason: str = "", boot: float | None = None) -> dict:
+    obj = {"name": name, "state": list(state), "reason": reason, "partitions": ["cpu"],
+           "boot_time": {"set": True, "infinite": False, "number": int(boot or 0)},
+           "slurmd_start_time": {"set": True, "infinite": False, "number": 0}}
+    return obj
+
+
+def powered_down(name: str, **kw) -> dict:
+    return node_json(name, "IDLE", "CLOUD", "POWERED_DOWN", **kw)
+
+
+def up(name: str, base: str = "ALLOCATED", boot: float = NOW - 600, **kw) -> dict:
+    return node_json(name, base, "CLOUD", boot=boot, **kw)
+
+
+def worker(name: str, phase: str = "Running", reason: str = "", age: float = 300) -> Worker:
+    return Worker(name, phase, reason, created_at=NOW - age)
+
+
+def snap(nodes: list[dict], workers: list[Worker] = (), inv: Inventory | None = None,
+         history: dict[str, PoolHistory] | None = None) -> Snapshot:
+    return Snapshot(parse_nodes({"nodes": nodes}), {w.name: w for w in workers}, inv or inventory(),
+                    history or {})
+
+
+def kinds(s: Snapshot, now: float = NOW, policy: Policy = POLICY) -> dict[str, Kind]:
+    return {f.node: f.kind for f in classify(s, now, policy)}
+
+
+def only(s: Snapshot, name: str) -> rc.Finding:
+    [f] = [f for f in classify(s, NOW, POLICY) if f.node == name]
+    return f
+
+
+# ---------------------------------------------------------------- parsing
+
+
+def test_parse_nodes_reads_24_11_numbers_and_state_lists():
+    [n] = parse_nodes({"nodes": [{"name": "a", "state": ["MIXED", "CLOUD"], "reason": "",
+                                  "boot_time": {"set": True, "infinite": False, "number": 100},
+                                  "slurmd_start_time": {"set": True, "infinite": False, "number": 120},
+                                  "partitions": ["cpu"]}]}).values()
+    assert n.state == {"MIXED", "CLOUD"} and n.booted_at == 120 and n.busy and n.summary == "mixed"
+    [p] = parse_nodes({"nodes": [powered_down("b")]}).values()
+    assert p.powered_down and p.booted_at is None and p.summary == "powered_down"
+    assert rc._num({"set": False, "number": 5}) is None and rc._num({"set": True, "infinite": True}) is None
+
+
+def test_parse_jobs_configuring_counts_as_pending():
+    jobs = rc.parse_jobs({"jobs": [
+        {"job_id": 1, "partition": "cpu", "job_state": ["RUNNING", "CONFIGURING"],
+         "submit_time": {"set": True, "number": 10}, "start_time": {"set": True, "number": 12}},
+        {"job_id": 2, "partition": "cpu", "job_state": ["RUNNING"]}]})
+    assert [(j.job_id, j.state) for j in jobs] == [(1, "PENDING"), (2, "RUNNING")]
+    assert jobs[0].submit_time == 10 and jobs[1].start_time is None
+
+
+# ---------------------------------------------------------------- classes
+
+
+def test_agreeing_pairs_are_ok():
+    s = snap([powered_down("cpu-0"), up("cpu-1"), up("cpu-2", "IDLE")],
+             [worker("cpu-1"), worker("cpu-2")])
+    assert kinds(s) == {"cpu-0": Kind.OK, "cpu-1": Kind.OK, "cpu-2": Kind.OK}
+    assert all(not f.ops for f in classify(s, NOW, POLICY))
+
+
+def test_orphan_worker_not_in_inventory():
+    s = snap([powered_down("cpu-0")], [worker("stray-9")])
+    f = only(s, "stray-9")
+    assert f.kind == Kind.ORPHAN_WORKER and "no node in the inventory" in f.detail
+    assert f.ops == (Op.DELETE_WORKER,)
+
+
+def test_orphan_worker_for_inventory_node_unknown_to_slurm():
+    s = snap([], [worker("cpu-3")])
+    assert only(s, "cpu-3").kind == Kind.ORPHAN_WORKER
+    assert "Slurm's nodes" in only(s, "cpu-3").detail
+
+
+def test_new_orphan_within_grace_is_left_for_now():
+    s = snap([], [worker("stray-9", age=5)])
+    assert only(s, "stray-9").kind == Kind.OK
+
+
+def test_worker_for_powered_down_node():
+    s = snap([powered_down("cpu-0")], [worker("cpu-0", age=60)])
+    f = only(s, "cpu-0")
+    assert f.kind == Kind.WORKER_FOR_POWERED_DOWN_NODE and "POWERED_DOWN" in f.detail
+    assert f.ops == (Op.DELETE_WORKER,)
+
+
+def test_worker_for_powering_up_or_down_node_or_within_grace_is_ok():
+    s = snap([node_json("cpu-0", "IDLE", "CLOUD", "POWERED_DOWN", "POWERING_UP"),
+              node_json("cpu-1", "IDLE", "CLOUD", "POWERING_DOWN"), powered_down("cpu-2")],
+             [worker("cpu-0", age=60), worker("cpu-1", age=60), worker("cpu-2", age=5)])
+    assert set(kinds(s).values()) == {Kind.OK}
+
+
+def test_terminating_worker_of_powered_down_node_is_ok():
+    s = snap([powered_down("cpu-0")], [worker("cpu-0", "Terminating", age=60)])
+    assert only(s, "cpu-0").kind == Kind.OK
+
+
+def test_missing_worker_of_allocated_node():
+    s = snap([up("cpu-1", "ALLOCATED")], [])
+    f = only(s, "cpu-1")
+    assert f.kind == Kind.MISSING_WORKER
+    assert f.ops == (Op.SET_DOWN, Op.POWER_DOWN)
+    assert "pod cpu-1 is gone" in f.down_reason and f.down_reason.startswith("slurmk8s missing-worker:")
+
+
+def test_missing_worker_also_when_idle_or_its_pod_terminates():
+    s = snap([up("cpu-1", "IDLE"), up("cpu-2")], [worker("cpu-2", "Terminating")])
+    assert kinds(s) == {"cpu-1": Kind.MISSING_WORKER, "cpu-2": Kind.MISSING_WORKER}
+
+
+def test_missing_worker_not_judged_right_after_boot():
+    s = snap([up("cpu-1", boot=NOW - 3)], [])
+    assert only(s, "cpu-1").kind == Kind.OK
+
+
+def test_missing_worker_not_for_powering_or_powered_down_nodes_nor_foreign_nodes():
+    s = snap([node_json("cpu-0", "ALLOCATED", "CLOUD", "POWERED_DOWN", "POWERING_UP"),
+              node_json("cpu-1", "IDLE", "CLOUD", "POWERING_DOWN"), powered_down("cpu-2"),
+              up("other-0")], [])
+    assert set(kinds(s).values()) == {Kind.OK}
+
+
+@pytest.mark.parametrize("reason", ["ErrImagePull: pull access denied", "ImagePullBackOff: Back-off pulling",
+                                    "ErrImageNeverPull: image not present", "CreateContainerConfigError: no secret"])
+def test_stuck_pending_image_and_config_errors(reason):
+    s = snap([node_json("cpu-0", "ALLOCATED", "CLOUD", "POWERED_DOWN", "POWERING_UP")],
+             [worker("cpu-0", "Pending", reason, age=61)])
+    f = only(s, "cpu-0")
+    assert f.kind == Kind.STUCK_PENDING and reason.split(":")[0] in f.down_reason
+    assert f.ops == (Op.DELETE_WORKER, Op.SET_DOWN, Op.RECORD_FAILURE)
+
+
+def test_stuck_pending_bounds():
+    nodes = [node_json("cpu-0", "ALLOCATED", "CLOUD", "POWERING_UP")]
+    young = snap(nodes, [worker("cpu-0", "Pending", "ErrImagePull: x", age=59)])
+    assert only(young, "cpu-0").kind == Kind.OK
+    unsched = "Unschedulable: 0/3 nodes are available: 3 Insufficient cpu."
+    assert only(snap(nodes, [worker("cpu-0", "Pending", unsched, age=120)]), "cpu-0").kind == Kind.OK
+    assert only(snap(nodes, [worker("cpu-0", "Pending", unsched, age=181)]), "cpu-0").kind == Kind.STUCK_PENDING
+    # plain Pending (ContainerCreating, no reason) is never stuck by this rule
+    assert only(snap(nodes, [worker("cpu-0", "Pending", "", age=1000)]), "cpu-0").kind == Kind.OK
+
+
+@pytest.mark.parametrize("phase", ["Failed", "Succeeded"])
+def test_worker_failed(phase):
+    s = snap([up("cpu-1")], [worker("cpu-1", phase, "Error (exit 1)")])
+    f = only(s, "cpu-1")
+    assert f.kind == Kind.WORKER_FAILED and "Error (exit 1)" in f.down_reason
+    assert f.ops == (Op.DELETE_WORKER, Op.SET_DOWN, Op.RECORD_FAILURE)
+
+
+def test_down_by_us_without_worker_is_powered_down_then_returned():
+    s = snap([node_json("cpu-0", "DOWN", "CLOUD", reason="slurmk8s missing-worker: pod cpu-0 is gone"),
+              node_json("cpu-1", "DOWN", "CLOUD", "POWERED_DOWN", reason="slurmk8s resume: image missing"),
+              node_json("cpu-2", "DOWN", "CLOUD", "POWERED_DOWN", "POWERING_UP", reason="slurmk8s resume: x")], [])
+    k = kinds(s)
+    assert k["cpu-0"] == Kind.DOWN_WORKER_GONE and ACTIONS[Kind.DOWN_WORKER_GONE] == (Op.POWER_DOWN,)
+    assert k["cpu-1"] == Kind.DOWN_POWERED_DOWN and ACTIONS[Kind.DOWN_POWERED_DOWN] == (Op.RETURN_TO_SERVICE,)
+    assert k["cpu-2"] == Kind.OK  # powering up: Slurm's ResumeTimeout and resume-fail handle it
+
+
+def test_down_by_an_admin_is_left_alone():
+    s = snap([node_json("cpu-0", "DOWN", "CLOUD", reason="bad DIMM, ticket 42"),
+              node_json("cpu-1", "DOWN", "CLOUD", "POWERED_DOWN", reason="maintenance")], [])
+    assert set(kinds(s).values()) == {Kind.OK}
+
+
+def test_pool_backoff_and_recovery_findings():
+    failures = tuple(rc.Failure(f"cpu-{i}", NOW - 100 + i, "ErrImagePull") for i in range(3))
+    history = {"cpu": PoolHistory(failures)}
+    s = snap([up("cpu-1")], [worker("cpu-1", age=300)], history=history)
+    found = classify(s, NOW, POLICY)
+    [b] = [f for f in found if f.kind == Kind.POOL_BACKOFF]
+    assert b.node == "cpu" and "3 consecutive resume failures" in b.detail and b.ops == ()
+    # the worker predates the failures: no recovery; one created after them that runs: recovered
+    assert only(s, "cpu-1").kind == Kind.OK
+    s2 = snap([up("cpu-1")], [worker("cpu-1", age=10)], history=history)
+    assert only(s2, "cpu-1").kind == Kind.POOL_RECOVERED and ACTIONS[Kind.POOL_RECOVERED] == (Op.RECORD_SUCCESS,)
+
+
+def test_every_kind_has_an_action_row_and_every_op_is_used():
+    assert set(ACTIONS) == set(Kind)
+    assert {op for ops in ACTIONS.values() for op in ops} == set(Op)
+
+
+# ---------------------------------------------------------------- backoff rule and ledgers
+
+
+def hist(*ats: float, last_success: float | None = None) -> PoolHistory:
+    return PoolHistory(tuple(rc.Failure(f"n{i}", at, "x") for i, at in enumerate(ats)), last_success)
+
+
+def test_backoff_needs_n_failures_within_the_window_after_the_last_success():
+    assert rc.backoff_until(hist(NOW - 30, NOW - 20), NOW, POLICY) is None
+    assert rc.backoff_until(hist(NOW - 30, NOW - 20, NOW - 10), NOW, POLICY) == NOW - 10 + 300
+    assert rc.backoff_until(hist(NOW - 900, NOW - 20, NOW - 10), NOW, POLICY) is None  # one out of the window
+    assert rc.backoff_until(hist(NOW - 30, NOW - 20, NOW - 10, last_success=NOW - 25), NOW, POLICY) is None
+    assert rc.backoff_until(hist(NOW - 330, NOW - 320, NOW - 310), NOW, POLICY) is None  # cooled off
+
+
+def test_memory_ledger_dedupes_one_nodes_repeat_and_success_resets():
+    led = MemoryLedger(POLICY)
+    led.record_failure("cpu", "cpu-0", "stuck", NOW)
+    led.record_failure("cpu", "cpu-0", "resume-failed", NOW + 60)  # same attempt, seen by resume-fail
+    led.record_failure("cpu", "cpu-1", "stuck", NOW + 61)
+    assert [f.node for f in led.load()["cpu"].failures] == ["cpu-0", "cpu-1"]
+    led.record_failure("cpu", "cpu-0", "again", NOW + 200)  # a later attempt counts
+    assert len(led.load()["cpu"].failures) == 3
+    assert rc.active_backoffs(led, NOW + 201, POLICY)["cpu"].startswith("3 consecutive")
+    led.record_success("cpu", NOW + 202)
+    assert rc.active_backoffs(led, NOW + 203, POLICY) == {}
+
+
+def test_file_ledger_survives_a_new_instance(tmp_path):
+    path = str(tmp_path / "spool" / "slurmk8s" / "ledger.json")
+    FileLedger(path, POLICY).record_failure("gpu", "gpu-0", "ErrImagePull", NOW)
+    FileLedger(path, POLICY).record_failure("gpu", "gpu-1", "ErrImagePull", NOW + 1)
+    loaded = FileLedger(path, POLICY).load()
+    assert [f.node for f in loaded["gpu"].failures] == ["gpu-0", "gpu-1"]
+    FileLedger(path, POLICY).record_success("gpu", NOW + 2)
+    assert FileLedger(path, POLICY).load()["gpu"] == PoolHistory((), NOW + 2)
+
+
+def test_file_ledger_unreadable_is_a_ledger_error(tmp_path):
+    path = tmp_path / "ledger.json"
+    path.write_text("{not json")
+    with pytest.raises(rc.LedgerError, match="cannot read the failure ledger"):
+        FileLedger(str(path)).load()
+    assert FileLedger(str(tmp_path / "absent.json")).load() == {}
+
+
+def test_programs_and_reconcile_agree_on_the_ledger_path():
+    assert programs.DEFAULT_LEDGER == rc.DEFAULT_LEDGER and programs.DEFAULT_EVENTS == rc.DEFAULT_EVENTS
+
+
+# ---------------------------------------------------------------- run_once
+
+
+def run(nodes, workers=(), inv=None, ledger=None, backend=None, slurm=None, policy=POLICY):
+    backend = backend or FakeBackend({w.name: w for w in workers})
+    slurm = slurm or FakeSlurmClient(nodes=nodes)
+    ledger = ledger if ledger is not None else MemoryLedger(policy)
+    log = Log("reconcile-test")
+    report = run_once(slurm, backend, inv or inventory(), ledger, NOW, log, policy)
+    return report, backend, slurm, ledger, log
+
+
+def test_run_once_deletes_orphan_and_stale_workers_and_logs_why():
+    report, backend, slurm, _, log = run([powered_down("cpu-0")], [worker("stray-9"), worker("cpu-0")])
+    assert sorted(c for c in backend.calls) == [("delete", "cpu-0"), ("delete", "stray-9")]
+    assert slurm.updates == []
+    text = "\n".join(log.lines)
+    assert re.search(r"stray-9 orphan-worker: pod stray-9 Running is for no node in the inventory -> "
+                     r"delete-worker ok", text), text
+    assert re.search(r"cpu-0 worker-for-powered-down-node \[cpu\]: .* -> delete-worker ok", text), text
+
+
+def test_run_once_missing_worker_sets_down_naming_the_pod_then_powers_down():
+    report, backend, slurm, _, log = run([up("cpu-1")], [])
+    assert slurm.updates == [
+        ["scontrol", "update", "nodename=cpu-1", "state=DOWN",
+         "reason=slurmk8s missing-worker: pod cpu-1 is gone while Slurm has the node ALLOCATED"],
+        ["scontrol", "update", "nodename=cpu-1", "state=POWER_DOWN_FORCE"],
+    ]
+    assert backend.calls == []
+    assert [d.op for d in report.done] == [Op.SET_DOWN, Op.POWER_DOWN] and all(d.ok for d in report.done)
+
+
+class AppearingBackend(FakeBackend):
+    """The worker shows up between the first and the second list (a resume racing the pass)."""
+
+    def list(self):
+        listed = dict(self.workers)
+        self.workers.setdefault("cpu-1", Worker("cpu-1", "Pending", created_at=NOW))
+        return listed
+
+
+def test_run_once_rechecks_before_setting_a_node_down():
+    report, _, slurm, _, log = run([up("cpu-1")], backend=AppearingBackend())
+    assert slurm.updates == []
+    assert any("worker appeared meanwhile" in line for line in log.lines)
+
+
+def test_run_once_stuck_pending_deletes_sets_down_and_records_the_failure():
+    nodes = [node_json("cpu-0", "ALLOCATED", "CLOUD", "POWERED_DOWN", "POWERING_UP")]
+    report, backend, slurm, ledger, _ = run(nodes, [worker("cpu-0", "Pending", "ErrImageNeverPull: no image", 90)])
+    assert backend.calls == [("delete", "cpu-0")]
+    [argv] = slurm.updates
+    assert argv[:4] == ["scontrol", "update", "nodename=cpu-0", "state=DOWN"]
+    assert argv[4].startswith("reason=slurmk8s stuck-pending: pod cpu-0 Pending (ErrImageNeverPull: no image) for 90s")
+    [failure] = ledger.load()["cpu"].failures
+    assert failure.node == "cpu-0" and failure.at == NOW and "ErrImageNeverPull" in failure.reason
+
+
+def test_run_once_failed_worker():
+    report, backend, slurm, ledger, _ = run([up("cpu-1")], [worker("cpu-1", "Failed", "OOMKilled (exit 137)")])
+    assert backend.calls == [("delete", "cpu-1")]
+    assert slurm.updates[0][3] == "state=DOWN" and "OOMKilled" in slurm.updates[0][4]
+    assert len(ledger.load()["cpu"].failures) == 1
+
+
+def test_run_once_returns_down_nodes_to_powered_down_idle():
+    nodes = [node_json("cpu-0", "DOWN", "CLOUD", reason="slurmk8s missing-worker: pod cpu-0 is gone"),
+             node_json("cpu-1", "DOWN", "CLOUD", "POWERED_DOWN", reason="slurmk8s stuck-pending: x")]
+    _, _, slurm, _, _ = run(nodes)
+    assert slurm.updates == [["scontrol", "update", "nodename=cpu-0", "state=POWER_DOWN_FORCE"],
+                             ["scontrol", "update", "nodename=cpu-1", "state=RESUME"]]
+
+
+def test_run_once_pool_recovery_resets_the_ledger():
+    ledger = MemoryLedger(POLICY)
+    for i in range(3):
+        ledger.record_failure("cpu", f"cpu-{i}", "x", NOW - 100 + i)
+    report, _, _, ledger, log = run([up("cpu-3")], [worker("cpu-3", age=10)], ledger=ledger)
+    assert ledger.load()["cpu"] == PoolHistory((), NOW)
+    assert any("pool cpu in backoff" in line for line in log.lines)  # as seen at the start of the pass
+
+
+def test_run_once_a_failing_step_stops_the_rest_and_is_reported():
+    class NoDelete(FakeBackend):
+        def delete(self, name):
+            raise BackendError(name, "RBAC: not allowed to delete pods")
+
+    report, _, slurm, ledger, log = run([up("cpu-1")], backend=NoDelete({"cpu-1": worker("cpu-1", "Failed")}))
+    assert slurm.updates == [] and ledger.load() == {}
+    [done] = report.done
+    assert not done.ok and "RBAC" in done.error
+    assert any("delete-worker FAILED (RBAC: not allowed to delete pods)" in line for line in log.lines)
+
+
+def test_run_once_slurm_update_failure_is_reported():
+    slurm = FakeSlurmClient(nodes=[up("cpu-1")], fail_updates=True)
+    report, _, slurm, _, _ = run(None, slurm=slurm)
+    assert len(slurm.updates) == 1 and not report.done[0].ok  # POWER_DOWN not attempted after DOWN failed
+
+
+def test_run_once_skips_the_pass_when_it_cannot_see():
+    class Blind(FakeBackend):
+        def list(self):
+            raise BackendError("*", "Kubernetes API unreachable")
+
+    report, _, slurm, _, _ = run([up("cpu-1")], backend=Blind())
+    assert report.errors == ["cannot list workers: Kubernetes API unreachable"] and slurm.updates == []
+    report, backend, _, _, _ = run(None, [worker("stray")], slurm=FakeSlurmClient(fail_reads=True))
+    assert "cannot read Slurm's nodes" in report.errors[0] and backend.calls == []
+
+
+# ---------------------------------------------------------------- the resume program's side
+
+
+def test_resume_refuses_a_backed_off_pool_fast_and_says_why(tmp_path):
+    path = str(tmp_path / "ledger.json")
+    import time as _time
+
+    for i in range(3):
+        FileLedger(path).record_failure("cpu", f"cpu-{i}", "ErrImagePull: denied", _time.time() - 10 + i)
+    backend, slurm = FakeBackend(), FakeSlurm()
+    c = Context({"SLURMK8S_LEDGER": path, "SLURMK8S_EVENTS": str(tmp_path / "events.jsonl")}, Log("test"),
+                backend=backend, slurm=slurm, inventory=inventory())
+    result = run_resume(["cpu-3"], c, None)
+    assert result.code == 1 and backend.calls == []
+    assert slurm.down["cpu-3"].startswith("slurmk8s backoff: pool cpu: 3 consecutive resume failures")
+    [event] = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    assert event["reason"] == Reason.BACKOFF.value and event["outcome"] == "failed" and event["program"] == "test"
+    # a refusal is not a new failure of the pool
+    assert len(FileLedger(path).load()["cpu"].failures) == 3
+
+
+def test_resume_backend_failures_feed_the_ledger_and_resume_fail_too(tmp_path):
+    path = str(tmp_path / "ledger.json")
+    backend = FakeBackend(fail={"cpu-0": "image slurmd:x not found"})
+    c = Context({"SLURMK8S_LEDGER": path}, Log("test"), backend=backend, slurm=FakeSlurm(), inventory=inventory())
+    run_resume(["cpu-[0-1]"], c, None)
+    [f] = FileLedger(path).load()["cpu"].failures
+    assert f.node == "cpu-0" and "not found" in f.reason
+    c = Context({"SLURMK8S_LEDGER": path}, Log("test"), backend=FakeBackend(), slurm=FakeSlurm(), inventory=inventory())
+    run_resume_fail(["cpu-2"], c)
+    assert [f.node for f in FileLedger(path).load()["cpu"].failures] == ["cpu-0", "cpu-2"]
+
+
+def test_programs_append_one_event_per_decision_with_its_outcome(tmp_path):
+    events = tmp_path / "log" / "events.jsonl"
+    backend = FakeBackend({"cpu-1": Worker("cpu-1", "Running")}, fail={"cpu-2": "boom"})
+    c = Context({"SLURMK8S_EVENTS": str(events)}, Log("resume"), backend=backend, slurm=FakeSlurm(),
+                inventory=inventory())
+    run_resume(["cpu-[0-2]"], c, None)
+    c = Context({"SLURMK8S_EVENTS": str(events)}, Log("suspend"), backend=backend, slurm=FakeSlurm())
+    run_suspend(["cpu-0"], c)
+    rows = [json.loads(line) for line in events.read_text().splitlines()]
+    got = sorted((r["program"], r["node"], r["action"], r["reason"], r["outcome"]) for r in rows)
+    assert got == [("resume", "cpu-0", "create", "resume", "ok"),
+                   ("resume", "cpu-1", "nothing", "already-running", "ok"),
+                   ("resume", "cpu-2", "create", "resume", "failed"),
+                   ("suspend", "cpu-0", "delete", "suspend", "ok")]
+    assert [r["error"] for r in rows if r["node"] == "cpu-2"] == ["boom"]
+
+
+def test_programs_without_ledger_or_events_settings_touch_no_files(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    c = Context({}, Log("test"), backend=FakeBackend(), slurm=FakeSlurm(), inventory=inventory())
+    assert c.ledger() is None
+    run_resume(["cpu-0"], c, None)
+    assert list(tmp_path.iterdir()) == []
+
+
+# ---------------------------------------------------------------- events tail
+
+
+def test_event_tail_starts_at_the_end_and_handles_partial_lines_and_truncation(tmp_path):
+    path = tmp_path / "events.jsonl"
+    path.write_text('{"old": 1}\n')
+    tail = rc.EventTail(str(path))
+    assert tail.read() == []
+    with open(path, "a") as fh:
+        fh.write('{"a": 1}\n{"b"')
+    assert tail.read() == [{"a": 1}]
+    with open(path, "a") as fh:
+        fh.write(': 2}\nnot json\n')
+    assert tail.read() == [{"b": 2}]
+    path.write_text('{"c": 3}\n')  # rotated / truncated
+    assert tail.read() == [{"c": 3}]
+    assert rc.EventTail(str(tmp_path / "missing")).read() == []
+
+
+# ---------------------------------------------------------------- metrics and dashboard
+
+
+def test_metrics_move_with_a_pass():
+    m = rc.Metrics()
+    started = NOW - 1000
+    inv = inventory()
+    s = snap([up("cpu-0"), powered_down("cpu-1"), node_json("cpu-2", "IDLE", "CLOUD", "POWERING_UP")],
+             [Worker("cpu-0", "Running", created_at=NOW - 30, ready_at=NOW - 27.5),
+              Worker("cpu-2", "Pending", created_at=NOW - 1)], inv)
+    report = rc.Report(findings=classify(s, NOW, POLICY), snapshot=s)
+    jobs = rc.parse_jobs({"jobs": [
+        {"job_id": 7, "partition": "cpu", "job_state": ["RUNNING"], "submit_time": {"set": True, "number": NOW - 40},
+         "start_time": {"set": True, "number": NOW - 37}},
+        {"job_id": 8, "partition": "cpu", "job_state": ["PENDING"]}]})
+    m.observe_rpc("show_nodes", 0.02, True)
+    m.observe_rpc("squeue", 11.0, False)
+    m.observe_pass(report, jobs, NOW, started, 0.1, ["gpu"])
+    m.observe_pass(report, jobs, NOW + 10, started, 0.1, [])  # 10 s later: node-seconds counted
+    m.observe_events([{"program": "resume", "action": "create", "reason": "resume", "outcome": "ok"}])
+    text = m.exposition().decode()
+
+    def value(sample: str) -> float:
+        match = re.search(rf"^{re.escape(sample)} (\S+)$", text, re.M)
+        assert match, f"{sample} not in\n{text}"
+        return float(match.group(1))
+
+    assert value('slurmk8s_jobs{partition="cpu",state="running"}') == 1
+    assert value('slurmk8s_jobs{partition="cpu",state="pending"}') == 1
+    assert value('slurmk8s_nodes{pool="cpu",state="allocated"}') == 1
+    assert value('slurmk8s_nodes{pool="cpu",state="powering_up"}') == 1
+    assert value('slurmk8s_workers{phase="Running",pool="cpu"}') == 1
+    assert value('slurmk8s_job_submit_to_running_seconds_count{partition="cpu"}') == 1  # once per job
+    assert value('slurmk8s_job_submit_to_running_seconds_sum{partition="cpu"}') == 3
+    assert value('slurmk8s_worker_start_seconds_sum{pool="cpu"}') == 2.5
+    assert value('slurmk8s_node_provisioned_seconds_total{pool="cpu"}') == 20  # 2 workers x 10 s
+    assert value('slurmk8s_node_busy_seconds_total{pool="cpu"}') == 10
+    assert value('slurmk8s_controller_rpc_errors_total{command="squeue"}') == 1
+    assert value('slurmk8s_controller_rpc_seconds_count{command="show_nodes"}') == 1
+    assert value('slurmk8s_pool_backoff{pool="gpu"}') == 0  # was 1 in the first pass, then cleared
+    assert value('slurmk8s_elastic_requests_total{action="create",outcome="ok",program="resume",reason="resume"}') == 1
+    assert value('slurmk8s_reconcile_passes_total{outcome="ok"}') == 2
+
+
+def dashboard_queries() -> list[str]:
+    doc = json.loads(DASHBOARD.read_text())
+    exprs: list[str] = []
+
+    def walk(obj):
+        if isinstance(obj, dict):
+            if isinstance(obj.get("expr"), str):
+                exprs.append(obj["expr"])
+            for v in obj.values():
+                walk(v)
+        elif isinstance(obj, list):
+            for v in obj:
+                walk(v)
+
+    walk(doc)
+    return exprs
+
+
+def test_dashboard_queries_use_only_exported_metrics():
+    exported = rc.exported_names(rc.Metrics().registry)
+    queries = dashboard_queries()
+    assert len(queries) >= 10
+    used = set()
+    for q in queries:
+        names = set(re.findall(r"\bslurmk8s_[a-z0-9_]+", q))
+        assert names, f"query uses no slurmk8s metric: {q}"
+        unknown = names - exported
+        assert not unknown, f"{q}: {sorted(unknown)} not exported (exported: {sorted(exported)})"
+        used |= names
+    # the issue's list, each shown somewhere
+    for family in ("slurmk8s_jobs", "slurmk8s_nodes", "slurmk8s_workers", "slurmk8s_elastic_requests_total",
+                   "slurmk8s_job_submit_to_running_seconds_bucket", "slurmk8s_worker_start_seconds_bucket",
+                   "slurmk8s_node_provisioned_seconds_total", "slurmk8s_node_busy_seconds_total",
+                   "slurmk8s_controller_rpc_seconds_bucket"):
+        assert family in used, f"dashboard shows no {family}"
+
+
+def test_dashboard_check_would_catch_a_typo():
+    exported = rc.exported_names(rc.Metrics().registry)
+    assert "slurmk8s_jobs" in exported and "slurmk8s_job_pending" not in exported
+    assert "slurmk8s_node_busy_seconds_total" in exported and "slurmk8s_node_busy_seconds" not in exported
