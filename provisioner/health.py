@@ -214,6 +214,14 @@ def check_memory(meminfo: Mapping[str, int], cgroup_limit: int | None, cgroup_us
     return Result("memory", OK if headroom >= need else FAIL, detail)
 
 
+def _mpi_message(proc: Proc) -> str:
+    """The most telling line of a failed run: the probe's own message, else the last line with words
+    (mpirun frames its help texts with lines of dashes)."""
+    lines = [ln.strip() for ln in (proc.stderr + "\n" + proc.stdout).splitlines() if re.search(r"[A-Za-z]", ln)]
+    own = [ln for ln in lines if ln.startswith("mpi-loopback:")]
+    return (own or lines or ["no output"])[-1]
+
+
 def check_mpi(enabled: bool, probe_exists: bool, proc: Proc | None, seconds: float) -> Result:
     """A 2-rank MPI run on the node itself (shared-memory transport) prints 'mpi-loopback ok 2'."""
     if not enabled:
@@ -223,8 +231,7 @@ def check_mpi(enabled: bool, probe_exists: bool, proc: Proc | None, seconds: flo
     if proc is None:
         return Result("mpi", FAIL, "mpirun not found or timed out")
     if proc.returncode != 0 or "mpi-loopback ok 2" not in proc.stdout:
-        tail = (proc.stderr.strip() or proc.stdout.strip()).splitlines()[-1:] or ["no output"]
-        return Result("mpi", FAIL, f"2-rank loopback exit {proc.returncode}: {tail[0][:120]}")
+        return Result("mpi", FAIL, f"2-rank loopback exit {proc.returncode}: {_mpi_message(proc)[:120]}")
     return Result("mpi", OK, f"2 ranks in {seconds:.2f}s")
 
 

@@ -103,6 +103,8 @@ def test_mpi_results():
     assert health.check_mpi(True, True, Proc(0, "mpi-loopback ok 2\n"), 0.4).status == OK
     bad = health.check_mpi(True, True, Proc(1, "", "prte: no slots\nmpirun: error X\n"), 0.4)
     assert bad.status == FAIL and bad.detail == "2-rank loopback exit 1: mpirun: error X"
+    framed = Proc(3, "", "mpi-loopback: broken\n-----\nprterun detected that one or more processes exited\n-----\n")
+    assert health.check_mpi(True, True, framed, 0.4).detail == "2-rank loopback exit 3: mpi-loopback: broken"
     assert health.check_mpi(True, True, None, 10).status == FAIL  # timed out
     assert health.check_mpi(True, True, Proc(0, "mpi-loopback ok 1\n"), 0.4).status == FAIL
 

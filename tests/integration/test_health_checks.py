@@ -14,7 +14,7 @@ from typing import Iterator
 
 import pytest
 
-from testbed import IMAGES, Testbed, docker, fake_k8s_nodes, wait_for
+from testbed import IMAGES, NodeState, Testbed, docker, fake_k8s_nodes, wait_for
 
 from provisioner.config import Health
 from provisioner.generate import generate
@@ -54,6 +54,12 @@ def bed(testbed_available, tmp_path_factory: pytest.TempPathFactory) -> Iterator
         print(f"\ntestbed {b.token}: logs kept in {b.log_dir}")
 
 
+def is_up(n: NodeState) -> bool:
+    """Registered and usable: not powered down / powering, not DOWN / DRAIN / NOT_RESPONDING."""
+    bad = {"POWERED_DOWN", "POWERING_UP", "POWERING_DOWN", "DOWN", "DRAIN", "NOT_RESPONDING", "FAIL"}
+    return not bad & set(n.state)
+
+
 def health_log(bed: Testbed, name: str) -> str:
     return bed.exec(name, ["cat", "/var/log/slurm/healthcheck.log"], check=False).stdout
 
@@ -77,18 +83,18 @@ def test_failing_check_drains_the_node_healthy_one_stays_idle_and_a_fresh_worker
             return "DRAIN" in n.state and n.reason.startswith("health: mpi:")
         wait_for(f"{bad} drained by its health check", drained, 60)
         node = bed.nodes()[bad]
-        assert "2-rank loopback exit" in node.reason, node.reason
-        assert f"{bad}|health: mpi: 2-rank loopback exit" in sinfo_r(bed)
+        assert node.reason == "health: mpi: 2-rank loopback exit 3: mpi-loopback: broken on purpose", node.reason
+        assert f"{bad}|health: mpi: 2-rank loopback exit 3: mpi-loopback: broken on purpose" in sinfo_r(bed)
         started = time.monotonic()
 
         # the healthy node registers and stays IDLE through several periodic checks
-        wait_for(f"{good} up", lambda: bed.nodes()[good].up, 60)
+        wait_for(f"{good} up", lambda: is_up(bed.nodes()[good]), 60)
         wait_for("two periodic checks on the healthy node",
                  lambda: health_log(bed, good).count("mpi: ok:") >= 3, 40, interval=1)
         log = health_log(bed, good)
         assert "gpu: skip: no GPU expected (the node's Gres has none)" in log
         assert "shm: ok: /dev/shm 512MiB" in log
-        assert bed.nodes()[good].up and bed.nodes()[good].state[0] == "IDLE"
+        assert is_up(bed.nodes()[good]) and bed.nodes()[good].state[0] == "IDLE"
         assert "drained: health: mpi:" in health_log(bed, bad)
         print(f"healthy node checked {log.count('mpi: ok:')} times; drain reason: {node.reason}")
 
@@ -98,12 +104,11 @@ def test_failing_check_drains_the_node_healthy_one_stays_idle_and_a_fresh_worker
         wait_for(f"{bad} powered down", lambda: bed.nodes()[bad].powered_down, 60, interval=1)
         after = bed.nodes()[bad]
         print(f"{bad} after suspend ({time.monotonic() - started:.0f}s): state {after.state} reason {after.reason!r}")
-        if "DRAIN" in after.state:
-            # idle_on_node_suspend did not clear the drain: the operator's RESUME does
-            bed.exec(bed.ctld, ["scontrol", "update", f"nodename={bad}", "state=RESUME"])
+        # SlurmctldParameters=idle_on_node_suspend: suspending clears DRAIN, no operator needed
+        assert "DRAIN" not in after.state and after.state[0] == "IDLE", after
         # the next resume creates a fresh worker, which passes and takes jobs
         bed.exec(bed.ctld, ["scontrol", "update", f"nodename={bad}", "state=POWER_UP"], check=False)
-        wait_for(f"{bad} up again with a fresh worker", lambda: bed.nodes()[bad].up, 90, interval=1)
+        wait_for(f"{bad} up again with a fresh worker", lambda: is_up(bed.nodes()[bad]), 90, interval=1)
         assert "mpi: ok:" in health_log(bed, bad)
         assert "DRAIN" not in bed.nodes()[bad].state
 
