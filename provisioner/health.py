@@ -325,9 +325,13 @@ def read_text(path: str) -> str | None:
 
 
 def cgroup_memory(root: str = "/sys/fs/cgroup") -> tuple[int | None, int | None]:
-    """(limit, usage) in bytes of this container's memory cgroup, v2 or v1; None where unlimited/unknown."""
-    for limit_file, usage_file in (("memory.max", "memory.current"),
-                                   ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes")):
+    """(limit, working set) in bytes of this container's memory cgroup, v2 or v1; None where
+    unlimited/unknown. Working set = usage - inactive page cache (as the kubelet counts it): files
+    that jobs wrote fill the page cache up to the limit, which is reclaimable, not missing memory."""
+    for limit_file, usage_file, stat_file, inactive_key in (
+            ("memory.max", "memory.current", "memory.stat", "inactive_file"),
+            ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes", "memory/memory.stat",
+             "total_inactive_file")):
         limit = read_text(os.path.join(root, limit_file))
         usage = read_text(os.path.join(root, usage_file))
         if limit is None or usage is None:
@@ -335,7 +339,12 @@ def cgroup_memory(root: str = "/sys/fs/cgroup") -> tuple[int | None, int | None]
         limit = limit.strip()
         if limit == "max" or not limit.isdigit() or int(limit) >= 2**60:
             return None, None
-        return int(limit), int(usage.strip())
+        inactive = 0
+        for line in (read_text(os.path.join(root, stat_file)) or "").splitlines():
+            key, _, value = line.partition(" ")
+            if key == inactive_key and value.strip().isdigit():
+                inactive = int(value)
+        return int(limit), max(0, int(usage.strip()) - inactive)
     return None, None
 
 

@@ -90,6 +90,10 @@ def test_cgroup_memory_v2_and_unlimited(tmp_path):
     (tmp_path / "memory.max").write_text("1073741824\n")
     (tmp_path / "memory.current").write_text("1000\n")
     assert health.cgroup_memory(str(tmp_path)) == (GIB, 1000)
+    # page cache that can be dropped is not counted as used
+    (tmp_path / "memory.current").write_text(f"{900 * MIB}\n")
+    (tmp_path / "memory.stat").write_text(f"anon 1000\ninactive_file {800 * MIB}\nactive_file 5\n")
+    assert health.cgroup_memory(str(tmp_path)) == (GIB, 100 * MIB)
     (tmp_path / "memory.max").write_text("max\n")
     assert health.cgroup_memory(str(tmp_path)) == (None, None)
 
