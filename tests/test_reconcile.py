@@ -200,6 +200,12 @@ def test_worker_failed(phase):
     assert f.ops == (Op.DELETE_WORKER, Op.SET_DOWN, Op.RECORD_FAILURE)
 
 
+def test_young_failed_worker_gets_the_grace_period():
+    # a Docker container between create and start lists as "created" -> phase Failed (seen in the test bed)
+    s = snap([node_json("cpu-1", "ALLOCATED", "CLOUD", "POWERING_UP")], [worker("cpu-1", "Failed", "Created", age=1)])
+    assert only(s, "cpu-1").kind == Kind.OK
+
+
 def test_down_by_us_without_worker_is_powered_down_then_returned():
     s = snap([node_json("cpu-0", "DOWN", "CLOUD", reason="slurmk8s missing-worker: pod cpu-0 is gone"),
               node_json("cpu-1", "DOWN", "CLOUD", "POWERED_DOWN", reason="slurmk8s resume: image missing"),

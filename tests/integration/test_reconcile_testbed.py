@@ -93,3 +93,68 @@ def test_one_pass_fixes_orphan_stale_and_missing_workers(bed: Testbed):
     again = reconcile_once(bed)
     assert "->" not in again, again
     bed.exec(bed.ctld, ["scancel", str(job)])
+
+
+def scrape(url: str) -> dict[str, float]:
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        text = resp.read().decode()
+    samples = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            key, _, value = line.rpartition(" ")
+            samples[key] = float(value)
+    return samples
+
+
+def total(samples: dict[str, float], prefix: str, **labels: str) -> float:
+    want = [f'{k}="{v}"' for k, v in labels.items()]
+    return sum(v for k, v in samples.items()
+               if (k == prefix or k.startswith(prefix + "{")) and all(w in k for w in want))
+
+
+def test_metrics_move_when_a_job_runs(bed: Testbed):
+    """The loop serves /metrics; a job from zero moves the queue, resume, latency and node-second
+    numbers. The slurmctld image predates the prometheus-client dependency, so the test copies the
+    (pure Python) package in from this environment when the image lacks it."""
+    import prometheus_client
+
+    site = bed.exec(bed.ctld, ["/opt/slurmk8s/bin/python", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]
+                    ).stdout.strip()
+    if bed.exec(bed.ctld, ["/opt/slurmk8s/bin/python", "-c", "import prometheus_client"], check=False).returncode:
+        docker("cp", str(__import__("pathlib").Path(prometheus_client.__file__).parent), f"{bed.ctld}:{site}/")
+    docker("exec", "-d", "-u", "slurm", bed.ctld, "sh", "-c", "echo $$ > /tmp/reconcile.pid; exec "
+           "/opt/slurmk8s/bin/python -m provisioner.reconcile --period 1 --metrics-port 9410 >/tmp/reconcile.out 2>&1")
+    url = f"http://{bed.ip(bed.ctld)}:9410/metrics"
+    try:
+        first = wait_for("the metrics endpoint", lambda: _try_scrape(url), 30)
+        assert total(first, "slurmk8s_reconcile_passes_total") >= 1
+        bed.wait_all_powered_down(timeout=60)
+        job = bed.sbatch("-N1", "-o", "/dev/null", "--wrap", "sleep 4")
+        bed.wait_job(job, {"RUNNING"}, 90)
+        running = wait_for("the running job in the metrics",
+                           lambda: (lambda s: s if total(s, "slurmk8s_jobs", state="running") >= 1 else None)(scrape(url)),
+                           15)
+        assert total(running, "slurmk8s_nodes", state="allocated") + total(running, "slurmk8s_nodes", state="mixed") >= 1
+        assert total(running, "slurmk8s_workers", phase="Running") >= 1
+        bed.wait_job(job, {"COMPLETED"}, 60)
+        s = wait_for("the finished job's numbers",
+                     lambda: (lambda s: s if total(s, "slurmk8s_elastic_requests_total", program="resume",
+                                                   outcome="ok") >= 1 else None)(scrape(url)), 15)
+        assert total(s, "slurmk8s_job_submit_to_running_seconds_count") >= 1
+        assert 0 < total(s, "slurmk8s_job_submit_to_running_seconds_sum") < 30
+        assert total(s, "slurmk8s_worker_start_seconds_count") >= 1
+        assert total(s, "slurmk8s_node_provisioned_seconds_total") >= total(s, "slurmk8s_node_busy_seconds_total") > 0
+        assert total(s, "slurmk8s_controller_rpc_seconds_count", command="show_nodes") >= 3
+        print("\n" + "\n".join(f"{k} {v}" for k, v in sorted(s.items()) if k.startswith("slurmk8s_")
+                               and "_bucket" not in k and "_created" not in k))
+    finally:
+        bed.exec(bed.ctld, ["sh", "-c", "kill $(cat /tmp/reconcile.pid)"], check=False)
+
+
+def _try_scrape(url: str) -> dict[str, float] | None:
+    try:
+        return scrape(url)
+    except OSError:
+        return None
