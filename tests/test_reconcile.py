@@ -564,3 +564,16 @@ def test_dashboard_check_would_catch_a_typo():
     exported = rc.exported_names(rc.Metrics().registry)
     assert "slurmk8s_jobs" in exported and "slurmk8s_job_pending" not in exported
     assert "slurmk8s_node_busy_seconds_total" in exported and "slurmk8s_node_busy_seconds" not in exported
+
+
+def test_kube_worker_ready_at_comes_from_the_ready_condition():
+    from provisioner.kube import worker_from_pod
+
+    pod = {"metadata": {"name": "cpu-0", "creationTimestamp": "2027-01-15T08:00:00Z"},
+           "status": {"phase": "Running", "conditions": [
+               {"type": "PodScheduled", "status": "True", "lastTransitionTime": "2027-01-15T08:00:00Z"},
+               {"type": "Ready", "status": "True", "lastTransitionTime": "2027-01-15T08:00:02Z"}]}}
+    w = worker_from_pod(pod)
+    assert w.ready_at - w.created_at == 2
+    pod["status"]["conditions"][1]["status"] = "False"
+    assert worker_from_pod(pod).ready_at is None
