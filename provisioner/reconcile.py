@@ -139,7 +139,9 @@ class NodeStatus:
 
     @property
     def busy(self) -> bool:
-        return bool({"ALLOCATED", "MIXED", "COMPLETING"} & self.state)
+        """Running (part of) a job: allocated and booted (an allocated node powering up is not busy yet)."""
+        return bool({"ALLOCATED", "MIXED", "COMPLETING"} & self.state) and not (
+            {"POWERING_UP", "POWERED_DOWN"} & self.state)
 
 
 def parse_nodes(doc: Mapping[str, Any]) -> dict[str, NodeStatus]:

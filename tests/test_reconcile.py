@@ -85,6 +85,8 @@ def test_parse_nodes_reads_24_11_numbers_and_state_lists():
                                   "slurmd_start_time": {"set": True, "infinite": False, "number": 120},
                                   "partitions": ["cpu"]}]}).values()
     assert n.state == {"MIXED", "CLOUD"} and n.booted_at == 120 and n.busy and n.summary == "mixed"
+    [c] = parse_nodes({"nodes": [node_json("c", "ALLOCATED", "CLOUD", "POWERED_DOWN", "POWERING_UP")]}).values()
+    assert not c.busy and c.summary == "powering_up"  # allocated, but no worker has booted yet
     [p] = parse_nodes({"nodes": [powered_down("b")]}).values()
     assert p.powered_down and p.booted_at is None and p.summary == "powered_down"
     assert rc._num({"set": False, "number": 5}) is None and rc._num({"set": True, "infinite": True}) is None
