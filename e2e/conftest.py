@@ -36,6 +36,10 @@ def cluster(cluster_reachable, tmp_path_factory) -> Iterator[Cluster]:
     state = work / "state"
     log = work / "slurmk8s.log"
     kubectl("apply", "-f", str(ROOT / "examples" / "localk8s" / "storage.yaml"))
+    for pv in kjson("get", "pv", "-l", "slurmk8s.io/volume")["items"]:
+        if pv["status"].get("phase") == "Released":  # claim deleted by an earlier `down --purge`: free it again
+            kubectl("patch", "pv", pv["metadata"]["name"], "--type", "json",
+                    "-p", '[{"op": "remove", "path": "/spec/claimRef/uid"}]')
     t0 = time.monotonic()
     proc = slurmk8s("up", "--spec", str(spec_path), "--state", str(state), log=log)
     elapsed = time.monotonic() - t0

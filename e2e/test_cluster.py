@@ -107,7 +107,7 @@ def test_mpi_allreduce_across_two_worker_pods(cluster: Cluster):
     assert final["job_state"] == ["COMPLETED"], out
     lines = [l for l in out.splitlines() if l.startswith("rank ")]
     assert len(lines) == 2, out
-    assert all(l.endswith("sum 3021") for l in lines), out  # (1*1000+7) + (2*1000+7)
+    assert all(l.endswith("sum 3014") for l in lines), out  # (1*1000+7) + (2*1000+7)
     assert len({l.split()[5] for l in lines}) == 2, "the two ranks must run on two worker pods"
 
 
