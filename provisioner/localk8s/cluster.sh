@@ -145,7 +145,7 @@ cert() {  # cert NAME CN O SANS
   [ -f "$PKI/$name.crt" ] && [ "$(cat "$PKI/$name.sans" 2>/dev/null)" = "$sans" ] && return 0
   subj="/CN=$cn"; [ -n "$org" ] && subj="/O=$org$subj"
   openssl genrsa -out "$PKI/$name.key" 2048 2>/dev/null
-  printf '[ext]\nbasicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth,clientAuth\n%s\n' \
+  printf '[ext]\nbasicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth,clientAuth\nsubjectKeyIdentifier=hash\nauthorityKeyIdentifier=keyid\n%s\n' \
     "${sans:+subjectAltName=$sans}" >"$PKI/$name.ext"
   openssl req -new -key "$PKI/$name.key" -subj "$subj" -out "$PKI/$name.csr" 2>/dev/null
   openssl x509 -req -in "$PKI/$name.csr" -CA "$PKI/ca.crt" -CAkey "$PKI/ca.key" -CAcreateserial -days 3650 \
@@ -161,9 +161,16 @@ kubeconfig() {  # kubeconfig FILE CERTNAME USER
 }
 pki() {
   mkdir -p "$PKI"; chmod 700 "$PKI"
+  if [ -f "$PKI/ca.crt" ] && ! openssl x509 -in "$PKI/ca.crt" -noout -text | grep -q "Certificate Sign"; then
+    say "re-issuing the cluster CA and certificates (the old CA lacks keyUsage, which strict TLS clients refuse)"
+    rm -f "$PKI"/ca.key "$PKI"/ca.srl "$PKI"/*.crt "$PKI"/*.sans
+  fi
   if [ ! -f "$PKI/ca.key" ]; then
     openssl genrsa -out "$PKI/ca.key" 2048 2>/dev/null
-    openssl req -x509 -new -key "$PKI/ca.key" -subj /CN=slurmk8s-local-ca -days 3650 -out "$PKI/ca.crt" 2>/dev/null
+    # keyUsage and key identifiers: strict X.509 verifiers (Python >= 3.13's default context) refuse a CA without them
+    openssl req -x509 -new -key "$PKI/ca.key" -subj /CN=slurmk8s-local-ca -days 3650 -out "$PKI/ca.crt" \
+      -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign" \
+      -addext "subjectKeyIdentifier=hash" 2>/dev/null
   fi
   [ -f "$PKI/sa.key" ] || { openssl genrsa -out "$PKI/sa.key" 2048 2>/dev/null; openssl rsa -in "$PKI/sa.key" -pubout -out "$PKI/sa.pub" 2>/dev/null; }
   # certificates are re-issued when the SANs change (a new node IP)
