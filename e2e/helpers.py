@@ -35,9 +35,13 @@ def kubeconfig() -> str:
     return os.environ.get("KUBECONFIG") or LOCAL_KUBECONFIG
 
 
+def kubectl_exe() -> str:
+    built = Path(TOOLCHAIN_BIN) / "kubectl"
+    return str(built) if built.exists() else (shutil.which("kubectl") or "kubectl")
+
+
 def kubectl(*args: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    exe = shutil.which("kubectl") or f"{TOOLCHAIN_BIN}/kubectl"
-    return subprocess.run([exe, "--kubeconfig", kubeconfig(), *args], capture_output=True, text=True,
+    return subprocess.run([kubectl_exe(), "--kubeconfig", kubeconfig(), *args], capture_output=True, text=True,
                           check=check, timeout=timeout)
 
 

@@ -92,6 +92,12 @@ BASE_CAPS = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETGID", "SET
 LOGIN_CAPS = BASE_CAPS + ("SYS_CHROOT", "NET_BIND_SERVICE", "AUDIT_WRITE")
 
 WORKER_GRACE_SECONDS = 15
+SLURM_UID = 64030  # SlurmUser in every image (images/Dockerfile)
+MUNGE_SOCKET_DIR = "/run/munge"
+SLURMK8S_LOG_DIR = "/var/log/slurmk8s"
+BIN_DIR = "/opt/slurmk8s/bin"
+RECONCILE_PERIOD = 10
+METRICS_PORT = 9410
 
 
 @dataclass(frozen=True)
@@ -373,6 +379,32 @@ def controller_statefulset(spec: ClusterSpec, files: Mapping[str, str], site: K8
             {"name": "users", "mountPath": USERS_DIR, "readOnly": True},
             {"name": "munge-key", "mountPath": MUNGE_DIR, "readOnly": True},
             {"name": "state", "mountPath": STATE_DIR},
+            {"name": "munge-socket", "mountPath": MUNGE_SOCKET_DIR},
+            {"name": "slurmk8s-log", "mountPath": SLURMK8S_LOG_DIR},
+        ],
+    }
+    # The reconcile loop (orphans, stuck and vanished workers, pool backoff) and the metrics
+    # endpoint: a second container, so a crash restarts it alone. It talks to slurmctld like any
+    # client, through the munge socket of the slurmctld container (a shared in-memory volume).
+    reconcile = {
+        "name": "reconcile",
+        "image": spec.images.controller,
+        "imagePullPolicy": spec.images.pull_policy,
+        "command": [f"{BIN_DIR}/slurmk8s-reconcile", "--period", str(RECONCILE_PERIOD),
+                    "--metrics-port", str(METRICS_PORT)],
+        "env": [{"name": k, "value": v} for k, v in elastic_env(spec).items()],
+        "ports": [{"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"}],
+        "readinessProbe": {"httpGet": {"path": "/metrics", "port": METRICS_PORT}, "periodSeconds": 10},
+        "resources": {"requests": {"cpu": "50m", "memory": "128Mi"}},
+        "securityContext": {**_container_security(()), "runAsUser": SLURM_UID, "runAsGroup": SLURM_UID,
+                            "runAsNonRoot": True},
+        "volumeMounts": [
+            {"name": "slurm-config", "mountPath": SLURM_CONF_DIR, "readOnly": True},
+            {"name": "spec", "mountPath": SPEC_DIR, "readOnly": True},
+            {"name": "spec", "mountPath": ELASTIC_ENV, "subPath": ELASTIC_ENV_KEY, "readOnly": True},
+            {"name": "state", "mountPath": STATE_DIR},
+            {"name": "munge-socket", "mountPath": MUNGE_SOCKET_DIR},
+            {"name": "slurmk8s-log", "mountPath": SLURMK8S_LOG_DIR},
         ],
     }
     return {
@@ -391,13 +423,15 @@ def controller_statefulset(spec: ClusterSpec, files: Mapping[str, str], site: K8
                     "dnsConfig": {"searches": dns_searches(spec, site)},
                     "securityContext": _pod_security(),
                     "terminationGracePeriodSeconds": 30,  # slurmctld saves its state on SIGTERM
-                    "containers": [container],
+                    "containers": [container, reconcile],
                     "volumes": [
                         _config_volume("slurm-config", SLURM_CONFIG),
                         _config_volume("spec", SPEC_CONFIG),
                         _config_volume("users", USERS_CONFIG),
                         _secret_volume("munge-key", AUTH_SECRET),
                         _pvc_volume("state", CONTROLLER_STATE_PVC),
+                        {"name": "munge-socket", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
+                        {"name": "slurmk8s-log", "emptyDir": {"sizeLimit": "256Mi"}},
                     ],
                 },
             },
@@ -668,7 +702,16 @@ def network_policies(spec: ClusterSpec, site: K8sSite = K8sSite()) -> list[dict[
             "ingress": [{"ports": [{"protocol": "TCP", "port": SSH_PORT}]}],
         },
     }
-    return [intra, ssh]
+    metrics = {
+        "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+        "metadata": _meta(spec, "controller-metrics", "network"),
+        "spec": {
+            "podSelector": {"matchLabels": selector(spec, CONTROLLER)},
+            "policyTypes": ["Ingress"],
+            "ingress": [{"ports": [{"protocol": "TCP", "port": METRICS_PORT}]}],
+        },
+    }
+    return [intra, ssh, metrics]
 
 
 # ---------------------------------------------------------------- checks and the whole set

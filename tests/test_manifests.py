@@ -262,7 +262,13 @@ def test_controller_and_login_shape(local, secrets, tmp_path):
     mounts = {v["mountPath"]: v["name"] for v in ps["containers"][0]["volumeMounts"]}
     assert mounts == {"/etc/slurm": "slurm-config", "/etc/slurmk8s/spec": "spec", "/etc/slurmk8s/users": "users",
                       "/etc/slurmk8s/secret": "munge-key", "/var/spool/slurmctld": "state",
-                      "/etc/slurmk8s/elastic.env": "spec"}
+                      "/etc/slurmk8s/elastic.env": "spec", "/run/munge": "munge-socket",
+                      "/var/log/slurmk8s": "slurmk8s-log"}
+    reconcile = ps["containers"][1]
+    assert reconcile["name"] == "reconcile" and reconcile["command"][0].endswith("/slurmk8s-reconcile")
+    assert reconcile["securityContext"]["runAsUser"] == 64030 and reconcile["securityContext"]["runAsNonRoot"]
+    assert {m["mountPath"] for m in reconcile["volumeMounts"]} >= {"/run/munge", "/var/spool/slurmctld", "/etc/slurm"}
+    assert "/etc/slurmk8s/secret" not in {m["mountPath"] for m in reconcile["volumeMounts"]}
     env = {e["name"]: e.get("value") for e in ps["containers"][0]["env"]}
     assert env["SLURMK8S_BACKEND"] == "kubernetes" and env["SLURMK8S_INVENTORY"] == "/etc/slurm/inventory.json"
     # Slurm starts ResumeProgram without slurmctld's environment: the same settings as a file
@@ -320,7 +326,9 @@ def test_services_storage_and_disruption(fabric, local):
 
 def test_network_policy_admits_own_pods_and_ssh_only(fabric):
     spec, _ = fabric
-    intra, ssh = m.network_policies(spec, m.K8sSite(host_network_sources=("10.1.2.3/32",)))
+    intra, ssh, metrics = m.network_policies(spec, m.K8sSite(host_network_sources=("10.1.2.3/32",)))
+    assert metrics["spec"]["ingress"] == [{"ports": [{"protocol": "TCP", "port": 9410}]}]
+    assert metrics["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "slurmctld"
     assert intra["spec"]["podSelector"] == {"matchLabels": {m.L_CLUSTER: "fab"}}
     assert intra["spec"]["ingress"] == [{"from": [{"podSelector": {"matchLabels": {m.L_CLUSTER: "fab"}}},
                                                   {"ipBlock": {"cidr": "10.1.2.3/32"}}]}]

@@ -59,7 +59,8 @@ def test_components_parent_their_resources(pulumi_run, keys):
                                         "Deployment/local-login", "Service/local-login"}
     assert by_parent["local-workers"] == {"ConfigMap/local-worker-template-cpu", "Service/local-workers",
                                           "PodDisruptionBudget/local-workers"}
-    assert by_parent["local-network"] == {"NetworkPolicy/local-intra-cluster", "NetworkPolicy/local-login-ssh"}
+    assert by_parent["local-network"] == {"NetworkPolicy/local-intra-cluster", "NetworkPolicy/local-login-ssh",
+                                          "NetworkPolicy/local-controller-metrics"}
     assert not run.of_type(":Pod"), "no worker pods at rest"
 
     # every Kubernetes object waits for the namespace; PVCs and the namespace survive `down`
@@ -128,7 +129,7 @@ def test_stack_main_and_automation_program_build_the_same_graph(pulumi_run, keys
     cfg, secret = _config(keys)
     via_auto = pulumi_run.run(prog.inline_program(load_spec(spec_path), _local_nodes()), cfg, secret)
     auto_graph = [(r.type, r.name, r.parent, json.dumps(r.inputs, sort_keys=True)) for r in via_auto.resources]
-    assert len(cli_graph) == 28 and len(via_cli.kubernetes()) == 21
+    assert len(cli_graph) == 29 and len(via_cli.kubernetes()) == 22
     assert sorted(cli_graph) == sorted(auto_graph)
     assert cli_outputs == via_auto.outputs
 
