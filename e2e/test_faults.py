@@ -1,0 +1,71 @@
+"""Faults on the real cluster (runs after test_cluster.py, on the same cluster): a busy worker pod
+deleted under its job, and the reconcile loop's metrics endpoint as Prometheus would scrape it."""
+
+from __future__ import annotations
+
+import re
+import time
+import urllib.request
+
+import pytest
+
+from helpers import NAMESPACE, Cluster, kjson, kubectl, wait_for, worker_pods
+from test_cluster import job_state, submit, wait_job
+
+pytestmark = pytest.mark.e2e
+
+
+def test_deleted_busy_worker_pod_requeues_its_job_which_then_completes(cluster: Cluster):
+    login = cluster.login()
+    job = submit(login, "#!/bin/bash\n#SBATCH -N1 -o victim-%j.out\necho start $SLURM_RESTART_COUNT; sleep 25; "
+                        "echo done")
+    running = wait_for("job running", lambda: (s := job_state(login, job)) and "RUNNING" in s["job_state"] and s, 120)
+    node = running["nodes"]
+    kubectl("delete", "pod", "-n", NAMESPACE, node, "--wait=false")
+
+    def down_with_reason():
+        nodes = login.json(f"scontrol show node {node} --json")["nodes"]
+        return nodes[0] if nodes and node in (nodes[0].get("reason") or "") and "DOWN" in nodes[0]["state"] else None
+
+    seen = wait_for(f"node {node} DOWN with a reason naming its pod", down_with_reason, 60)
+    print(f"node {node}: {seen['state']} reason {seen['reason']!r}")
+    requeued = wait_for("the job requeued", lambda: (s := job_state(login, job))["restart_cnt"] >= 1 and s, 60)
+    assert "COMPLETED" not in requeued["job_state"]
+    final = wait_job(login, job, 300)
+    assert final["job_state"] == ["COMPLETED"], final["job_state"]
+    out = login.run(f"cat ~/victim-{job}.out").stdout
+    assert out.splitlines()[-1] == "done" and "start 1" in out, out
+
+
+def test_metrics_endpoint_reports_the_cluster(cluster: Cluster):
+    pod = kjson("get", "pod", "-n", NAMESPACE, "slurmctld-0")
+    url = f"http://{pod['status']['podIP']}:9410/metrics"
+
+    def scrape() -> str:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return resp.read().decode()
+
+    text = wait_for("the metrics endpoint", lambda: _try(scrape), 60)
+    names = set(re.findall(r"^(slurmk8s_[a-z_]+)", text, re.M))
+    assert {"slurmk8s_nodes", "slurmk8s_workers", "slurmk8s_jobs", "slurmk8s_reconcile_passes_total",
+            "slurmk8s_controller_rpc_seconds_count"} <= names, sorted(names)
+    assert _counter(text, "slurmk8s_nodes") == 3  # every Slurm node of the e2e pool, whatever its state
+    before = _counter(text, "slurmk8s_elastic_requests_total")
+    login = cluster.login()
+    wait_for("every worker pod to be gone", lambda: worker_pods() == {}, 120, interval=2)
+    job = submit(login, "#!/bin/bash\n#SBATCH -N1 -o /dev/null\ntrue")
+    assert wait_job(login, job, 120)["job_state"] == ["COMPLETED"]
+    time.sleep(12)  # one reconcile period
+    after = _counter(scrape(), "slurmk8s_elastic_requests_total")
+    assert after > before, f"resume requests did not move: {before} -> {after}"
+
+
+def _try(fn):
+    try:
+        return fn()
+    except OSError:
+        return None
+
+
+def _counter(text: str, name: str) -> float:
+    return sum(float(m.group(1)) for m in re.finditer(rf"^{name}(?:{{[^}}]*}})? ([0-9.e+]+)$", text, re.M))
