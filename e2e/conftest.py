@@ -8,6 +8,7 @@ On a failure, the pod logs of the cluster's namespace are attached to the report
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import time
 from typing import Iterator
@@ -16,7 +17,7 @@ import asyncssh
 import pytest
 import yaml
 
-from helpers import NAMESPACE, ROOT, Cluster, e2e_spec, kjson, kubeconfig, kubectl, slurmk8s
+from helpers import LOCAL_KUBECONFIG, LOCAL_VOLUMES, NAMESPACE, ROOT, Cluster, e2e_spec, kjson, kubeconfig, kubectl, slurmk8s
 
 
 @pytest.fixture(scope="session")
@@ -35,6 +36,10 @@ def cluster(cluster_reachable, tmp_path_factory) -> Iterator[Cluster]:
     spec_path.write_text(yaml.safe_dump(e2e_spec(key.export_public_key().decode().strip() + " e2e")))
     state = work / "state"
     log = work / "slurmk8s.log"
+    # from nothing: a namespace left by an earlier run (its volumes, Slurm state, jobs) goes first
+    kubectl("delete", "namespace", NAMESPACE, "--ignore-not-found", "--wait=true", "--timeout=180s", timeout=200)
+    if kubeconfig() == LOCAL_KUBECONFIG:  # the local cluster's static volumes keep their data on the host
+        shutil.rmtree(LOCAL_VOLUMES, ignore_errors=True)
     kubectl("apply", "-f", str(ROOT / "examples" / "localk8s" / "storage.yaml"))
     for pv in kjson("get", "pv", "-l", "slurmk8s.io/volume")["items"]:
         if pv["status"].get("phase") == "Released":  # claim deleted by an earlier `down --purge`: free it again

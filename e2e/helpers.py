@@ -25,6 +25,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCAL_KUBECONFIG = "/var/lib/slurmk8s/localk8s/kubeconfig"
+LOCAL_VOLUMES = "/var/lib/slurmk8s/volumes/local"  # examples/localk8s/storage.yaml's hostPath volumes
 TOOLCHAIN_BIN = "/var/cache/slurmk8s/toolchain/bin"
 SLURMK8S = str(Path(sys.executable).with_name("slurmk8s"))
 NAMESPACE = "slurm-local"  # examples/local.yaml's cluster "local"; its static volumes name it

@@ -21,13 +21,17 @@ def test_deleted_busy_worker_pod_requeues_its_job_which_then_completes(cluster: 
                         "echo done")
     running = wait_for("job running", lambda: (s := job_state(login, job)) and "RUNNING" in s["job_state"] and s, 120)
     node = running["nodes"]
-    kubectl("delete", "pod", "-n", NAMESPACE, node, "--wait=false")
+    wait_for(f"the worker pod of {node}", lambda: node in worker_pods(), 30)
+    deleted = kubectl("delete", "pod", "-n", NAMESPACE, node, "--wait=false", check=False)
+    assert deleted.returncode == 0, f"deleting pod {node}: {deleted.stderr} (pods: {sorted(worker_pods())})"
 
-    def down_with_reason():
+    def down_with_reason():  # set DOWN (requeues the job), then powered down at once so it can be resumed
         nodes = login.json(f"scontrol show node {node} --json")["nodes"]
-        return nodes[0] if nodes and node in (nodes[0].get("reason") or "") and "DOWN" in nodes[0]["state"] else None
+        reason = nodes[0].get("reason") or "" if nodes else ""
+        return nodes[0] if f"pod {node} is gone" in reason else None
 
-    seen = wait_for(f"node {node} DOWN with a reason naming its pod", down_with_reason, 60)
+    seen = wait_for(f"node {node} set DOWN with a reason naming its pod", down_with_reason, 60)
+    assert "ALLOCATED" not in seen["state"], seen["state"]
     print(f"node {node}: {seen['state']} reason {seen['reason']!r}")
     requeued = wait_for("the job requeued", lambda: (s := job_state(login, job))["restart_cnt"] >= 1 and s, 60)
     assert "COMPLETED" not in requeued["job_state"]
@@ -47,7 +51,7 @@ def test_metrics_endpoint_reports_the_cluster(cluster: Cluster):
 
     text = wait_for("the metrics endpoint", lambda: _try(scrape), 60)
     names = set(re.findall(r"^(slurmk8s_[a-z_]+)", text, re.M))
-    assert {"slurmk8s_nodes", "slurmk8s_workers", "slurmk8s_jobs", "slurmk8s_reconcile_passes_total",
+    assert {"slurmk8s_nodes", "slurmk8s_jobs", "slurmk8s_reconcile_passes_total",
             "slurmk8s_controller_rpc_seconds_count"} <= names, sorted(names)
     assert _counter(text, "slurmk8s_nodes") == 3  # every Slurm node of the e2e pool, whatever its state
     before = _counter(text, "slurmk8s_elastic_requests_total")
@@ -56,8 +60,11 @@ def test_metrics_endpoint_reports_the_cluster(cluster: Cluster):
     job = submit(login, "#!/bin/bash\n#SBATCH -N1 -o /dev/null\ntrue")
     assert wait_job(login, job, 120)["job_state"] == ["COMPLETED"]
     time.sleep(12)  # one reconcile period
-    after = _counter(scrape(), "slurmk8s_elastic_requests_total")
+    text = scrape()
+    after = _counter(text, "slurmk8s_elastic_requests_total")
     assert after > before, f"resume requests did not move: {before} -> {after}"
+    assert _counter(text, "slurmk8s_job_submit_to_running_seconds_count") >= 1
+    assert _counter(text, "slurmk8s_node_busy_seconds_total") > 0
 
 
 def _try(fn):
