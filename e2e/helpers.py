@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -124,3 +125,23 @@ def e2e_spec(public_key: str) -> dict[str, Any]:
     return spec
 
 
+# ---------------------------------------------------------------- jobs, as the researcher sees them
+
+
+def job_state(login, job_id: str) -> dict:
+    jobs = login.json(f"scontrol show job {job_id} --json")["jobs"]
+    return jobs[0]
+
+
+def wait_job(login, job_id: str, timeout: float) -> dict:
+    def done():
+        job = job_state(login, job_id)
+        return job if set(job["job_state"]) & {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"} else None
+
+    return wait_for(f"job {job_id} to finish", done, timeout, interval=1.0)
+
+
+def submit(login, script: str) -> str:
+    out = login.run(f"cat > job.sh <<'EOF'\n{script}\nEOF\nsbatch --parsable job.sh").stdout.strip()
+    assert re.fullmatch(r"\d+", out), f"sbatch printed {out!r}"
+    return out

@@ -4,13 +4,13 @@ pods gone -> down -> up again with /home kept. Tests run in file order and share
 from __future__ import annotations
 
 import asyncio
-import re
 import time
 
 import asyncssh
 import pytest
 
-from helpers import NAMESPACE, SUSPEND_TIME, Cluster, kjson, kubectl, slurmk8s, wait_for, worker_pods
+from helpers import (NAMESPACE, SUSPEND_TIME, Cluster, job_state, kjson, kubectl, slurmk8s, submit, wait_for,
+                     wait_job, worker_pods)
 
 pytestmark = pytest.mark.e2e
 
@@ -31,25 +31,6 @@ int main(int argc, char **argv) {
     return 0;
 }
 """
-
-
-def job_state(login, job_id: str) -> dict:
-    jobs = login.json(f"scontrol show job {job_id} --json")["jobs"]
-    return jobs[0]
-
-
-def wait_job(login, job_id: str, timeout: float) -> dict:
-    def done():
-        job = job_state(login, job_id)
-        return job if set(job["job_state"]) & {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"} else None
-
-    return wait_for(f"job {job_id} to finish", done, timeout, interval=1.0)
-
-
-def submit(login, script: str) -> str:
-    out = login.run(f"cat > job.sh <<'EOF'\n{script}\nEOF\nsbatch --parsable job.sh").stdout.strip()
-    assert re.fullmatch(r"\d+", out), f"sbatch printed {out!r}"
-    return out
 
 
 def test_up_from_nothing_and_login_answers(cluster: Cluster):

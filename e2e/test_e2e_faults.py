@@ -1,4 +1,4 @@
-"""Faults on the real cluster (runs after test_cluster.py, on the same cluster): a busy worker pod
+"""Faults on the real cluster (runs after test_e2e_cluster.py, on the same cluster): a busy worker pod
 deleted under its job, and the reconcile loop's metrics endpoint as Prometheus would scrape it."""
 
 from __future__ import annotations
@@ -9,8 +9,7 @@ import urllib.request
 
 import pytest
 
-from helpers import NAMESPACE, Cluster, kjson, kubectl, wait_for, worker_pods
-from test_cluster import job_state, submit, wait_job
+from helpers import NAMESPACE, Cluster, job_state, kjson, kubectl, submit, wait_for, wait_job, worker_pods
 
 pytestmark = pytest.mark.e2e
 
