@@ -66,6 +66,9 @@ def pytest_runtest_makereport(item, call):
                 name = pod["metadata"]["name"]
                 logs = kubectl("logs", "-n", NAMESPACE, name, "--all-containers", "--tail=60", check=False)
                 sections.append(f"--- pod {name} ({pod['status'].get('phase')}):\n{logs.stdout}{logs.stderr}")
+            programs = kubectl("exec", "-n", NAMESPACE, "slurmctld-0", "-c", "slurmctld", "--", "sh", "-c",
+                               "tail -n 40 /var/log/slurmk8s/*.log", check=False)
+            sections.append(f"--- slurmk8s programs (resume / suspend / reconcile):\n{programs.stdout}{programs.stderr}")
             events = kubectl("get", "events", "-n", NAMESPACE, "--sort-by=.lastTimestamp", check=False)
             sections.append(f"--- events:\n{events.stdout[-4000:]}")
             report.sections.append(("pod logs", "\n".join(sections)))

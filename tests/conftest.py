@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -84,6 +85,9 @@ class PulumiRun:
                 return {}
 
         mocks = Mocks()
+        # Pulumi's mocks run on the thread's current event loop; a test that used asyncio.run()
+        # before (asyncssh in the integration tier) leaves none set.
+        asyncio.set_event_loop(asyncio.new_event_loop())
         pm.set_mocks(mocks, project=project, stack=stack, preview=preview, monitor=Monitor(mocks))
         pconfig.set_all_config(dict(config or {}), secret_keys or [])
 
