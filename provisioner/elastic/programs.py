@@ -488,14 +488,23 @@ def _record_failures(ctx: Context, nodes: Mapping[str, str], inventory) -> None:
             return
 
 
-def run_resume(args: Sequence[str], ctx: Context, resume_file_text: str | None) -> RunResult:
-    from .backend import BackendError
-    from .plan import Action, InputError, parse_hostlists, parse_resume_file, plan_resume
+def _node_names(args: Sequence[str], ctx: Context, program: str) -> list[str] | None:
+    """The node names in the hostlist expressions Slurm passed; None (logged) when unparsable."""
+    from .plan import InputError, parse_hostlists
 
     try:
-        names = parse_hostlists(args)
+        return parse_hostlists(args)
     except InputError as err:
-        ctx.log.write(f"resume {list(args)}: {err}; nothing done")
+        ctx.log.write(f"{program} {list(args)}: {err}; nothing done")
+        return None
+
+
+def run_resume(args: Sequence[str], ctx: Context, resume_file_text: str | None) -> RunResult:
+    from .backend import BackendError
+    from .plan import Action, InputError, parse_resume_file, plan_resume
+
+    names = _node_names(args, ctx, "resume")
+    if names is None:
         return RunResult(2)
     request = None
     if resume_file_text is not None:
@@ -530,12 +539,10 @@ def run_resume(args: Sequence[str], ctx: Context, resume_file_text: str | None) 
 
 def run_suspend(args: Sequence[str], ctx: Context) -> RunResult:
     from .backend import BackendError
-    from .plan import InputError, parse_hostlists, plan_suspend
+    from .plan import plan_suspend
 
-    try:
-        names = parse_hostlists(args)
-    except InputError as err:
-        ctx.log.write(f"suspend {list(args)}: {err}; nothing done")
+    names = _node_names(args, ctx, "suspend")
+    if names is None:
         return RunResult(2)
     ctx.log.write(f"suspend {len(names)} nodes: {','.join(names)}")
     if not names:
@@ -552,12 +559,10 @@ def run_suspend(args: Sequence[str], ctx: Context) -> RunResult:
 
 def run_resume_fail(args: Sequence[str], ctx: Context) -> RunResult:
     from .backend import BackendError
-    from .plan import InputError, parse_hostlists, plan_resume_fail
+    from .plan import plan_resume_fail
 
-    try:
-        names = parse_hostlists(args)
-    except InputError as err:
-        ctx.log.write(f"resume-fail {list(args)}: {err}; nothing done")
+    names = _node_names(args, ctx, "resume-fail")
+    if names is None:
         return RunResult(2)
     ctx.log.write(f"resume-fail: Slurm gave up on {len(names)} nodes: {','.join(names)}")
     if not names:

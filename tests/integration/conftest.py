@@ -25,12 +25,7 @@ def testbed_available() -> None:
 def cluster(testbed_available, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Testbed]:
     bed = Testbed(tmp_path_factory.mktemp("cluster"), node_count=4, suspend_time=15, resume_timeout=60,
                   suspend_timeout=5)
-    bed.up()
-    try:
-        yield bed
-    finally:
-        bed.down()
-        print(f"\ntestbed {bed.token}: logs kept in {bed.log_dir}")
+    yield from bed.running()
 
 
 @pytest.fixture

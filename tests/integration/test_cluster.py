@@ -71,7 +71,7 @@ def test_scale_from_zero_and_back_to_zero(cluster: Testbed):
     assert sorted(read_home(cluster, f"zero-{job}.out").split()) == sorted(nodes)
 
     log = cluster.elastic_log()[log_before:]
-    assert re.search(rf"resume\[\d+\] resume 2 nodes: ", log), log
+    assert re.search(r"resume\[\d+\] resume 2 nodes: ", log), log
     for name in nodes:
         assert re.search(rf"decide {name} create \(resume\) jobs={job}", log), log
         assert re.search(rf"{name} create ok", log), log

@@ -46,12 +46,7 @@ class HealthTestbed(Testbed):
 def bed(testbed_available, tmp_path_factory: pytest.TempPathFactory) -> Iterator[HealthTestbed]:
     b = HealthTestbed(tmp_path_factory.mktemp("health"), node_count=2, suspend_time=30, resume_timeout=60,
                       suspend_timeout=5)
-    b.up()
-    try:
-        yield b
-    finally:
-        b.down()
-        print(f"\ntestbed {b.token}: logs kept in {b.log_dir}")
+    yield from b.running()
 
 
 def is_up(n: NodeState) -> bool:

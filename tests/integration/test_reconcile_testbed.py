@@ -30,12 +30,7 @@ pytestmark = pytest.mark.integration
 def bed(testbed_available, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Testbed]:
     b = Testbed(tmp_path_factory.mktemp("reconcile"), node_count=3, suspend_time=60, resume_timeout=60,
                 suspend_timeout=5, mount_source=True)
-    b.up()
-    try:
-        yield b
-    finally:
-        b.down()
-        print(f"\ntestbed {b.token}: logs kept in {b.log_dir}")
+    yield from b.running()
 
 
 def hand_made_worker(bed: Testbed, node: str) -> None:

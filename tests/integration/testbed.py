@@ -24,7 +24,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence, TypeVar
+from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 import asyncssh
 
@@ -296,6 +296,15 @@ class Testbed:
         docker("network", "rm", self.network, check=False)
         docker("volume", "rm", "-f", self.home_volume, check=False)
         shutil.rmtree(self.workdir / "secret", ignore_errors=True)
+
+    def running(self) -> Iterator["Testbed"]:
+        """Up for the body of a fixture, down afterwards (logs kept): `yield from bed.running()`."""
+        self.up()
+        try:
+            yield self
+        finally:
+            self.down()
+            print(f"\ntestbed {self.token}: logs kept in {self.log_dir}")
 
     # ------------------------------------------------------------ observing
 
