@@ -4,7 +4,6 @@ deleted under its job, and the reconcile loop's metrics endpoint as Prometheus w
 from __future__ import annotations
 
 import re
-import time
 import urllib.request
 
 import pytest
@@ -29,7 +28,8 @@ def test_deleted_busy_worker_pod_requeues_its_job_which_then_completes(cluster: 
         reason = nodes[0].get("reason") or "" if nodes else ""
         return nodes[0] if f"pod {node} is gone" in reason else None
 
-    seen = wait_for(f"node {node} set DOWN with a reason naming its pod", down_with_reason, 60)
+    # the pod terminates (grace period), then the next reconcile pass (10 s period) acts
+    seen = wait_for(f"node {node} set DOWN with a reason naming its pod", down_with_reason, 120)
     assert "ALLOCATED" not in seen["state"], seen["state"]
     print(f"node {node}: {seen['state']} reason {seen['reason']!r}")
     requeued = wait_for("the job requeued", lambda: (s := job_state(login, job))["restart_cnt"] >= 1 and s, 60)
@@ -58,11 +58,14 @@ def test_metrics_endpoint_reports_the_cluster(cluster: Cluster):
     wait_for("every worker pod to be gone", lambda: worker_pods() == {}, 120, interval=2)
     job = submit(login, "#!/bin/bash\n#SBATCH -N1 -o /dev/null\ntrue")
     assert wait_job(login, job, 120)["job_state"] == ["COMPLETED"]
-    time.sleep(12)  # one reconcile period
-    text = scrape()
-    after = _counter(text, "slurmk8s_elastic_requests_total")
-    assert after > before, f"resume requests did not move: {before} -> {after}"
-    assert _counter(text, "slurmk8s_job_submit_to_running_seconds_count") >= 1
+
+    def moved():  # the loop tails the programs' events file once per period (10 s)
+        text = scrape()
+        ok = (_counter(text, "slurmk8s_elastic_requests_total") > before
+              and _counter(text, "slurmk8s_job_submit_to_running_seconds_count") >= 1)
+        return text if ok else None
+
+    text = wait_for("resume requests and submit-to-RUNNING to show in the metrics", moved, 60, interval=2)
     assert _counter(text, "slurmk8s_node_busy_seconds_total") > 0
 
 
