@@ -20,6 +20,12 @@ def test_deleted_busy_worker_pod_requeues_its_job_which_then_completes(cluster: 
     running = wait_for("job running", lambda: (s := job_state(login, job)) and "RUNNING" in s["job_state"] and s, 120)
     node = running["nodes"]
     wait_for(f"the worker pod of {node}", lambda: node in worker_pods(), 30)
+
+    def booted():  # no '#' (powering up): slurmd registered, the job's step runs on the pod
+        state = login.run(f"sinfo -h -N -n {node} -o %T").stdout.strip()
+        return state if state and not state.endswith(("#", "~", "%")) else None
+
+    wait_for(f"node {node} to finish booting", booted, 60)
     deleted = kubectl("delete", "pod", "-n", NAMESPACE, node, "--wait=false", check=False)
     assert deleted.returncode == 0, f"deleting pod {node}: {deleted.stderr} (pods: {sorted(worker_pods())})"
 
@@ -65,7 +71,11 @@ def test_metrics_endpoint_reports_the_cluster(cluster: Cluster):
               and _counter(text, "slurmk8s_job_submit_to_running_seconds_count") >= 1)
         return text if ok else None
 
-    text = wait_for("resume requests and submit-to-RUNNING to show in the metrics", moved, 60, interval=2)
+    try:
+        wait_for("resume requests and submit-to-RUNNING to show in the metrics", moved, 60, interval=2)
+    except pytest.fail.Exception:
+        pytest.fail(f"metrics did not move (before: {before} resume requests); last scrape:\n"
+                    + "\n".join(l for l in scrape().splitlines() if l.startswith("slurmk8s_")))
     assert _counter(text, "slurmk8s_node_busy_seconds_total") > 0
 
 

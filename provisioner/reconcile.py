@@ -560,7 +560,8 @@ class SlurmCli:
         return self._json("show_nodes", [self.scontrol, "show", "nodes", "--json"])
 
     def jobs(self) -> dict[str, Any]:
-        return self._json("squeue", [self.squeue, "--json"])
+        # every state: a job shorter than one period is seen only once it has finished
+        return self._json("squeue", [self.squeue, "--json", "--states=all"])
 
     def update(self, argv: Sequence[str]) -> None:
         self._run("update", argv)
@@ -593,6 +594,10 @@ class FakeSlurmClient:
 
 
 # ---------------------------------------------------------------- acting
+
+
+RAN_STATES = frozenset({"RUNNING", "COMPLETING", "COMPLETED", "FAILED", "TIMEOUT", "NODE_FAIL",
+                        "OUT_OF_MEMORY", "PREEMPTED"})
 
 
 @dataclass(frozen=True)
@@ -874,13 +879,15 @@ class Metrics:
                 counts[key] = counts.get(key, 0) + 1
         self._set_gauge("jobs", self.jobs, counts)
         for j in jobs:
-            if j.state != "RUNNING" or j.job_id in self._seen_running:
+            # started jobs, running or already finished (a short job may never be seen RUNNING);
+            # CANCELLED is left out: Slurm gives a job cancelled while pending a start time too
+            if j.state not in RAN_STATES or not j.start_time or j.job_id in self._seen_running:
                 continue
             self._seen_running[j.job_id] = j.start_time or 0.0
             if j.submit_time and j.start_time and j.start_time >= started - 1:
                 self.submit_to_running.labels(j.partition).observe(max(0.0, j.start_time - j.submit_time))
-        running = {j.job_id for j in jobs if j.state == "RUNNING"}
-        for job_id in [k for k in self._seen_running if k not in running]:
+        listed = {j.job_id for j in jobs}  # forget a job once squeue no longer lists it (MinJobAge)
+        for job_id in [k for k in self._seen_running if k not in listed]:
             del self._seen_running[job_id]
 
     def observe_events(self, events: Iterable[Mapping[str, Any]]) -> None:

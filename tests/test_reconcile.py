@@ -579,3 +579,20 @@ def test_kube_worker_ready_at_comes_from_the_ready_condition():
     assert w.ready_at - w.created_at == 2
     pod["status"]["conditions"][1]["status"] = "False"
     assert worker_from_pod(pod).ready_at is None
+
+
+def test_short_jobs_finished_between_passes_still_count_and_cancelled_ones_do_not():
+    m = rc.Metrics()
+    s = snap([up("cpu-0")], [Worker("cpu-0", "Running", created_at=NOW - 30)], inventory())
+    report = rc.Report(findings=classify(s, NOW, POLICY), snapshot=s)
+    jobs = rc.parse_jobs({"jobs": [
+        {"job_id": 9, "partition": "cpu", "job_state": ["COMPLETED"], "submit_time": {"set": True, "number": NOW - 9},
+         "start_time": {"set": True, "number": NOW - 6}},
+        {"job_id": 10, "partition": "cpu", "job_state": ["CANCELLED"], "submit_time": {"set": True, "number": NOW - 9},
+         "start_time": {"set": True, "number": NOW - 1}}]})
+    m.observe_pass(report, jobs, NOW, NOW - 1000, 0.1, [])
+    m.observe_pass(report, jobs, NOW + 10, NOW - 1000, 0.1, [])  # seen again: counted once
+    text = m.exposition().decode()
+    count = re.search(r'^slurmk8s_job_submit_to_running_seconds_count\{partition="cpu"\} (\S+)$', text, re.M)
+    total = re.search(r'^slurmk8s_job_submit_to_running_seconds_sum\{partition="cpu"\} (\S+)$', text, re.M)
+    assert count and float(count.group(1)) == 1 and total and float(total.group(1)) == 3
