@@ -1,0 +1,107 @@
+"""P4b: one resume of 500 nodes through the real resume program and the Kubernetes node backend ->
+500 worker pods Running. The pods land on kwok nodes (simulated: scheduled and "Running", never
+started), so the figure is the control path: planning, 500 API creates, scheduling, status.
+
+Usage: KUBECONFIG=... python bench/resume_500.py [--nodes 500] [--parallel 32]
+Needs the local cluster with kwok (`slurmk8s cluster up --kwok`). Target (issue #6): <= 5 s; the
+raw API floor measured on this machine: 500 pods created in 2.0 s, all Running in 4.1 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "e2e"))
+
+from helpers import kjson, kubectl, kubectl_exe, kubeconfig  # noqa: E402
+
+from provisioner.config import parse_spec  # noqa: E402
+from provisioner.elastic.programs import Context, Log, run_resume, run_suspend  # noqa: E402
+from provisioner.elastic.slurmcmd import FakeSlurm  # noqa: E402
+from provisioner.generate import generate  # noqa: E402
+from provisioner.kube import from_env  # noqa: E402
+from provisioner.render import compress  # noqa: E402
+
+NS = "slurm-p4b"
+ZONE = "topology.kubernetes.io/zone"
+
+
+def running(ns: str) -> int:
+    pods = kjson("get", "pods", "-n", ns, "-l", "app.kubernetes.io/component=worker")["items"]
+    return sum(p["status"].get("phase") == "Running" for p in pods)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=500)
+    parser.add_argument("--parallel", type=int, default=32)
+    args = parser.parse_args()
+    spec = parse_spec({
+        "name": "p4b", "namespace": NS,
+        "pools": [{"name": "sim", "mode": "slots", "cpus": 1, "memory": "1Gi", "domain_label": ZONE,
+                   "domains": [{"name": "p4b", "count": args.nodes}],
+                   "pod_cpu_request": "1m", "pod_memory_request": "1Mi",
+                   "tolerations": [{"key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": "NoSchedule"}]}],
+    })
+    inventory = generate(spec, []).inventory
+    per_node = 110
+    kwok_nodes = -(-args.nodes // per_node)
+    subprocess.run([str(Path(sys.executable).with_name("slurmk8s")), "cluster", "kwok-node", "p4b",
+                    "--count", str(kwok_nodes), "-l", f"{ZONE}=p4b", "--pods", str(per_node), "--cpu", "1000",
+                    "--memory", "4Ti"], check=True, capture_output=True)
+    kubectl("create", "namespace", NS, check=False)
+    # /home as the worker pods mount it: a claim bound at once to a throwaway volume
+    volume = {"apiVersion": "v1", "kind": "List", "items": [
+        {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": "p4b-home"},
+         "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteMany"], "storageClassName": "",
+                  "claimRef": {"namespace": NS, "name": "home"}, "hostPath": {"path": "/tmp/p4b-home"}}},
+        {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "home", "namespace": NS},
+         "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": "", "volumeName": "p4b-home",
+                  "resources": {"requests": {"storage": "1Gi"}}}}]}
+    subprocess.run([kubectl_exe(), "--kubeconfig", kubeconfig(), "apply", "-f", "-"], input=json.dumps(volume),
+                   text=True, check=True, capture_output=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        spec_file = Path(tmp) / "spec.json"
+        spec_file.write_text(spec.model_dump_json())
+        env = {"SLURMK8S_SPEC": str(spec_file), "SLURMK8S_NAMESPACE": NS, "KUBECONFIG": kubeconfig(),
+               "SLURMK8S_PARALLEL": str(args.parallel), "SLURMK8S_BUDGET": "120"}
+        log_path = Path(tmp) / "elastic.log"
+        hostlist = compress(inventory.names)
+        t0 = time.monotonic()
+        ctx = Context(env, Log("resume", str(log_path)), backend=from_env(env), slurm=FakeSlurm(),
+                      inventory=inventory)
+        result = run_resume([hostlist], ctx, None)
+        t_created = time.monotonic() - t0
+        while running(NS) < args.nodes:
+            if time.monotonic() - t0 > 120:
+                sys.exit(f"only {running(NS)} of {args.nodes} pods Running after 120 s; see {log_path}")
+            time.sleep(0.1)
+        t_running = time.monotonic() - t0
+        t1 = time.monotonic()
+        ctx = Context(env, Log("suspend", str(log_path)), backend=from_env(env), slurm=FakeSlurm(),
+                      inventory=inventory)
+        run_suspend([hostlist], ctx)
+        t_deleted = time.monotonic() - t1
+        print(f"resume of {args.nodes} nodes ({hostlist}) through the resume program + Kubernetes backend, "
+              f"{args.parallel} parallel API calls, {kwok_nodes} kwok nodes:")
+        print(f"  resume program returned (every pod created): {t_created:.2f} s, exit {result.code}, "
+              f"{len(result.down)} nodes set DOWN")
+        print(f"  all {args.nodes} worker pods Running: {t_running:.2f} s (target <= 5 s)")
+        print(f"  suspend program deleted them: {t_deleted:.2f} s")
+    kubectl("delete", "namespace", NS, "--wait=false", check=False)
+    kubectl("delete", "pv", "p4b-home", "--wait=false", check=False)
+    for i in range(kwok_nodes):
+        kubectl("delete", "node", f"p4b-{i}", "--wait=false", check=False)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("KUBECONFIG", kubeconfig())
+    main()
