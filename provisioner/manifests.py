@@ -693,25 +693,21 @@ def network_policies(spec: ClusterSpec, site: K8sSite = K8sSite()) -> list[dict[
         "metadata": _meta(spec, "intra-cluster", "network"),
         "spec": {"podSelector": own, "policyTypes": ["Ingress"], "ingress": [{"from": peers}]},
     }
-    ssh = {
+    return [intra, _open_port(spec, "login-ssh", LOGIN, SSH_PORT),
+            _open_port(spec, "controller-metrics", CONTROLLER, METRICS_PORT)]
+
+
+def _open_port(spec: ClusterSpec, name: str, component: str, port: int) -> dict[str, Any]:
+    """Admit one TCP port of one component's pods from anywhere (SSH to login, metrics)."""
+    return {
         "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
-        "metadata": _meta(spec, "login-ssh", "network"),
+        "metadata": _meta(spec, name, "network"),
         "spec": {
-            "podSelector": {"matchLabels": selector(spec, LOGIN)},
+            "podSelector": {"matchLabels": selector(spec, component)},
             "policyTypes": ["Ingress"],
-            "ingress": [{"ports": [{"protocol": "TCP", "port": SSH_PORT}]}],
+            "ingress": [{"ports": [{"protocol": "TCP", "port": port}]}],
         },
     }
-    metrics = {
-        "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
-        "metadata": _meta(spec, "controller-metrics", "network"),
-        "spec": {
-            "podSelector": {"matchLabels": selector(spec, CONTROLLER)},
-            "policyTypes": ["Ingress"],
-            "ingress": [{"ports": [{"protocol": "TCP", "port": METRICS_PORT}]}],
-        },
-    }
-    return [intra, ssh, metrics]
 
 
 # ---------------------------------------------------------------- checks and the whole set
