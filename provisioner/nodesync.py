@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import hostlist
 
+from .elastic.slurmcmd import Scontrol, SlurmCommandError
 from .inventory import Inventory
 
 OUR_PREFIX = "kubernetes node "  # every reason slurmk8s sets here starts with it
@@ -62,13 +62,6 @@ def plan(inventory: Inventory, slurm_nodes: Iterable[Mapping[str, Any]]) -> list
     return actions
 
 
-def _run(argv: Sequence[str], timeout: float = 20.0) -> str:
-    proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, check=False)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(argv)}: exit {proc.returncode}: {proc.stderr.strip()}")
-    return proc.stdout
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """slurmk8s-sync-nodes [--wait SECONDS]: wait for slurmctld, then apply the plan."""
     args = list(sys.argv[1:] if argv is None else argv)
@@ -80,12 +73,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (OSError, ValueError, KeyError) as err:
         print(f"slurmk8s-sync-nodes: cannot read the inventory {path}: {err}", file=sys.stderr)
         return 1
+    scontrol = Scontrol(timeout=20.0)
     deadline = time.monotonic() + wait
     while True:
         try:
-            nodes = json.loads(_run(["scontrol", "show", "nodes", "--json"]))["nodes"]
+            nodes = json.loads(scontrol.run([scontrol.scontrol, "show", "nodes", "--json"]))["nodes"]
             break
-        except (RuntimeError, subprocess.TimeoutExpired, ValueError, KeyError) as err:
+        except (SlurmCommandError, ValueError, KeyError) as err:
             if time.monotonic() >= deadline:
                 print(f"slurmk8s-sync-nodes: slurmctld not answering: {err}", file=sys.stderr)
                 return 1
@@ -93,9 +87,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     status = 0
     for action in plan(inventory, nodes):
         try:
-            _run(action.argv())
+            scontrol.run(action.argv(scontrol.scontrol))
             print(f"slurmk8s-sync-nodes: {action.state} {','.join(action.names)}: {action.reason}")
-        except (RuntimeError, subprocess.TimeoutExpired) as err:
+        except SlurmCommandError as err:
             print(f"slurmk8s-sync-nodes: {err}", file=sys.stderr)
             status = 1
     return status
