@@ -44,6 +44,14 @@ def spec_schema() -> None:
     typer.echo(json.dumps(json_schema(), indent=2, sort_keys=True))
 
 
+@spec_app.command("chart-schema")
+def spec_chart_schema() -> None:
+    """Print the Helm chart's values schema (charts/slurmk8s/values.schema.json is this output)."""
+    from .chart import values_schema_text
+
+    typer.echo(values_schema_text(), nl=False)
+
+
 @spec_app.command("docs")
 def spec_docs() -> None:
     """Print the spec reference as Markdown (docs/spec.md is this output)."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Union
 
 import yaml
 from pydantic import (
@@ -17,6 +17,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    StringConstraints,
     ValidationError,
     field_validator,
     model_validator,
@@ -95,7 +96,12 @@ def mib(value: Any) -> int:
     return int(parse_quantity(value) // 2**20)
 
 
-Duration = Annotated[int, BeforeValidator(parse_duration)]
+# What the JSON schema (and so a Helm chart's values.schema.json) admits: the inputs the
+# validators accept, not only what they produce.
+_DURATION_INPUT = Union[Annotated[int, Field(ge=0)], Annotated[str, StringConstraints(pattern=_DURATION.pattern)]]
+_QUANTITY_INPUT = Union[float, Annotated[str, StringConstraints(pattern=_QUANTITY.pattern)]]
+
+Duration = Annotated[int, BeforeValidator(parse_duration, json_schema_input_type=_DURATION_INPUT)]
 
 
 def _quantity_str(value: Any) -> str:
@@ -103,7 +109,7 @@ def _quantity_str(value: Any) -> str:
     return str(value)
 
 
-Quantity = Annotated[str, BeforeValidator(_quantity_str)]
+Quantity = Annotated[str, BeforeValidator(_quantity_str, json_schema_input_type=_QUANTITY_INPUT)]
 
 
 class Model(BaseModel):

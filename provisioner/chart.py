@@ -1,0 +1,146 @@
+"""The Helm chart's side of the pipeline (charts/slurmk8s): its values schema, and the in-cluster render.
+
+The chart deploys the same objects as the Pulumi program (``provisioner.deploy.program``) from the
+same cluster spec (the chart's values). One thing a Go template cannot do is the Python core:
+inventory from the Kubernetes nodes, topology, slurm.conf / topology.conf / gres.conf /
+inventory.json. The chart therefore renders those in the slurmctld pod, in an init container that
+runs :func:`render_main` (``slurmk8s-render-config``) from the controller image: it reads the spec
+the chart wrote to the ``slurmk8s-spec`` ConfigMap, lists the Kubernetes nodes (only when a pool is
+pinned to nodes), and writes exactly the files that ``slurmk8s up`` puts into the ``slurm-config``
+ConfigMap, through the same functions (:func:`provisioner.generate.generate` and
+:func:`provisioner.manifests.slurm_config_map`), into the volume mounted at /etc/slurm.
+
+tests/test_chart.py renders the chart (``helm template``) and the Pulumi program for the same specs
+and compares them object by object; it also runs :func:`render_files` on the same nodes and checks
+that it yields the Pulumi program's ``slurm-config`` data.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import sys
+from typing import Any, Mapping, Sequence
+
+from . import manifests as m
+from .config import ClusterSpec, json_schema, parse_spec
+from .errors import SlurmK8sError
+from .generate import generate
+from .inventory import nodes_from_api
+from .render import Site, write_files
+
+
+# The chart's own settings, next to the spec's keys in the values (not part of the spec).
+CHART_KEY = "chart"
+_CHART_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "description": "Settings of the Helm chart itself (not part of the cluster spec; `slurmk8s up` takes "
+                   "them from the Pulumi stack configuration).",
+    "properties": {
+        "clusterDomain": {
+            "type": "string", "default": "cluster.local",
+            "description": "DNS domain of the Kubernetes cluster (the stack's `slurmk8s:clusterDomain`).",
+        },
+        "hostNetworkSources": {
+            "type": "array", "default": [],
+            "items": {"type": "string", "pattern": r"^[0-9a-fA-F:.]+/[0-9]{1,3}$"},
+            "description": "CIDRs (InternalIP/32 of each Kubernetes node that backs a pool with "
+                           "`network.host_network`) admitted by the intra-cluster NetworkPolicy; "
+                           "`slurmk8s up` reads them from the Node objects.",
+        },
+        "createSecrets": {
+            "type": "boolean", "default": True,
+            "description": "Create the Secrets `slurm-auth` (munge key) and `ssh-host-keys`, generated once "
+                           "and kept across upgrades (helm `lookup`). Set false where the chart is only "
+                           "templated (Argo CD) and create both Secrets out of band (charts/slurmk8s/README.md).",
+        },
+    },
+}
+
+
+def values_schema() -> dict[str, Any]:
+    """charts/slurmk8s/values.schema.json: the spec's JSON schema plus the chart's own `chart` key."""
+    schema = copy.deepcopy(json_schema())
+    schema["title"] = "slurmk8s Helm chart values (a cluster spec)"
+    schema["properties"][CHART_KEY] = _CHART_SCHEMA
+    ns = schema["properties"]["namespace"]
+    ns["description"] = ("Kubernetes namespace. With the chart, the release namespace is the cluster's "
+                         "namespace: leave this unset, or set it to the release namespace.")
+    return schema
+
+
+def values_schema_text() -> str:
+    return json.dumps(values_schema(), indent=2, sort_keys=True) + "\n"
+
+
+# ---------------------------------------------------------------- the in-cluster render
+
+
+def needs_nodes(spec: ClusterSpec) -> bool:
+    """Pinned pools take their Slurm nodes from the Kubernetes nodes; slot pools need none."""
+    return any(p.mode == "pinned" for p in spec.pools)
+
+
+def render_files(spec: ClusterSpec, k8s_nodes: Sequence[Mapping[str, Any]]) -> tuple[dict[str, str], list[str]]:
+    """The files of the ``slurm-config`` ConfigMap, exactly as the Pulumi program builds them, and
+    the Kubernetes nodes left out (with the reason)."""
+    gen = generate(spec, nodes_from_api(list(k8s_nodes)), Site())
+    m.check_names(spec, gen.inventory)
+    excluded = [f"{e.k8s_node} ({e.pool}): {e.reason}" for e in gen.inventory.excluded]
+    return dict(m.slurm_config_map(spec, gen.files)["data"]), excluded
+
+
+def read_nodes(env: Mapping[str, str]) -> list[dict[str, Any]]:
+    """The Node objects as the API returns them (in-cluster credentials, else KUBECONFIG)."""
+    from kubernetes import client
+
+    from .kube import _api_client
+
+    resp = client.CoreV1Api(_api_client(env)).list_node(_preload_content=False, _request_timeout=(5.0, 60.0))
+    return json.loads(resp.data)["items"]
+
+
+def _log(message: str) -> None:
+    print(f"slurmk8s-render-config: {message}", file=sys.stderr, flush=True)
+
+
+def render_main(argv: Sequence[str] | None = None) -> int:
+    """slurmk8s-render-config --out DIR: spec (SLURMK8S_SPEC) + Kubernetes nodes -> DIR/slurm.conf, ...
+
+    Exit status 2: the spec or the nodes do not give a valid cluster (the message names the field and
+    the fix); 1: the Kubernetes API could not be read (the kubelet retries the init container).
+    """
+    args = list(sys.argv[1:] if argv is None else argv)
+    if "--out" not in args or args.index("--out") + 1 >= len(args):
+        _log("usage: slurmk8s-render-config --out DIR")
+        return 2
+    out = args[args.index("--out") + 1]
+    path = os.environ.get("SLURMK8S_SPEC", f"{m.SPEC_DIR}/spec.json")
+    try:
+        with open(path) as fh:
+            spec = parse_spec(json.load(fh), source=path)
+    except SlurmK8sError as err:
+        _log(f"the chart's values are not a valid cluster spec:\n{err}")
+        return 2
+    except (OSError, ValueError) as err:
+        _log(f"cannot read the cluster spec {path}: {err}")
+        return 2
+    raw: list[dict[str, Any]] = []
+    if needs_nodes(spec):
+        try:
+            raw = read_nodes(os.environ)
+        except Exception as err:  # noqa: BLE001 - any API failure: say which and let the kubelet retry
+            _log(f"cannot list the Kubernetes nodes (the chart's ClusterRole grants get/list on nodes): {err}")
+            return 1
+    try:
+        files, excluded = render_files(spec, raw)
+    except SlurmK8sError as err:
+        _log(f"cannot build the cluster from the spec and the {len(raw)} Kubernetes nodes:\n{err}")
+        return 2
+    for line in excluded:
+        _log(f"Kubernetes node left out of pool {line}")
+    write_files(files, out)
+    _log(f"wrote {', '.join(sorted(files))} to {out} ({len(raw)} Kubernetes nodes read)")
+    return 0
