@@ -60,16 +60,17 @@ def pytest_runtest_makereport(item, call):
     report = outcome.get_result()
     if report.when == "call" and report.failed and "e2e" in item.keywords:
         try:
-            pods = kjson("get", "pods", "-n", NAMESPACE)["items"]
+            ns = getattr(item.module, "NAMESPACE", NAMESPACE)  # a test module with its own namespace names it
+            pods = kjson("get", "pods", "-n", ns)["items"]
             sections = []
             for pod in pods:
                 name = pod["metadata"]["name"]
-                logs = kubectl("logs", "-n", NAMESPACE, name, "--all-containers", "--tail=60", check=False)
+                logs = kubectl("logs", "-n", ns, name, "--all-containers", "--tail=60", check=False)
                 sections.append(f"--- pod {name} ({pod['status'].get('phase')}):\n{logs.stdout}{logs.stderr}")
-            programs = kubectl("exec", "-n", NAMESPACE, "slurmctld-0", "-c", "slurmctld", "--", "sh", "-c",
+            programs = kubectl("exec", "-n", ns, "slurmctld-0", "-c", "slurmctld", "--", "sh", "-c",
                                "tail -n 40 /var/log/slurmk8s/*.log", check=False)
             sections.append(f"--- slurmk8s programs (resume / suspend / reconcile):\n{programs.stdout}{programs.stderr}")
-            events = kubectl("get", "events", "-n", NAMESPACE, "--sort-by=.lastTimestamp", check=False)
+            events = kubectl("get", "events", "-n", ns, "--sort-by=.lastTimestamp", check=False)
             sections.append(f"--- events:\n{events.stdout[-4000:]}")
             report.sections.append(("pod logs", "\n".join(sections)))
         except (subprocess.SubprocessError, OSError, ValueError) as err:

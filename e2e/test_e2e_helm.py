@@ -1,0 +1,181 @@
+"""The Helm chart end to end: `helm install` passes the same smoke test as `slurmk8s up` (SSH, a
+2-node job from zero workers), `helm upgrade` with a changed pool leaves a running job alone, and
+`helm uninstall` leaves the volumes as `slurmk8s down` does.
+
+Own namespace (slurm-helm) and own static volumes, so it runs next to the `slurmk8s up` cluster of
+the other e2e files; everything it creates is removed at the end. Tests run in file order.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import asyncssh
+import pytest
+import yaml
+
+from helpers import (LOCAL_KUBECONFIG, ROOT, SUSPEND_TIME, TOOLCHAIN_BIN, Login, e2e_spec, job_state, kjson,
+                     kubeconfig, kubectl, submit, wait_for, wait_job)
+
+pytestmark = pytest.mark.e2e
+
+NAMESPACE = "slurm-helm"  # the release namespace is the cluster's namespace; the conftest hook reads it
+RELEASE = "slurm"
+CHART = ROOT / "charts" / "slurmk8s"
+VOLUMES = "/var/lib/slurmk8s/volumes/helm"  # hostPath of this test's static volumes
+PVS = ("slurmk8s-helm-home", "slurmk8s-helm-slurmctld-state")
+
+
+def helm(*args: str, timeout: float = 400) -> subprocess.CompletedProcess[str]:
+    exe = str(Path(TOOLCHAIN_BIN) / "helm") if (Path(TOOLCHAIN_BIN) / "helm").exists() else (shutil.which("helm") or "helm")
+    return subprocess.run([exe, "--kubeconfig", kubeconfig(), *args], capture_output=True, text=True,
+                          timeout=timeout, check=False)
+
+
+def _pv(name: str, claim: str, mode: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1", "kind": "PersistentVolume",
+        "metadata": {"name": name, "labels": {"slurmk8s.io/volume": f"helm-{claim}"}},
+        "spec": {"storageClassName": "slurmk8s-local", "capacity": {"storage": "1Gi"}, "accessModes": [mode],
+                 "persistentVolumeReclaimPolicy": "Retain", "claimRef": {"namespace": NAMESPACE, "name": claim},
+                 "hostPath": {"path": f"{VOLUMES}/{claim}", "type": "DirectoryOrCreate"}},
+    }
+
+
+def _apply(obj: dict[str, Any]) -> None:
+    subprocess.run([kubectl_path(), "--kubeconfig", kubeconfig(), "apply", "-f", "-"], input=json.dumps(obj),
+                   capture_output=True, text=True, check=True, timeout=60)
+
+
+def kubectl_path() -> str:
+    built = Path(TOOLCHAIN_BIN) / "kubectl"
+    return str(built) if built.exists() else (shutil.which("kubectl") or "kubectl")
+
+
+def _clean() -> None:
+    helm("uninstall", RELEASE, "-n", NAMESPACE, "--wait", timeout=180)
+    kubectl("delete", "namespace", NAMESPACE, "--ignore-not-found", "--wait=true", "--timeout=180s", check=False, timeout=200)
+    kubectl("delete", "pv", *PVS, "--ignore-not-found", check=False)
+    kubectl("delete", "clusterrole,clusterrolebinding", f"slurmk8s-{NAMESPACE}-read-nodes", "--ignore-not-found",
+            check=False)
+    if kubeconfig() == LOCAL_KUBECONFIG:
+        shutil.rmtree(VOLUMES, ignore_errors=True)
+
+
+class Release:
+    def __init__(self, work: Path, key: asyncssh.SSHKey, values: dict[str, Any]) -> None:
+        self.work, self.key, self.values = work, key, values
+
+    def values_file(self) -> Path:
+        path = self.work / "values.yaml"
+        path.write_text(yaml.safe_dump(self.values))
+        return path
+
+    def login(self) -> Login:
+        svc = kjson("get", "service", "-n", NAMESPACE, "login")
+        return Login(svc["spec"]["clusterIP"], 22, "alice", self.key)
+
+
+def worker_pods() -> dict[str, dict[str, Any]]:
+    pods = kjson("get", "pods", "-n", NAMESPACE, "-l", "app.kubernetes.io/component=worker")["items"]
+    return {p["metadata"]["name"]: p for p in pods if not p["metadata"].get("deletionTimestamp")}
+
+
+@pytest.fixture(scope="module")
+def release(cluster_reachable, tmp_path_factory) -> Iterator[Release]:
+    from provisioner import manifests as m
+    from provisioner.config import parse_spec
+
+    work = tmp_path_factory.mktemp("helm")
+    key = asyncssh.generate_private_key("ssh-ed25519")
+    values = e2e_spec(key.export_public_key().decode().strip() + " e2e-helm")
+    values["name"] = "helm"  # namespace slurm-helm
+    values["chart"] = {}
+    _clean()  # from nothing: a release left by an earlier run goes first
+    kubectl("apply", "-f", str(ROOT / "examples" / "localk8s" / "storage.yaml"))  # the StorageClass
+    for pv in (_pv(PVS[0], "home", "ReadWriteMany"), _pv(PVS[1], "slurmctld-state", "ReadWriteOnce")):
+        _apply(pv)
+    # the namespace as `slurmk8s up` makes it (Pod Security labels), from the same builder
+    _apply(m.namespace(parse_spec({k: v for k, v in values.items() if k != "chart"})))
+    rel = Release(work, key, values)
+    t0 = time.monotonic()
+    out = helm("install", RELEASE, str(CHART), "-n", NAMESPACE, "--values", str(rel.values_file()),
+               "--wait", "--timeout", "5m")
+    if out.returncode != 0:
+        pytest.fail(f"helm install failed:\n{out.stdout}\n{out.stderr}")
+    print(f"helm install --wait: {time.monotonic() - t0:.1f} s")
+    yield rel
+    _clean()
+
+
+def test_install_login_answers_ssh(release: Release):
+    login = release.login()
+    assert login.run("id -un").stdout.strip() == "alice"
+    init = kubectl("logs", "-n", NAMESPACE, "slurmctld-0", "-c", "render-config").stdout
+    assert "wrote inventory.json, slurm.conf" in init, init
+
+
+def test_two_node_job_from_zero_workers(release: Release):
+    assert worker_pods() == {}, "worker pods exist before any job"
+    login = release.login()
+    t0 = time.monotonic()
+    job = submit(login, "#!/bin/bash\n#SBATCH -N2 -o hosts-%j.out\nsrun hostname")
+    final = wait_job(login, job, 180)
+    print(f"helm: 2-node job from zero workers: submit -> COMPLETED {time.monotonic() - t0:.1f} s")
+    assert final["job_state"] == ["COMPLETED"], final
+    nodes = sorted(login.run(f"scontrol show hostnames {final['nodes']}").stdout.split())
+    assert len(nodes) == 2 and sorted(login.run(f"cat ~/hosts-{job}.out").stdout.split()) == nodes
+
+
+def test_upgrade_with_a_changed_pool_leaves_the_running_job_alone(release: Release):
+    login = release.login()
+    hold = 45
+    job = submit(login, f"#!/bin/bash\n#SBATCH -N1 -o busy-%j.out\nhostname; sleep {hold}; echo done")
+    running = wait_for("job running", lambda: (s := job_state(login, job)) and "RUNNING" in s["job_state"] and s, 120)
+    node = running["nodes"]
+    uid = worker_pods()[node]["metadata"]["uid"]
+    ctld_uid = kjson("get", "pod", "-n", NAMESPACE, "slurmctld-0")["metadata"]["uid"]
+
+    release.values["pools"][0]["domains"][0]["count"] = 4  # one more slot in the pool
+    t0 = time.monotonic()
+    out = helm("upgrade", RELEASE, str(CHART), "-n", NAMESPACE, "--values", str(release.values_file()),
+               "--wait", "--timeout", "4m")
+    assert out.returncode == 0, out.stdout + out.stderr
+    print(f"helm upgrade --wait (pool changed, slurmctld re-rendered): {time.monotonic() - t0:.1f} s")
+    assert kjson("get", "pod", "-n", NAMESPACE, "slurmctld-0")["metadata"]["uid"] != ctld_uid, \
+        "a changed spec must roll slurmctld (its init container renders the new slurm.conf)"
+    pod = worker_pods().get(node)
+    assert pod is not None and pod["metadata"]["uid"] == uid, f"the upgrade touched busy worker {node}"
+    final = wait_job(login, job, hold + 120)
+    assert final["job_state"] == ["COMPLETED"], final
+    assert login.run(f"tail -n1 ~/busy-{job}.out").stdout.strip() == "done"
+    assert worker_pods().get(node, {}).get("metadata", {}).get("uid") in (uid, None)
+    nodes = login.run("sinfo -h -N -o %N").stdout.split()
+    assert len(set(nodes)) == 4, f"the new slot is not in Slurm: {nodes}"
+
+
+def test_idle_workers_go_to_zero(release: Release):
+    wait_for("every worker pod to be gone", lambda: worker_pods() == {}, SUSPEND_TIME + 90, interval=2)
+
+
+def test_uninstall_leaves_the_volumes(release: Release):
+    out = helm("uninstall", RELEASE, "-n", NAMESPACE, "--wait", timeout=240)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "kept due to the resource policy" in out.stdout, out.stdout
+    for kind in ("pods", "services", "roles", "rolebindings", "configmaps", "statefulsets",
+                 "deployments", "serviceaccounts", "networkpolicies", "poddisruptionbudgets"):
+        items = [i["metadata"]["name"] for i in kjson("get", kind, "-n", NAMESPACE)["items"]
+                 if not (kind == "configmaps" and i["metadata"]["name"] == "kube-root-ca.crt")
+                 and not (kind == "serviceaccounts" and i["metadata"]["name"] == "default")]
+        assert items == [], f"`helm uninstall` left {kind}: {items}"
+    assert kubectl("get", "clusterrole", f"slurmk8s-{NAMESPACE}-read-nodes", check=False).returncode != 0
+    pvcs = sorted(i["metadata"]["name"] for i in kjson("get", "pvc", "-n", NAMESPACE)["items"])
+    assert pvcs == ["home", "slurmctld-state"], f"`helm uninstall` must keep the volumes, as `down` does: {pvcs}"
+    # the generated keys stay too, so a reinstall keeps the host keys (as the Pulumi stack keeps them)
+    secrets = sorted(i["metadata"]["name"] for i in kjson("get", "secrets", "-n", NAMESPACE)["items"])
+    assert secrets == ["slurm-auth", "ssh-host-keys"], secrets
