@@ -164,9 +164,14 @@ def test_idle_workers_go_to_zero(release: Release):
 
 
 def test_uninstall_leaves_the_volumes(release: Release):
+    # a busy worker at uninstall: the pre-delete hook removes it (Helm does not own worker pods)
+    login = release.login()
+    job = submit(login, "#!/bin/bash\n#SBATCH -N1\nsleep 600")
+    wait_for("a worker pod", lambda: worker_pods() or None, 90)
     out = helm("uninstall", RELEASE, "-n", NAMESPACE, "--wait", timeout=240)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "kept due to the resource policy" in out.stdout, out.stdout
+    assert job and worker_pods() == {}, "a worker pod outlived `helm uninstall`"
     for kind in ("pods", "services", "roles", "rolebindings", "configmaps", "statefulsets",
                  "deployments", "serviceaccounts", "networkpolicies", "poddisruptionbudgets"):
         items = [i["metadata"]["name"] for i in kjson("get", kind, "-n", NAMESPACE)["items"]

@@ -215,6 +215,13 @@ def _expected_differences(spec, chart: dict[str, dict], pulumi: dict[str, dict],
     for k in nodes_rbac:
         del chart[k]
 
+    #    worker pods are not Helm's: a pre-delete hook deletes those left, as `down` does after destroy.
+    hook = chart.pop(f"Job {ns}/slurmk8s-delete-workers")
+    assert hook["metadata"]["annotations"]["helm.sh/hook"] == "pre-delete"
+    (c,) = hook["spec"]["template"]["spec"]["containers"]
+    assert c["command"] == [f"{m.BIN_DIR}/slurmk8s-delete-workers"] and c["image"] == spec.images.controller
+    assert hook["spec"]["template"]["spec"]["serviceAccountName"] == m.CONTROLLER
+
     # 6. The spec as the in-cluster programs read it: the chart writes the values as given (plus the
     #    release namespace, always explicit), `up` the normalised spec; both parse to the same spec.
     cspec = chart[f"ConfigMap {ns}/{m.SPEC_CONFIG}"]["data"]
@@ -348,3 +355,30 @@ def test_render_config_entry_point_writes_the_files(tmp_path, monkeypatch):
     spec_json.write_text(json.dumps({"name": "x", "pools": [{"name": "c", "mode": "slots"}]}))
     assert render_main(["--out", str(tmp_path / "bad")]) == 2
     assert not (tmp_path / "bad").exists()
+
+
+def test_delete_workers_hook_deletes_only_this_clusters_workers(tmp_path, monkeypatch):
+    from provisioner import chart as chart_mod
+
+    calls: list[tuple[str, ...]] = []
+
+    class Api:
+        def __init__(self, client):
+            pass
+
+        def list(self, ns, selector):
+            calls.append(("list", ns, selector))
+            return [{"metadata": {"name": "cpu-0"}}, {"metadata": {"name": "cpu-1"}}]
+
+        def delete(self, ns, name):
+            calls.append(("delete", ns, name))
+
+    spec_json = tmp_path / "spec.json"
+    spec_json.write_text(json.dumps({"name": "mini", "pools": []}))
+    monkeypatch.setenv("SLURMK8S_SPEC", str(spec_json))
+    monkeypatch.setenv("SLURMK8S_NAMESPACE", "slurm-mini")
+    monkeypatch.setattr("provisioner.kube.ClientPodApi", Api)
+    monkeypatch.setattr("provisioner.kube._api_client", lambda env: None)
+    assert chart_mod.delete_workers_main([]) == 0
+    assert calls == [("list", "slurm-mini", "slurmk8s.io/cluster=mini,app.kubernetes.io/component=worker"),
+                     ("delete", "slurm-mini", "cpu-0"), ("delete", "slurm-mini", "cpu-1")]
