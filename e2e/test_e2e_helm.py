@@ -172,7 +172,8 @@ def test_uninstall_leaves_the_volumes(release: Release):
     assert out.returncode == 0, out.stdout + out.stderr
     assert "kept due to the resource policy" in out.stdout, out.stdout
     assert job and worker_pods() == {}, "a worker pod outlived `helm uninstall`"
-    for kind in ("pods", "services", "roles", "rolebindings", "configmaps", "statefulsets",
+    wait_for("the cluster's pods to terminate", lambda: not kjson("get", "pods", "-n", NAMESPACE)["items"], 60, 1.0)
+    for kind in ("services", "roles", "rolebindings", "configmaps", "statefulsets",
                  "deployments", "serviceaccounts", "networkpolicies", "poddisruptionbudgets"):
         items = [i["metadata"]["name"] for i in kjson("get", kind, "-n", NAMESPACE)["items"]
                  if not (kind == "configmaps" and i["metadata"]["name"] == "kube-root-ca.crt")
