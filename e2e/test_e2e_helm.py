@@ -107,7 +107,12 @@ def release(cluster_reachable, tmp_path_factory) -> Iterator[Release]:
     out = helm("install", RELEASE, str(CHART), "-n", NAMESPACE, "--values", str(rel.values_file()),
                "--wait", "--timeout", "5m")
     if out.returncode != 0:
-        pytest.fail(f"helm install failed:\n{out.stdout}\n{out.stderr}")
+        pods = kubectl("get", "pods", "-n", NAMESPACE, "-o", "wide", check=False).stdout
+        logs = kubectl("logs", "-n", NAMESPACE, "slurmctld-0", "--all-containers", "--tail=40", check=False)
+        events = kubectl("get", "events", "-n", NAMESPACE, "--sort-by=.lastTimestamp", check=False).stdout
+        _clean()
+        pytest.fail(f"helm install failed:\n{out.stdout}\n{out.stderr}\n--- pods:\n{pods}\n"
+                    f"--- slurmctld-0:\n{logs.stdout}{logs.stderr}\n--- events:\n{events[-3000:]}")
     print(f"helm install --wait: {time.monotonic() - t0:.1f} s")
     yield rel
     _clean()
