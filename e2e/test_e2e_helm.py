@@ -95,6 +95,9 @@ def release(cluster_reachable, tmp_path_factory) -> Iterator[Release]:
     key = asyncssh.generate_private_key("ssh-ed25519")
     values = e2e_spec(key.export_public_key().decode().strip() + " e2e-helm")
     values["name"] = "helm"  # namespace slurm-helm
+    # plus a pool pinned to the local node: the init container reads the Nodes (chart ClusterRole)
+    values["pools"].append({"name": "pin", "node_selector": {"kubernetes.io/os": "linux"}, "reserve_cpu": "1",
+                            "reserve_memory": "16Gi", "partition": "pinned"})
     values["chart"] = {}
     _clean()  # from nothing: a release left by an earlier run goes first
     kubectl("apply", "-f", str(ROOT / "examples" / "localk8s" / "storage.yaml"))  # the StorageClass
@@ -123,6 +126,9 @@ def test_install_login_answers_ssh(release: Release):
     assert login.run("id -un").stdout.strip() == "alice"
     init = kubectl("logs", "-n", NAMESPACE, "slurmctld-0", "-c", "render-config").stdout
     assert "wrote inventory.json, slurm.conf" in init, init
+    assert "Kubernetes nodes read" in init and "(0 Kubernetes nodes read)" not in init, init
+    nodes = login.run("sinfo -h -N -o %N").stdout.split()
+    assert any(n.startswith("pin-") for n in nodes), f"no Slurm node of the pinned pool: {nodes}"
 
 
 def test_two_node_job_from_zero_workers(release: Release):
@@ -161,7 +167,7 @@ def test_upgrade_with_a_changed_pool_leaves_the_running_job_alone(release: Relea
     assert login.run(f"tail -n1 ~/busy-{job}.out").stdout.strip() == "done"
     assert worker_pods().get(node, {}).get("metadata", {}).get("uid") in (uid, None)
     nodes = login.run("sinfo -h -N -o %N").stdout.split()
-    assert len(set(nodes)) == 4, f"the new slot is not in Slurm: {nodes}"
+    assert len({n for n in nodes if n.startswith("cpu-")}) == 4, f"the new slot is not in Slurm: {nodes}"
 
 
 def test_idle_workers_go_to_zero(release: Release):
