@@ -110,6 +110,44 @@ def render(
             typer.echo(f"drained {node.name}: {node.unavailable}")
 
 
+@app.command()
+def status(
+    spec: Optional[Path] = typer.Option(None, "--spec", help="Cluster spec YAML (its namespace is shown)."),
+    namespace: Optional[str] = typer.Option(None, "--namespace", "-n", help="The cluster's namespace "
+                                            "(instead of --spec), e.g. slurm-research."),
+    kubeconfig: Optional[str] = typer.Option(None, "--kubeconfig", help="kubeconfig (default: $KUBECONFIG, "
+                                             "else ~/.kube/config)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON document (for scripts)."),
+) -> None:
+    """The cluster on one screen: awake/asleep, queue, nodes (drained ones with their reason), worker
+    pods, volumes and node-seconds since `up`. Exit 1 when the controller does not answer."""
+    from rich.console import Console
+
+    from .errors import SlurmK8sError
+    from .status import StatusError, gather, kube_reader, render
+
+    if (spec is None) == (namespace is None):
+        _fail("give either --spec SPEC or --namespace NAMESPACE")
+    ns = namespace or ""
+    if spec is not None:
+        from .config import load_spec
+
+        try:
+            ns = load_spec(spec).namespace_name
+        except SlurmK8sError as err:
+            _fail(err)
+    try:
+        result = gather(kube_reader(kubeconfig), ns)
+    except StatusError as err:
+        _fail(err)
+    if as_json:
+        typer.echo(json.dumps(result.to_json(), indent=2))
+    else:
+        render(result, Console())
+    if result.errors:
+        raise typer.Exit(1)
+
+
 def main() -> None:  # pragma: no cover - console entry
     app()
 

@@ -314,6 +314,15 @@ class KubernetesBackend:
             raise BackendError(name, f"pod {name} in {self.namespace} is not this cluster's worker; not deleting it")
         self._delete(name, (pod.get("metadata") or {}).get("uid"))
 
+    def owner_uid(self, pod_name: str) -> str:
+        """uid of the StatefulSet owning pod `pod_name` ('' if none): tells one deployment (`up`) from
+        the next, while a restart or a scale to zero and back keeps it."""
+        pod = self._get(pod_name) or {}
+        for ref in (pod.get("metadata") or {}).get("ownerReferences") or ():
+            if ref.get("kind") == "StatefulSet":
+                return str(ref.get("uid") or "")
+        return ""
+
     def list(self) -> dict[str, Worker]:
         try:
             pods = self.api.list(self.namespace, self._selector)

@@ -14,7 +14,9 @@ How it is run (second container of the slurmctld pod)
   ``SLURMK8S_LOG`` (this loop logs to ``reconcile.log`` beside it unless ``SLURMK8S_RECONCILE_LOG``),
   ``SLURMK8S_EVENTS`` (default /var/log/slurmk8s/events.jsonl, written by the resume / suspend
   programs, tailed here for metrics), ``SLURMK8S_LEDGER`` (default
-  /var/spool/slurmctld/slurmk8s/ledger.json), ``SLURMK8S_BACKOFF_FAILURES`` / ``_WINDOW`` /
+  /var/spool/slurmctld/slurmk8s/ledger.json), ``SLURMK8S_USAGE`` (default
+  /var/spool/slurmctld/slurmk8s/usage.json: the node-seconds tally since `up`, saved every pass and
+  continued after a restart or a wake from sleep), ``SLURMK8S_BACKOFF_FAILURES`` / ``_WINDOW`` /
   ``_COOLOFF`` (3 / 600 / 300).
 - volumes: the StateSaveLocation PVC at /var/spool/slurmctld (the failure ledger must survive a
   restart and is shared with ResumeProgram), the same /var/log/slurmk8s volume as the slurmctld
@@ -23,7 +25,8 @@ How it is run (second container of the slurmctld pod)
   key secret, and the ServiceAccount token.
 - port: 9410/TCP, name ``metrics``, path ``/metrics`` (Prometheus text format).
 - RBAC: the slurmctld ServiceAccount's pod rights in its own namespace; the loop itself uses only
-  pods list (backend.list) and delete (backend.delete, which gets the pod first).
+  pods list (backend.list) and delete (backend.delete, which gets the pod first), and get of its own
+  pod once at start (the owning StatefulSet's uid keys the node-seconds tally to this `up`).
 - probes: ``/metrics`` answers while the loop runs; ``slurmk8s_reconcile_last_run_timestamp_seconds``
   tells whether passes still complete.
 
@@ -45,6 +48,7 @@ import json
 import math
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import threading
@@ -61,6 +65,7 @@ if TYPE_CHECKING:
     from .inventory import Inventory
 
 DEFAULT_LEDGER = "/var/spool/slurmctld/slurmk8s/ledger.json"
+DEFAULT_USAGE = "/var/spool/slurmctld/slurmk8s/usage.json"  # node-seconds since `up`, kept across restarts
 DEFAULT_EVENTS = "/var/log/slurmk8s/events.jsonl"
 DEFAULT_PERIOD = 10.0
 DEFAULT_METRICS_PORT = 9410
@@ -764,12 +769,14 @@ class Metrics:
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
         r = self.registry = CollectorRegistry()
-        self.jobs = Gauge("slurmk8s_jobs", "Jobs by partition and state (pending, running)",
+        self.jobs = Gauge("slurmk8s_jobs", "Jobs by partition and state (pending: also CONFIGURING, waiting for its nodes to boot; running)",
                           ["partition", "state"], registry=r)
-        self.nodes = Gauge("slurmk8s_nodes", "Slurm nodes by pool and state", ["pool", "state"], registry=r)
-        self.workers = Gauge("slurmk8s_workers", "Worker pods by pool and phase", ["pool", "phase"], registry=r)
-        self.elastic = Counter("slurmk8s_elastic_requests", "Resume / suspend / resume-fail decisions by "
-                               "action, reason and outcome", ["program", "action", "reason", "outcome"], registry=r)
+        self.nodes = Gauge("slurmk8s_nodes", "Slurm nodes by pool and state (down, drain, powering_up, powering_down, "
+                           "powered_down, completing, allocated, mixed, idle, ...)", ["pool", "state"], registry=r)
+        self.workers = Gauge("slurmk8s_workers", "Worker pods by pool and phase (Pending, Running, Failed, Succeeded, "
+                             "Terminating)", ["pool", "phase"], registry=r)
+        self.elastic = Counter("slurmk8s_elastic_requests", "Resume / suspend / resume-fail requests per node "
+                               "by program, action, reason and outcome (from the programs' events file)", ["program", "action", "reason", "outcome"], registry=r)
         self.findings = Counter("slurmk8s_reconcile_findings", "Reconcile findings that needed action, by kind",
                                 ["kind"], registry=r)
         self.actions = Counter("slurmk8s_reconcile_actions", "Reconcile actions by op and outcome",
@@ -784,15 +791,24 @@ class Metrics:
         self.submit_to_running = Histogram("slurmk8s_job_submit_to_running_seconds",
                                            "Job submit_time -> start_time, observed when first seen RUNNING",
                                            ["partition"], buckets=LATENCY_BUCKETS, registry=r)
-        self.pod_start = Histogram("slurmk8s_worker_start_seconds", "Worker created -> Ready (Running)",
+        self.pod_start = Histogram("slurmk8s_worker_start_seconds", "Worker pod created -> Ready, for pods created while the loop runs",
                                    ["pool"], buckets=LATENCY_BUCKETS, registry=r)
-        self.provisioned = Counter("slurmk8s_node_provisioned_seconds", "Node-seconds with a worker in existence",
+        self.provisioned = Counter("slurmk8s_node_provisioned_seconds", "Node-seconds with a worker pod in existence (not "
+                                   "Terminating), since `up`",
                                    ["pool"], registry=r)
-        self.busy = Counter("slurmk8s_node_busy_seconds", "Node-seconds allocated to jobs", ["pool"], registry=r)
-        self.rpc = Histogram("slurmk8s_controller_rpc_seconds", "Latency of scontrol / squeue calls",
+        self.busy = Counter("slurmk8s_node_busy_seconds", "Node-seconds a booted node was allocated to jobs, since `up`", ["pool"], registry=r)
+        self.rpc = Histogram("slurmk8s_controller_rpc_seconds", "Latency of the loop's scontrol / squeue calls (slurmctld RPCs)",
                              ["command"], buckets=RPC_BUCKETS, registry=r)
         self.rpc_errors = Counter("slurmk8s_controller_rpc_errors", "Failed scontrol / squeue calls",
                                   ["command"], registry=r)
+        self.health_drained = Gauge("slurmk8s_health_drained_nodes", "Slurm nodes drained by a failed health "
+                                    "check, by pool and check (disk, shm, memory, mpi, gpu)", ["pool", "check"],
+                                    registry=r)
+        self.usage_since = Gauge("slurmk8s_usage_since_timestamp_seconds", "Start of the node-seconds tally "
+                                 "(provisioned / busy): the cluster's `up`; kept across controller restarts",
+                                 registry=r)
+        self._usage: dict[str, dict[str, float]] = {"provisioned": {}, "busy": {}}
+        self._since: float | None = None
         self._gauge_keys: dict[str, set[tuple[str, ...]]] = {}
         self._seen_running: dict[int, float] = {}
         self._seen_ready: set[tuple[str, float]] = set()
@@ -849,15 +865,22 @@ class Metrics:
             key = (pool_of(name), w.phase)
             counts[key] = counts.get(key, 0) + 1
         self._set_gauge("workers", self.workers, counts)
+        counts = {}
+        for name, node in snap.nodes.items():
+            check = health_check_of(node)
+            if check:
+                key = (pool_of(name), check)
+                counts[key] = counts.get(key, 0) + 1
+        self._set_gauge("health_drained", self.health_drained, counts)
         # node-seconds since the previous pass, attributed with this pass's state
         if self._last is not None:
             dt = max(0.0, now - self._last)
             for name, w in snap.workers.items():
                 if w.phase != "Terminating":
-                    self.provisioned.labels(pool_of(name)).inc(dt)
+                    self._add_usage("provisioned", pool_of(name), dt)
             for name, node in snap.nodes.items():
                 if node.busy:
-                    self.busy.labels(pool_of(name)).inc(dt)
+                    self._add_usage("busy", pool_of(name), dt)
         self._last = now
         for name, w in snap.workers.items():
             if w.phase != "Running" or w.created_at is None or w.created_at < started:
@@ -890,6 +913,27 @@ class Metrics:
         for job_id in [k for k in self._seen_running if k not in listed]:
             del self._seen_running[job_id]
 
+    def _add_usage(self, kind: str, pool: str, seconds: float) -> None:
+        (self.provisioned if kind == "provisioned" else self.busy).labels(pool).inc(seconds)
+        totals = self._usage[kind]
+        totals[pool] = totals.get(pool, 0.0) + seconds
+
+    def restore_usage(self, usage: "Usage") -> None:
+        """Continue the node-seconds counters from a saved tally (a restarted or woken controller)."""
+        with self._lock:
+            for kind, totals in (("provisioned", usage.provisioned), ("busy", usage.busy)):
+                for pool, seconds in sorted(totals.items()):
+                    if seconds > 0:
+                        self._add_usage(kind, pool, seconds)
+            self._since = usage.since
+            self.usage_since.set(usage.since)
+
+    def usage(self, deployment: str) -> "Usage":
+        """The node-seconds tally to save (since the restored / first start)."""
+        with self._lock:
+            return Usage(deployment, self._since if self._since is not None else 0.0,
+                         dict(self._usage["provisioned"]), dict(self._usage["busy"]))
+
     def observe_events(self, events: Iterable[Mapping[str, Any]]) -> None:
         with self._lock:
             for e in events:
@@ -905,6 +949,114 @@ class Metrics:
         from prometheus_client import start_http_server
 
         return start_http_server(port, addr=addr, registry=self.registry)
+
+
+def health_check_of(node: NodeStatus) -> str:
+    """The failed check of a node drained by slurmk8s-healthcheck (reason 'health: <check>: ...'), else ''."""
+    if "DRAIN" not in node.state or not node.reason.startswith("health: "):
+        return ""
+    check = node.reason[len("health: "):].split(":", 1)[0].strip()
+    return check if check.isidentifier() else "other"
+
+
+# ---------------------------------------------------------------- node-seconds since `up`, across restarts
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Node-seconds provisioned / busy per pool since `since`, for the deployment (the slurmctld
+    StatefulSet's uid: a new `up` after `down` starts a new tally; a restart or a wake from sleep
+    continues it)."""
+
+    deployment: str
+    since: float
+    provisioned: Mapping[str, float] = field(default_factory=dict)
+    busy: Mapping[str, float] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"deployment": self.deployment, "since": self.since, "provisioned": dict(sorted(self.provisioned.items())),
+                "busy": dict(sorted(self.busy.items()))}
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> "Usage":
+        def totals(key: str) -> dict[str, float]:
+            raw = obj.get(key)
+            return {str(k): float(v) for k, v in (raw.items() if isinstance(raw, dict) else ())
+                    if isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0}
+
+        since = obj.get("since")
+        if not isinstance(since, (int, float)) or isinstance(since, bool):
+            raise ValueError("no 'since' timestamp")
+        return cls(str(obj.get("deployment") or ""), float(since), totals("provisioned"), totals("busy"))
+
+
+def resume_usage(saved: Usage | None, deployment: str, now: float) -> tuple[Usage, str]:
+    """The tally to continue from (pure) and why: the saved one when it belongs to this deployment
+    (or this deployment cannot be told), else a fresh one starting now."""
+    if saved is None:
+        return Usage(deployment, now), "no saved node-seconds: counting from now"
+    if deployment and saved.deployment and saved.deployment != deployment:
+        return Usage(deployment, now), (f"saved node-seconds belong to an earlier deployment ({saved.deployment}): "
+                                        "counting from now")
+    return replace(saved, deployment=deployment or saved.deployment), \
+        f"continuing the node-seconds tally started {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(saved.since))}"
+
+
+@dataclass
+class UsageFile:
+    """The tally in one JSON file on the StateSaveLocation volume, replaced atomically."""
+
+    path: str = DEFAULT_USAGE
+
+    def load(self) -> Usage | None:
+        try:
+            with open(self.path) as fh:
+                doc = json.load(fh)
+            return Usage.from_json(doc if isinstance(doc, dict) else {})
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as err:
+            raise LedgerError(f"cannot read the node-seconds tally {self.path}: {err}") from None
+
+    def save(self, usage: Usage) -> None:
+        tmp = f"{self.path}.{os.getpid()}.tmp"
+        try:
+            os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+            with open(tmp, "w") as fh:
+                json.dump(usage.to_json(), fh)
+            os.replace(tmp, self.path)
+        except OSError as err:
+            raise LedgerError(f"cannot write the node-seconds tally {self.path}: {err}") from None
+
+
+@dataclass(frozen=True)
+class MetricDoc:
+    name: str  # as exported: counters end in _total; histograms add _bucket / _sum / _count
+    kind: str
+    labels: tuple[str, ...]
+    help: str
+
+
+def metric_catalog(metrics: "Metrics") -> list[MetricDoc]:
+    """Every metric the loop exports, with its labels (also those with no sample yet)."""
+    from prometheus_client.metrics import MetricWrapperBase
+
+    out = []
+    for value in vars(metrics).values():
+        if isinstance(value, MetricWrapperBase):
+            kind = value._type  # counter | gauge | histogram
+            name = value._name + ("_total" if kind == "counter" else "")
+            out.append(MetricDoc(name, kind, tuple(value._labelnames), value._documentation))
+    return sorted(out, key=lambda d: d.name)
+
+
+def metrics_markdown(metrics: "Metrics | None" = None) -> str:
+    """The README's metrics table (kept current by a test)."""
+    rows = ["| metric | type | labels | meaning |", "|---|---|---|---|"]
+    for d in metric_catalog(metrics or Metrics()):
+        labels = ", ".join(f"`{label}`" for label in d.labels) or "-"
+        rows.append(f"| `{d.name}` | {d.kind} | {labels} | {d.help.replace('|', '/')} |")
+    return "\n".join(rows) + "\n"
 
 
 def exported_names(registry: Any) -> set[str]:
@@ -929,6 +1081,20 @@ def _load_inventory(path: str) -> "Inventory":
         return Inventory.from_json(json.load(fh))
 
 
+def _deployment_id(backend: NodeBackend, log: "Log") -> str:
+    """The slurmctld StatefulSet's uid, read from this pod (its name is the hostname): '' where the
+    backend is not Kubernetes or the pod cannot be read (the saved tally is then continued)."""
+    owner_uid = getattr(backend, "owner_uid", None)
+    if owner_uid is None:
+        return ""
+    pod = os.environ.get("HOSTNAME") or socket.gethostname()
+    try:
+        return str(owner_uid(pod))
+    except BackendError as err:
+        log.write(f"cannot tell this deployment from pod {pod}: {err.reason}; continuing the saved tally")
+        return ""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from .elastic.backend import backend_from_env
     from .elastic.programs import DEFAULT_INVENTORY, DEFAULT_LOG, Log, program_env
@@ -940,7 +1106,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--grace", type=float, default=None, help="seconds before a worker / boot is judged")
     parser.add_argument("--pending-timeout", type=float, default=None)
     parser.add_argument("--unschedulable-timeout", type=float, default=None)
+    parser.add_argument("--metrics-table", action="store_true", help="print the metrics as a Markdown table and exit")
     args = parser.parse_args(argv)
+    if args.metrics_table:
+        sys.stdout.write(metrics_markdown())
+        return 0
 
     env = program_env(os.environ)
     log_path = env.get("SLURMK8S_RECONCILE_LOG") or os.path.join(
@@ -961,6 +1131,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     inventory_path = env.get("SLURMK8S_INVENTORY", DEFAULT_INVENTORY)
     log.write(f"started: period {args.period:.0f}s, grace {policy.grace:.0f}s, ledger {ledger.path}")
     backend: NodeBackend | None = None
+    usage_file = UsageFile(env.get("SLURMK8S_USAGE", DEFAULT_USAGE)) if metrics is not None else None
+    usage_restored, usage_error, deployment = False, False, ""
     code = 0
     while True:
         tick = time.monotonic()
@@ -977,6 +1149,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                 backend = backend or backend_from_env(env)
             except BackendError as err:
                 errors.append(f"backend unavailable: {err.reason}")
+        if metrics is not None and backend is not None and usage_file is not None and not usage_restored:
+            usage_restored = True
+            deployment = _deployment_id(backend, log)
+            try:
+                saved = usage_file.load()
+            except LedgerError as err:
+                log.write(f"{err}; counting from now")
+                saved = None
+            restored, why = resume_usage(saved, deployment, now)
+            metrics.restore_usage(restored)
+            log.write(why)
         if inventory is not None and backend is not None:
             report = run_once(slurm, backend, inventory, ledger, now, log, policy, slurm.scontrol)
         report.errors[:0] = errors
@@ -991,6 +1174,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             pools = [f.pool for f in report.findings if f.kind is Kind.POOL_BACKOFF]
             metrics.observe_pass(report, jobs, now, started, time.monotonic() - tick, pools)
             metrics.observe_events(events.read())
+            if usage_restored and usage_file is not None:
+                try:
+                    usage_file.save(metrics.usage(deployment))
+                except LedgerError as err:
+                    if not usage_error:
+                        log.write(str(err))
+                    usage_error = True
         code = 1 if report.errors else 0
         if args.once:
             break

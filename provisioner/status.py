@@ -1,0 +1,545 @@
+"""`slurmk8s status`: one screen with the cluster's state, queue, nodes, worker pods, volumes and
+node-seconds, or the same as JSON (``--json``) for scripts.
+
+Sources, none of them a second source of truth:
+
+- Kubernetes (the user's kubeconfig): the slurmctld StatefulSet (replicas, and the sleep state in
+  its annotations ``slurmk8s.io/state`` awake|asleep, ``slurmk8s.io/state-reason``,
+  ``slurmk8s.io/state-since``), the worker pods, the PersistentVolumeClaims;
+- Slurm, asked inside the slurmctld pod (the Kubernetes exec API, as `kubectl exec` does):
+  ``scontrol show nodes --json`` and ``squeue --json``;
+- the reconcile loop's metrics (its ``/metrics``, read from inside the same pod): node-seconds
+  provisioned and busy since `up`.
+
+While the controller is asleep nothing is exec'd (there is no pod to ask): the screen says so.
+
+Layers: :func:`gather` takes a :class:`ClusterReader` (the Kubernetes one is :class:`KubeReader`;
+the tests use an in-memory one); everything else here is pure: parsing, classification, the JSON
+document and the rich rendering.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Mapping, Protocol, Sequence
+
+from .reconcile import NodeStatus, parse_jobs, parse_nodes
+
+A_STATE = "slurmk8s.io/state"  # awake | asleep (written by the idle sleep / wake logic)
+A_STATE_REASON = "slurmk8s.io/state-reason"
+A_STATE_SINCE = "slurmk8s.io/state-since"  # RFC 3339
+CONTROLLER = "slurmctld"
+CONTROLLER_POD = "slurmctld-0"
+CONTROLLER_CONTAINER = "slurmctld"
+RECONCILE_CONTAINER = "reconcile"
+METRICS_URL = "http://127.0.0.1:9410/metrics"
+PYTHON = "/opt/slurmk8s/bin/python3"  # the provisioner venv in the slurmctld image
+# argv only, no shell: the reconcile container reads its own endpoint (same pod network)
+SCRAPE_ARGV = (PYTHON, "-c", "import sys, urllib.request; "
+               f"sys.stdout.write(urllib.request.urlopen({METRICS_URL!r}, timeout=5).read().decode())")
+SHOW_NODES_ARGV = ("scontrol", "show", "nodes", "--json")
+SQUEUE_ARGV = ("squeue", "--json")
+HEALTH_PREFIX = "health: "
+
+# node categories, in display order
+CATEGORIES = ("powered_down", "powering_up", "idle", "allocated", "mixed", "completing", "draining", "drained",
+              "down", "powering_down", "other")
+
+
+class StatusError(Exception):
+    """Nothing useful can be shown (no namespace, no API); the message names the fix."""
+
+
+# ---------------------------------------------------------------- the model (pure)
+
+
+@dataclass(frozen=True)
+class ControllerState:
+    state: str  # awake | asleep | starting | absent
+    reason: str = ""
+    since: str = ""  # RFC 3339, from the annotation (or the StatefulSet's creation)
+    replicas: int | None = None
+    ready: int = 0
+
+    @property
+    def reachable(self) -> bool:
+        """Worth exec'ing into: not asleep, not absent, and the pod has a ready replica."""
+        return self.state not in ("asleep", "absent") and self.ready > 0
+
+
+def controller_state(sts: Mapping[str, Any] | None) -> ControllerState:
+    """The slurmctld StatefulSet -> awake / asleep / starting / absent.
+
+    The sleep logic's annotations win where present; 0 replicas is asleep whatever they say (the
+    annotation may lag the scale-down); 1 replica not ready yet is starting (waking or booting)."""
+    if sts is None:
+        return ControllerState("absent", "no slurmctld StatefulSet in the namespace (`slurmk8s down` ran?)")
+    meta = sts.get("metadata") or {}
+    ann = meta.get("annotations") or {}
+    spec_replicas = (sts.get("spec") or {}).get("replicas")
+    replicas = 1 if spec_replicas is None else int(spec_replicas)  # the API defaults it to 1
+    ready = int((sts.get("status") or {}).get("readyReplicas") or 0)
+    said = str(ann.get(A_STATE, "")).strip().lower()
+    reason = str(ann.get(A_STATE_REASON, ""))
+    since = str(ann.get(A_STATE_SINCE, "")) or str(meta.get("creationTimestamp", ""))
+    if replicas == 0:
+        if said != "asleep":
+            reason = reason or "the slurmctld StatefulSet is scaled to 0 replicas"
+        return ControllerState("asleep", reason, since, replicas, ready)
+    if said == "asleep":
+        return ControllerState("starting", reason or "waking up (annotated asleep, replicas > 0)", since, replicas,
+                               ready)
+    if ready < 1:
+        return ControllerState("starting", reason or "slurmctld pod not ready yet", since, replicas, ready)
+    return ControllerState("awake", reason, since, replicas, ready)
+
+
+@dataclass(frozen=True)
+class NodeRow:
+    name: str
+    category: str
+    state: tuple[str, ...]
+    reason: str = ""
+    partitions: tuple[str, ...] = ()
+
+    @property
+    def health_check(self) -> str:
+        """The failed check when slurmk8s-healthcheck drained this node ('' otherwise)."""
+        if self.category not in ("draining", "drained") or not self.reason.startswith(HEALTH_PREFIX):
+            return ""
+        return self.reason[len(HEALTH_PREFIX):].split(":", 1)[0].strip()
+
+
+def node_category(node: NodeStatus) -> str:
+    """One word per node, in the order an operator cares: down and drain first (with their reason),
+    then the power states, then the base state."""
+    s = node.state
+    if "DOWN" in s:
+        return "down"
+    if "DRAIN" in s:
+        return "draining" if {"ALLOCATED", "MIXED", "COMPLETING"} & s else "drained"
+    if "POWERING_UP" in s:
+        return "powering_up"
+    if "POWERING_DOWN" in s:
+        return "powering_down"
+    if "POWERED_DOWN" in s:
+        return "powered_down"
+    for base in ("COMPLETING", "ALLOCATED", "MIXED", "IDLE"):
+        if base in s:
+            return base.lower()
+    return "other"
+
+
+def node_rows(doc: Mapping[str, Any]) -> list[NodeRow]:
+    """`scontrol show nodes --json` -> rows, sorted by name."""
+    return [NodeRow(n.name, node_category(n), tuple(sorted(n.state)), n.reason, n.partitions)
+            for n in sorted(parse_nodes(doc).values(), key=lambda n: n.name)]
+
+
+def queue_counts(doc: Mapping[str, Any]) -> dict[str, dict[str, int]]:
+    """`squeue --json` -> {partition: {"pending": n, "running": n}} (CONFIGURING counts as pending:
+    its nodes are still booting; COMPLETING as running)."""
+    out: dict[str, dict[str, int]] = {}
+    for job in parse_jobs(doc):
+        state = {"PENDING": "pending", "RUNNING": "running", "COMPLETING": "running"}.get(job.state)
+        if state is None:
+            continue
+        for part in (job.partition.split(",") if job.partition else [""]):
+            row = out.setdefault(part, {"pending": 0, "running": 0})
+            row[state] += 1
+    return dict(sorted(out.items()))
+
+
+@dataclass(frozen=True)
+class WorkerRow:
+    name: str
+    pool: str
+    phase: str
+    reason: str = ""
+    host: str = ""
+    age_seconds: float | None = None
+
+
+def worker_rows(pods: Sequence[Mapping[str, Any]], now: float) -> list[WorkerRow]:
+    from .kube import worker_from_pod
+    from .manifests import L_POOL
+
+    rows = []
+    for pod in pods:
+        w = worker_from_pod(pod)
+        pool = ((pod.get("metadata") or {}).get("labels") or {}).get(L_POOL, "")
+        age = None if w.created_at is None else max(0.0, now - w.created_at)
+        rows.append(WorkerRow(w.name, pool, w.phase, w.reason, w.host or "", age))
+    return sorted(rows, key=lambda r: r.name)
+
+
+@dataclass(frozen=True)
+class VolumeRow:
+    name: str
+    size: str
+    storage_class: str
+    phase: str
+    access_modes: tuple[str, ...] = ()
+
+
+def volume_rows(pvcs: Sequence[Mapping[str, Any]]) -> list[VolumeRow]:
+    rows = []
+    for pvc in pvcs:
+        meta, spec, status = pvc.get("metadata") or {}, pvc.get("spec") or {}, pvc.get("status") or {}
+        size = (status.get("capacity") or {}).get("storage") or \
+            ((spec.get("resources") or {}).get("requests") or {}).get("storage") or ""
+        rows.append(VolumeRow(meta.get("name", ""), str(size), spec.get("storageClassName") or "",
+                              status.get("phase") or "Pending", tuple(spec.get("accessModes") or ())))
+    return sorted(rows, key=lambda r: r.name)
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Node-seconds since `up`, from the reconcile loop's counters."""
+
+    since: float | None
+    provisioned: Mapping[str, float] = field(default_factory=dict)
+    busy: Mapping[str, float] = field(default_factory=dict)
+
+    @property
+    def total_provisioned(self) -> float:
+        return sum(self.provisioned.values())
+
+    @property
+    def total_busy(self) -> float:
+        return sum(self.busy.values())
+
+    @property
+    def busy_fraction(self) -> float | None:
+        return self.total_busy / self.total_provisioned if self.total_provisioned > 0 else None
+
+
+def usage_from_metrics(text: str) -> Usage:
+    """The Prometheus exposition of the reconcile loop -> node-seconds per pool and their start."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    provisioned: dict[str, float] = {}
+    busy: dict[str, float] = {}
+    since = None
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "slurmk8s_node_provisioned_seconds_total":
+                provisioned[sample.labels.get("pool", "")] = sample.value
+            elif sample.name == "slurmk8s_node_busy_seconds_total":
+                busy[sample.labels.get("pool", "")] = sample.value
+            elif sample.name == "slurmk8s_usage_since_timestamp_seconds" and sample.value > 0:
+                since = sample.value
+    return Usage(since, dict(sorted(provisioned.items())), dict(sorted(busy.items())))
+
+
+@dataclass
+class Status:
+    namespace: str
+    controller: ControllerState
+    nodes: list[NodeRow] | None = None  # None: not asked (asleep) or no answer
+    queue: dict[str, dict[str, int]] | None = None
+    workers: list[WorkerRow] = field(default_factory=list)
+    volumes: list[VolumeRow] = field(default_factory=list)
+    usage: Usage | None = None
+    notes: list[str] = field(default_factory=list)  # why a section is missing (asleep, ...)
+    errors: list[str] = field(default_factory=list)  # what failed (controller not answering, ...)
+    at: float = 0.0
+
+    def node_counts(self) -> dict[str, int]:
+        counts = {c: 0 for c in CATEGORIES}
+        for row in self.nodes or ():
+            counts[row.category] = counts.get(row.category, 0) + 1
+        return {c: n for c, n in counts.items() if n}
+
+    def to_json(self) -> dict[str, Any]:
+        """The document `slurmk8s status --json` prints (stable keys; null where unknown)."""
+        usage = None
+        if self.usage is not None:
+            usage = {"since": _rfc3339(self.usage.since) if self.usage.since else None,
+                     "provisioned_node_seconds": round(self.usage.total_provisioned, 1),
+                     "busy_node_seconds": round(self.usage.total_busy, 1),
+                     "busy_fraction": None if self.usage.busy_fraction is None else round(self.usage.busy_fraction, 4),
+                     "by_pool": {p: {"provisioned": round(self.usage.provisioned.get(p, 0.0), 1),
+                                     "busy": round(self.usage.busy.get(p, 0.0), 1)}
+                                 for p in sorted(set(self.usage.provisioned) | set(self.usage.busy))}}
+        nodes = None
+        if self.nodes is not None:
+            nodes = {"counts": self.node_counts(),
+                     "list": [{"name": r.name, "category": r.category, "state": list(r.state), "reason": r.reason,
+                               "partitions": list(r.partitions), "health_check": r.health_check or None}
+                              for r in self.nodes]}
+        return {
+            "namespace": self.namespace,
+            "at": _rfc3339(self.at),
+            "state": self.controller.state,
+            "state_reason": self.controller.reason,
+            "state_since": self.controller.since or None,
+            "queue": self.queue,
+            "nodes": nodes,
+            "health_drained": None if self.nodes is None else
+            [{"name": r.name, "check": r.health_check, "reason": r.reason} for r in self.nodes if r.health_check],
+            "workers": [asdict(w) for w in self.workers],
+            "volumes": [{**asdict(v), "access_modes": list(v.access_modes)} for v in self.volumes],
+            "usage": usage,
+            "notes": list(self.notes),
+            "errors": list(self.errors),
+        }
+
+
+def _rfc3339(ts: float) -> str:
+    return datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+# ---------------------------------------------------------------- gathering (through a reader)
+
+
+class ClusterReader(Protocol):
+    """What status needs of Kubernetes; every call raises StatusError with a fix on failure."""
+
+    def namespace_exists(self, namespace: str) -> bool: ...
+
+    def statefulset(self, namespace: str, name: str) -> dict[str, Any] | None: ...
+
+    def pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]: ...
+
+    def pvcs(self, namespace: str) -> list[dict[str, Any]]: ...
+
+    def exec(self, namespace: str, pod: str, container: str, argv: Sequence[str],
+             timeout: float) -> tuple[int, str, str]: ...
+
+
+def _exec_json(reader: ClusterReader, namespace: str, argv: Sequence[str], timeout: float) -> dict[str, Any]:
+    code, out, err = reader.exec(namespace, CONTROLLER_POD, CONTROLLER_CONTAINER, argv, timeout)
+    if code != 0:
+        text = (err.strip() or out.strip() or f"exit {code}").splitlines()[-1][:300]
+        raise StatusError(f"`{' '.join(argv)}` in pod {CONTROLLER_POD}: {text}")
+    try:
+        doc = json.loads(out)
+    except json.JSONDecodeError as e:
+        raise StatusError(f"`{' '.join(argv)}` in pod {CONTROLLER_POD} printed no JSON ({e})") from None
+    return doc if isinstance(doc, dict) else {}
+
+
+def gather(reader: ClusterReader, namespace: str, now: float | None = None, timeout: float = 20.0) -> Status:
+    """Everything `slurmk8s status` shows. Raises StatusError only when the namespace is missing;
+    a controller that does not answer leaves its sections empty with the error recorded."""
+    from .manifests import L_COMPONENT
+
+    now = time.time() if now is None else now
+    if not reader.namespace_exists(namespace):
+        raise StatusError(f"namespace {namespace} does not exist: no cluster is deployed there. Deploy one with "
+                          "`slurmk8s up --spec SPEC`, or name another with --namespace / --spec")
+    st = Status(namespace, controller_state(reader.statefulset(namespace, CONTROLLER)), at=now)
+    st.workers = worker_rows(reader.pods(namespace, f"{L_COMPONENT}=worker"), now)
+    st.volumes = volume_rows(reader.pvcs(namespace))
+    ctl = st.controller
+    if ctl.state == "asleep":
+        st.notes.append("controller asleep: queue, nodes and node-seconds are not asked (nothing was woken); "
+                        "the next `ssh` / `slurmk8s submit` wakes it")
+        return st
+    if not ctl.reachable:
+        st.notes.append(f"controller {ctl.state}: {ctl.reason}; queue and nodes not available yet")
+        return st
+    try:
+        st.nodes = node_rows(_exec_json(reader, namespace, SHOW_NODES_ARGV, timeout))
+        st.queue = queue_counts(_exec_json(reader, namespace, SQUEUE_ARGV, timeout))
+    except StatusError as err:
+        st.errors.append(f"slurmctld does not answer: {err}")
+    code, out, err_text = reader.exec(namespace, CONTROLLER_POD, RECONCILE_CONTAINER, SCRAPE_ARGV, timeout)
+    if code == 0:
+        try:
+            st.usage = usage_from_metrics(out)
+        except ValueError as e:
+            st.errors.append(f"the reconcile loop's metrics are unreadable: {e}")
+    else:
+        last = (err_text.strip() or out.strip() or f"exit {code}").splitlines()[-1][:300]
+        st.errors.append(f"the reconcile loop's metrics ({METRICS_URL} in container {RECONCILE_CONTAINER}) "
+                         f"do not answer: {last}")
+    return st
+
+
+# ---------------------------------------------------------------- rendering (rich)
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    s = int(seconds)
+    if s < 120:
+        return f"{s}s"
+    if s < 7200:
+        return f"{s // 60}m"
+    if s < 172800:
+        return f"{s // 3600}h{(s % 3600) // 60:02d}m"
+    return f"{s // 86400}d{(s % 86400) // 3600}h"
+
+
+STATE_STYLE = {"awake": "green", "asleep": "blue", "starting": "yellow", "absent": "red"}
+CATEGORY_STYLE = {"down": "red", "drained": "red", "draining": "yellow", "powering_up": "yellow",
+                  "allocated": "green", "mixed": "green", "idle": "cyan", "powered_down": "dim"}
+
+
+def render(status: Status, console: Any) -> None:
+    """Print the status screen on a rich Console."""
+    from rich.table import Table
+    from rich.text import Text
+
+    ctl = status.controller
+    head = Text.assemble(("cluster ", "bold"), (status.namespace, "bold"), "  ",
+                         (ctl.state.upper(), f"bold {STATE_STYLE.get(ctl.state, '')}"))
+    if ctl.since:
+        head.append(f"  since {ctl.since}")
+    if ctl.reason:
+        head.append(f"  ({ctl.reason})", "dim")
+    console.print(head)
+    for note in status.notes:
+        console.print(Text(note, "blue"))
+    for err in status.errors:
+        console.print(Text(f"error: {err}", "bold red"))
+
+    if status.queue is not None:
+        t = Table(title="queue", title_justify="left")
+        t.add_column("partition")
+        t.add_column("pending", justify="right")
+        t.add_column("running", justify="right")
+        for part, row in status.queue.items():
+            t.add_row(part or "-", str(row["pending"]), str(row["running"]))
+        if not status.queue:
+            t.add_row("(empty)", "0", "0")
+        console.print(t)
+
+    if status.nodes is not None:
+        counts = status.node_counts()
+        console.print(Text.assemble(("nodes  ", "bold"), *[
+            Text(f"{c.replace('_', ' ')} {n}  ", CATEGORY_STYLE.get(c, "")) for c, n in counts.items()]))
+        shown = [r for r in status.nodes if r.category not in ("powered_down", "idle") or r.reason]
+        if shown:
+            t = Table(title="nodes not idle or powered down", title_justify="left")
+            for col in ("node", "state", "reason"):
+                t.add_column(col)
+            for r in shown:
+                reason = Text(r.reason)
+                if r.health_check:
+                    reason = Text(f"[health {r.health_check}] ", "bold red") + Text(r.reason)
+                t.add_row(r.name, Text(r.category.replace("_", " "), CATEGORY_STYLE.get(r.category, "")), reason)
+            console.print(t)
+
+    t = Table(title=f"worker pods ({len(status.workers)})", title_justify="left")
+    for col in ("pod", "pool", "phase", "age", "host", "reason"):
+        t.add_column(col)
+    for w in status.workers:
+        t.add_row(w.name, w.pool, w.phase, _duration(w.age_seconds), w.host, w.reason)
+    console.print(t)
+
+    t = Table(title="volumes", title_justify="left")
+    for col in ("claim", "size", "class", "phase"):
+        t.add_column(col)
+    for v in status.volumes:
+        t.add_row(v.name, v.size, v.storage_class or "-", v.phase)
+    console.print(t)
+
+    u = status.usage
+    if u is not None:
+        since = f"since {_rfc3339(u.since)}" if u.since else "since the reconcile loop started"
+        frac = "-" if u.busy_fraction is None else f"{100 * u.busy_fraction:.1f}%"
+        console.print(Text.assemble(("node-seconds ", "bold"), f"{since}: provisioned {u.total_provisioned:.0f}, "
+                                    f"busy {u.total_busy:.0f} ({frac} used)"))
+
+
+# ---------------------------------------------------------------- the Kubernetes reader
+
+
+class KubeReader:
+    """ClusterReader over the official client with the user's kubeconfig."""
+
+    def __init__(self, api_client: Any, request_timeout: tuple[float, float] = (5.0, 20.0)) -> None:
+        from kubernetes import client
+
+        self._client = api_client
+        self._core = client.CoreV1Api(api_client)
+        self._apps = client.AppsV1Api(api_client)
+        self._timeout = request_timeout
+
+    def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        from kubernetes.client.exceptions import ApiException
+        from urllib3.exceptions import HTTPError
+
+        from .kube import api_error_from, transport_error
+
+        try:
+            resp = fn(*args, _preload_content=False, _request_timeout=self._timeout, **kwargs)
+        except ApiException as exc:
+            err = api_error_from(exc)
+            if err.status == 404:
+                return None
+            if err.status in (401, 403):
+                raise StatusError(f"{what}: the Kubernetes API refused your kubeconfig's user ({err.status} "
+                                  f"{err.reason}): {err.message}") from None
+            raise StatusError(f"{what}: Kubernetes API error {err.status} {err.reason}: {err.message}") from None
+        except (HTTPError, OSError) as exc:
+            err = transport_error(exc)
+            raise StatusError(f"{what}: the Kubernetes API does not answer ({err.message}); check KUBECONFIG / "
+                              "--kubeconfig") from None
+        return json.loads(resp.data) if resp.data else {}
+
+    def namespace_exists(self, namespace: str) -> bool:
+        return self._call(f"reading namespace {namespace}", self._core.read_namespace, namespace) is not None
+
+    def statefulset(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self._call(f"reading statefulset {name}", self._apps.read_namespaced_stateful_set, name, namespace)
+
+    def pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+        doc = self._call("listing pods", self._core.list_namespaced_pod, namespace, label_selector=label_selector)
+        return (doc or {}).get("items") or []
+
+    def pvcs(self, namespace: str) -> list[dict[str, Any]]:
+        doc = self._call("listing volume claims", self._core.list_namespaced_persistent_volume_claim, namespace)
+        return (doc or {}).get("items") or []
+
+    def exec(self, namespace: str, pod: str, container: str, argv: Sequence[str],
+             timeout: float) -> tuple[int, str, str]:
+        """Run argv in the container (the exec subresource, as `kubectl exec`): (exit code, stdout, stderr)."""
+        from kubernetes.client.exceptions import ApiException
+        from kubernetes.stream import stream
+        from websocket import WebSocketException
+
+        try:
+            resp = stream(self._core.connect_get_namespaced_pod_exec, pod, namespace, container=container,
+                          command=list(argv), stderr=True, stdin=False, stdout=True, tty=False,
+                          _preload_content=False)
+        except ApiException as exc:
+            reason = getattr(exc, "reason", "") or ""
+            body = str(getattr(exc, "body", "") or "")[:300]
+            return 126, "", f"exec refused ({getattr(exc, 'status', '?')} {reason}) {body}".strip()
+        except (WebSocketException, OSError) as exc:
+            return 126, "", f"exec failed: {type(exc).__name__}: {exc}"
+        out: list[str] = []
+        err: list[str] = []
+        deadline = time.monotonic() + timeout
+        try:
+            while resp.is_open():
+                if time.monotonic() > deadline:
+                    return 124, "".join(out), f"timed out after {timeout:.0f}s"
+                resp.update(timeout=1)
+                if resp.peek_stdout():
+                    out.append(resp.read_stdout())
+                if resp.peek_stderr():
+                    err.append(resp.read_stderr())
+            code = resp.returncode
+        finally:
+            resp.close()
+        return (0 if code is None else int(code)), "".join(out), "".join(err)
+
+
+def kube_reader(kubeconfig: str | None) -> KubeReader:
+    """A reader with the user's kubeconfig (--kubeconfig, else $KUBECONFIG, else ~/.kube/config)."""
+    from kubernetes import config
+
+    try:
+        return KubeReader(config.new_client_from_config(config_file=kubeconfig or None))
+    except (config.ConfigException, OSError) as err:
+        raise StatusError(f"no usable kubeconfig ({kubeconfig or '$KUBECONFIG or ~/.kube/config'}): {err}; "
+                          "pass --kubeconfig") from None

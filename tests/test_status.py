@@ -1,0 +1,285 @@
+"""Unit tests for `slurmk8s status`: the controller's sleep state, node classification, the queue,
+pods and volumes, node-seconds from the metrics, the JSON document, the screen, and gather() with an
+in-memory reader (asleep: nothing exec'd; controller silent: an error, the rest still shown)."""
+
+from __future__ import annotations
+
+import io
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from rich.console import Console
+from typer.testing import CliRunner
+
+from provisioner import status as st
+from provisioner.reconcile import Metrics, Report, Snapshot, Usage, parse_nodes
+from provisioner.inventory import Inventory, SlurmNode
+from provisioner.elastic.backend import Worker
+
+NOW = 1_800_000_000.0
+
+
+def sts(replicas: int | None = 1, ready: int = 1, **annotations: str) -> dict[str, Any]:
+    spec = {} if replicas is None else {"replicas": replicas}
+    return {"metadata": {"name": "slurmctld", "creationTimestamp": "2027-01-15T08:00:00Z",
+                         "annotations": annotations},
+            "spec": spec, "status": {"readyReplicas": ready}}
+
+
+# ---------------------------------------------------------------- sleep state
+
+
+def test_controller_state_from_replicas_and_annotations():
+    assert st.controller_state(sts()).state == "awake"
+    assert st.controller_state(sts()).since == "2027-01-15T08:00:00Z"
+    asleep = st.controller_state(sts(0, 0, **{st.A_STATE: "asleep", st.A_STATE_REASON: "idle for 30m",
+                                              st.A_STATE_SINCE: "2027-01-15T09:00:00Z"}))
+    assert (asleep.state, asleep.reason, asleep.since) == ("asleep", "idle for 30m", "2027-01-15T09:00:00Z")
+    # 0 replicas is asleep even without (or before) the annotation
+    bare = st.controller_state(sts(0, 0))
+    assert bare.state == "asleep" and "scaled to 0" in bare.reason and not bare.reachable
+    # annotated asleep but scaled up: waking
+    assert st.controller_state(sts(1, 0, **{st.A_STATE: "asleep"})).state == "starting"
+    assert st.controller_state(sts(1, 0)).state == "starting"
+    assert st.controller_state(sts(None, 1)).state == "awake"  # replicas defaulted by the API
+    absent = st.controller_state(None)
+    assert absent.state == "absent" and not absent.reachable
+    assert st.controller_state(sts(1, 1, **{st.A_STATE: "awake", st.A_STATE_REASON: "woken by ssh alice"})).reason \
+        == "woken by ssh alice"
+
+
+# ---------------------------------------------------------------- nodes and queue
+
+
+def node(name: str, *state: str, reason: str = "") -> dict[str, Any]:
+    return {"name": name, "state": list(state), "reason": reason, "partitions": ["cpu"]}
+
+
+NODES = {"nodes": [
+    node("cpu-0", "IDLE", "CLOUD", "POWERED_DOWN"),
+    node("cpu-1", "IDLE", "CLOUD", "POWERING_UP"),
+    node("cpu-2", "IDLE", "CLOUD"),
+    node("cpu-3", "ALLOCATED", "CLOUD"),
+    node("cpu-4", "IDLE", "DRAIN", "CLOUD", reason="health: memory: 310MiB available (pod cgroup limit - usage)"),
+    node("cpu-5", "MIXED", "DRAIN", "CLOUD", reason="health: disk: / has 10MiB free, below 1024MiB"),
+    node("cpu-6", "DOWN", "CLOUD", reason="slurmk8s worker-failed: pod cpu-6 Failed"),
+    node("cpu-7", "IDLE", "DRAIN", "CLOUD", reason="maintenance"),
+    node("cpu-8", "IDLE", "CLOUD", "POWERING_DOWN"),
+]}
+
+
+def test_node_categories_and_health_drains():
+    rows = {r.name: r for r in st.node_rows(NODES)}
+    assert {n: r.category for n, r in rows.items()} == {
+        "cpu-0": "powered_down", "cpu-1": "powering_up", "cpu-2": "idle", "cpu-3": "allocated",
+        "cpu-4": "drained", "cpu-5": "draining", "cpu-6": "down", "cpu-7": "drained", "cpu-8": "powering_down"}
+    assert rows["cpu-4"].health_check == "memory" and rows["cpu-5"].health_check == "disk"
+    assert rows["cpu-7"].health_check == "" and rows["cpu-6"].health_check == ""
+
+
+def test_queue_counts_by_partition():
+    doc = {"jobs": [
+        {"job_id": 1, "partition": "cpu", "job_state": ["PENDING"]},
+        {"job_id": 2, "partition": "cpu", "job_state": ["RUNNING"]},
+        {"job_id": 3, "partition": "cpu", "job_state": ["CONFIGURING", "RUNNING"]},  # nodes still booting
+        {"job_id": 4, "partition": "gpu", "job_state": ["COMPLETING"]},
+        {"job_id": 5, "partition": "gpu,cpu", "job_state": ["PENDING"]},
+        {"job_id": 6, "partition": "gpu", "job_state": ["COMPLETED"]},
+    ]}
+    assert st.queue_counts(doc) == {"cpu": {"pending": 3, "running": 1}, "gpu": {"pending": 1, "running": 1}}
+    assert st.queue_counts({"jobs": []}) == {}
+
+
+def pod(name: str, phase: str = "Running", pool: str = "cpu", created: str = "2027-01-15T08:00:00Z") -> dict:
+    return {"metadata": {"name": name, "creationTimestamp": created,
+                         "labels": {"slurmk8s.io/node": name, "slurmk8s.io/pool": pool}},
+            "spec": {"nodeName": "k8s-a"}, "status": {"phase": phase}}
+
+
+def pvc(name: str, size: str | None = "10Gi", phase: str = "Bound") -> dict:
+    doc = {"metadata": {"name": name}, "spec": {"storageClassName": "fast", "accessModes": ["ReadWriteMany"],
+                                                 "resources": {"requests": {"storage": "5Gi"}}},
+           "status": {"phase": phase}}
+    if size:
+        doc["status"]["capacity"] = {"storage": size}
+    return doc
+
+
+def test_pods_and_volumes():
+    [w] = st.worker_rows([pod("cpu-3", created="2027-01-15T07:59:00Z")], now=NOW)
+    assert (w.name, w.pool, w.phase, w.host, w.age_seconds) == ("cpu-3", "cpu", "Running", "k8s-a", 60.0)
+    vols = st.volume_rows([pvc("slurmctld-state"), pvc("home", size=None, phase="Pending")])
+    assert [(v.name, v.size, v.storage_class, v.phase) for v in vols] == [
+        ("home", "5Gi", "fast", "Pending"), ("slurmctld-state", "10Gi", "fast", "Bound")]
+
+
+# ---------------------------------------------------------------- node-seconds from the real exporter
+
+
+def exposition_with_usage() -> str:
+    m = Metrics()
+    m.restore_usage(Usage("uid", NOW - 3600, {"cpu": 900.0}, {"cpu": 300.0}))
+    inv = Inventory((SlurmNode("cpu-0", "cpu", "cpu", 1, 1024),))
+    snap = Snapshot(parse_nodes({"nodes": [node("cpu-0", "ALLOCATED", "CLOUD")]}),
+                    {"cpu-0": Worker("cpu-0", "Running", created_at=NOW - 100)}, inv)
+    m.observe_pass(Report(snapshot=snap), [], NOW, NOW - 100, 0.1, [])
+    m.observe_pass(Report(snapshot=snap), [], NOW + 100, NOW - 100, 0.1, [])
+    return m.exposition().decode()
+
+
+def test_usage_from_the_reconcile_loops_exposition():
+    u = st.usage_from_metrics(exposition_with_usage())
+    assert u.since == NOW - 3600
+    assert u.provisioned == {"cpu": 1000.0} and u.busy == {"cpu": 400.0}
+    assert u.busy_fraction == pytest.approx(0.4)
+    empty = st.usage_from_metrics("")
+    assert empty.since is None and empty.busy_fraction is None
+
+
+# ---------------------------------------------------------------- gather with an in-memory reader
+
+
+@dataclass
+class FakeReader:
+    namespaces: set[str] = field(default_factory=lambda: {"slurm-t"})
+    sts: dict | None = field(default_factory=sts)
+    pod_list: list[dict] = field(default_factory=lambda: [pod("cpu-3"), pod("cpu-4")])
+    pvc_list: list[dict] = field(default_factory=lambda: [pvc("home"), pvc("slurmctld-state")])
+    answers: dict[tuple[str, ...], tuple[int, str, str]] = field(default_factory=dict)
+    execs: list[tuple[str, str, tuple[str, ...]]] = field(default_factory=list)
+
+    def namespace_exists(self, namespace):
+        return namespace in self.namespaces
+
+    def statefulset(self, namespace, name):
+        return self.sts
+
+    def pods(self, namespace, label_selector):
+        assert label_selector == "app.kubernetes.io/component=worker"
+        return self.pod_list
+
+    def pvcs(self, namespace):
+        return self.pvc_list
+
+    def exec(self, namespace, pod_name, container, argv, timeout):
+        self.execs.append((pod_name, container, tuple(argv)))
+        return self.answers.get(tuple(argv), (1, "", f"{argv[0]}: not found"))
+
+
+def answering() -> FakeReader:
+    r = FakeReader()
+    r.answers = {st.SHOW_NODES_ARGV: (0, json.dumps(NODES), ""),
+                 st.SQUEUE_ARGV: (0, json.dumps({"jobs": [{"job_id": 1, "partition": "cpu",
+                                                           "job_state": ["RUNNING"]}]}), ""),
+                 st.SCRAPE_ARGV: (0, exposition_with_usage(), "")}
+    return r
+
+
+def test_gather_awake_cluster_and_its_json():
+    r = answering()
+    s = st.gather(r, "slurm-t", now=NOW)
+    assert [(p, c) for p, c, _ in r.execs] == [("slurmctld-0", "slurmctld"), ("slurmctld-0", "slurmctld"),
+                                               ("slurmctld-0", "reconcile")]
+    doc = s.to_json()
+    json.dumps(doc)  # serialisable
+    assert doc["state"] == "awake" and doc["errors"] == [] and doc["namespace"] == "slurm-t"
+    assert doc["queue"] == {"cpu": {"pending": 0, "running": 1}}
+    assert doc["nodes"]["counts"] == {"powered_down": 1, "powering_up": 1, "idle": 1, "allocated": 1,
+                                      "draining": 1, "drained": 2, "down": 1, "powering_down": 1}
+    assert doc["health_drained"] == [
+        {"name": "cpu-4", "check": "memory", "reason": "health: memory: 310MiB available (pod cgroup limit - usage)"},
+        {"name": "cpu-5", "check": "disk", "reason": "health: disk: / has 10MiB free, below 1024MiB"}]
+    assert [w["name"] for w in doc["workers"]] == ["cpu-3", "cpu-4"]
+    assert [v["name"] for v in doc["volumes"]] == ["home", "slurmctld-state"]
+    assert doc["usage"]["provisioned_node_seconds"] == 1000.0 and doc["usage"]["busy_fraction"] == 0.4
+    assert doc["usage"]["since"] == "2027-01-15T07:00:00Z"
+
+
+def test_gather_asleep_execs_nothing_and_says_so():
+    r = answering()
+    r.sts = sts(0, 0, **{st.A_STATE: "asleep", st.A_STATE_REASON: "idle for 30m",
+                         st.A_STATE_SINCE: "2027-01-15T09:00:00Z"})
+    r.pod_list = []
+    s = st.gather(r, "slurm-t", now=NOW)
+    assert r.execs == []
+    doc = s.to_json()
+    assert doc["state"] == "asleep" and doc["state_reason"] == "idle for 30m"
+    assert doc["nodes"] is None and doc["queue"] is None and doc["usage"] is None and doc["errors"] == []
+    assert "asleep" in doc["notes"][0] and "wakes it" in doc["notes"][0]
+    assert [v["name"] for v in doc["volumes"]] == ["home", "slurmctld-state"]  # volumes still shown
+
+
+def test_gather_controller_not_answering_is_an_error_but_the_rest_is_shown():
+    r = FakeReader()
+    r.answers = {st.SHOW_NODES_ARGV: (1, "", "slurm_load_node error: Unable to contact slurm controller "
+                                             "(connect failure)")}
+    s = st.gather(r, "slurm-t", now=NOW)
+    assert s.nodes is None and s.queue is None
+    assert "slurmctld does not answer" in s.errors[0] and "Unable to contact slurm controller" in s.errors[0]
+    assert "metrics" in s.errors[1]
+    assert len(s.workers) == 2
+
+
+def test_gather_missing_namespace_names_the_fix():
+    with pytest.raises(st.StatusError, match="namespace slurm-x does not exist.*slurmk8s up"):
+        st.gather(FakeReader(), "slurm-x")
+
+
+def test_gather_starting_controller_is_not_asked():
+    r = answering()
+    r.sts = sts(1, 0)
+    s = st.gather(r, "slurm-t", now=NOW)
+    assert r.execs == [] and s.controller.state == "starting" and "not available yet" in s.notes[0]
+
+
+# ---------------------------------------------------------------- the screen
+
+
+def screen(s: st.Status) -> str:
+    buf = io.StringIO()
+    st.render(s, Console(file=buf, width=160, color_system=None))
+    return buf.getvalue()
+
+
+def test_screen_shows_every_section():
+    out = screen(st.gather(answering(), "slurm-t", now=NOW))
+    assert "cluster slurm-t  AWAKE" in out
+    for text in ("queue", "pending", "powered down 1", "drained 2", "[health memory] health: memory: 310MiB",
+                 "slurmk8s worker-failed: pod cpu-6 Failed", "worker pods (2)", "slurmctld-state", "10Gi",
+                 "node-seconds since 2027-01-15T07:00:00Z: provisioned 1000, busy 400 (40.0% used)"):
+        assert text in out, f"{text!r} not on the screen:\n{out}"
+    assert "cpu-0 " not in out  # powered down without a reason: counted, not listed
+
+
+def test_screen_asleep():
+    r = FakeReader(sts=sts(0, 0, **{st.A_STATE: "asleep", st.A_STATE_SINCE: "2027-01-15T09:00:00Z"}), pod_list=[])
+    out = screen(st.gather(r, "slurm-t", now=NOW))
+    assert "ASLEEP  since 2027-01-15T09:00:00Z" in out and "controller asleep" in out and "partition" not in out
+
+
+# ---------------------------------------------------------------- the command
+
+
+def test_cli_needs_exactly_one_of_spec_and_namespace():
+    from provisioner.cli import app
+
+    result = CliRunner().invoke(app, ["status"])
+    assert result.exit_code == 2 and "give either --spec SPEC or --namespace NAMESPACE" in result.output
+
+
+def test_cli_json_and_exit_code(monkeypatch):
+    from provisioner.cli import app
+
+    reader = FakeReader()  # controller silent
+    monkeypatch.setattr(st, "kube_reader", lambda kubeconfig: reader)
+    result = CliRunner().invoke(app, ["status", "-n", "slurm-t", "--json"])
+    assert result.exit_code == 1
+    doc = json.loads(result.stdout)
+    assert doc["state"] == "awake" and doc["errors"]
+    monkeypatch.setattr(st, "kube_reader", lambda kubeconfig: answering())
+    ok = CliRunner().invoke(app, ["status", "-n", "slurm-t", "--json"])
+    assert ok.exit_code == 0 and json.loads(ok.stdout)["queue"] == {"cpu": {"pending": 0, "running": 1}}
+    missing = CliRunner().invoke(app, ["status", "-n", "slurm-nope"])
+    assert missing.exit_code == 2 and "does not exist" in missing.output
