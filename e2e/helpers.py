@@ -31,6 +31,7 @@ TOOLCHAIN_BIN = "/var/cache/slurmk8s/toolchain/bin"
 SLURMK8S = str(Path(sys.executable).with_name("slurmk8s"))
 NAMESPACE = "slurm-local"  # examples/local.yaml's cluster "local"; its static volumes name it
 SUSPEND_TIME = 20
+HEALTH_INTERVAL = 15
 
 
 def kubeconfig() -> str:
@@ -118,6 +119,8 @@ def e2e_spec(public_key: str) -> dict[str, Any]:
     spec = yaml.safe_load((ROOT / "examples" / "local.yaml").read_text())
     spec["users"][0]["ssh_keys"] = [public_key]
     spec["elasticity"] = {"suspend_time": SUSPEND_TIME, "resume_timeout": 120}
+    # health checks every 15 s (300 s by default), so a check made to fail drains within a test's patience
+    spec["health"] = {"interval": HEALTH_INTERVAL}
     spec["pools"] = [{
         "name": "cpu", "mode": "slots", "cpus": 1, "memory": "1Gi", "domains": [{"name": "local", "count": 3}],
         "pod_cpu_request": "50m", "pod_memory_request": "128Mi",
