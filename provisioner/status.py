@@ -504,6 +504,7 @@ class KubeReader:
         """Run argv in the container (the exec subresource, as `kubectl exec`): (exit code, stdout, stderr)."""
         from kubernetes.client.exceptions import ApiException
         from kubernetes.stream import stream
+        from kubernetes.stream.ws_client import ERROR_CHANNEL
         from websocket import WebSocketException
 
         try:
@@ -528,10 +529,29 @@ class KubeReader:
                     out.append(resp.read_stdout())
                 if resp.peek_stderr():
                     err.append(resp.read_stderr())
-            code = resp.returncode
+            code, why = exec_status(resp.read_channel(ERROR_CHANNEL))
         finally:
             resp.close()
-        return (0 if code is None else int(code)), "".join(out), "".join(err)
+        return code, "".join(out), "".join(err) + (f"\n{why}" if why else "")
+
+
+def exec_status(text: str) -> tuple[int, str]:
+    """The exec API's status message (its error channel) -> (exit code, why when not a plain exit).
+
+    Success -> 0; NonZeroExitCode -> the code; a command that could not start (no such binary, the
+    container gone) -> 126 with the API's message; no status at all (connection lost) -> 125."""
+    try:
+        doc = json.loads(text) if text.strip() else None
+    except json.JSONDecodeError:
+        return 125, f"exec: unreadable status {text[:200]!r}"
+    if not isinstance(doc, dict):
+        return 125, "exec: the connection closed without an exit status"
+    if doc.get("status") == "Success":
+        return 0, ""
+    for cause in (doc.get("details") or {}).get("causes") or ():
+        if cause.get("reason") == "ExitCode" and str(cause.get("message", "")).isdigit():
+            return int(cause["message"]), ""
+    return 126, f"exec: {doc.get('reason', '')} {doc.get('message', '')}".strip()
 
 
 def kube_reader(kubeconfig: str | None) -> KubeReader:

@@ -283,3 +283,14 @@ def test_cli_json_and_exit_code(monkeypatch):
     assert ok.exit_code == 0 and json.loads(ok.stdout)["queue"] == {"cpu": {"pending": 0, "running": 1}}
     missing = CliRunner().invoke(app, ["status", "-n", "slurm-nope"])
     assert missing.exit_code == 2 and "does not exist" in missing.output
+
+
+def test_exec_status_from_the_error_channel():
+    assert st.exec_status('{"metadata":{},"status":"Success"}') == (0, "")
+    assert st.exec_status('{"metadata":{},"status":"Failure","message":"command terminated with non-zero exit code",'
+                          '"reason":"NonZeroExitCode","details":{"causes":[{"reason":"ExitCode","message":"2"}]}}') \
+        == (2, "")
+    code, why = st.exec_status('{"status":"Failure","reason":"InternalError","message":"OCI runtime exec failed: '
+                               'exec: \\"nope\\": executable file not found in $PATH"}')
+    assert code == 126 and "executable file not found" in why
+    assert st.exec_status("")[0] == 125 and st.exec_status("garbage")[0] == 125
