@@ -6,7 +6,7 @@ dashboard runs on that Prometheus.
 
 Prometheus is Debian's `prometheus` package (.ci/run installs it); this file installs nothing. It
 scrapes the slurmctld pod's IP (pod IPs are routable from the host of the local cluster) every
-second into a throw-away TSDB.
+2 s into a throw-away TSDB.
 
 The fault: a job leaves 400 MiB in /dev/shm (a leaked shared-memory segment, the classic cause of
 nodes that run out of memory for the next job). It counts against the pod's memory limit, so the
@@ -36,7 +36,15 @@ from helpers import (NAMESPACE, ROOT, SLURMK8S, Cluster, job_state, kjson, kubec
 pytestmark = pytest.mark.e2e
 
 DASHBOARD = ROOT / "charts" / "dashboards" / "slurmk8s.json"
-SCRAPE_INTERVAL = "1s"
+SCRAPE_INTERVAL = "2s"
+# what a job must move: resume requests, jobs seen started, node-seconds, controller RPCs
+COUNTERS = {
+    "resumes": 'sum(slurmk8s_elastic_requests_total{program="resume"})',
+    "started": "sum(slurmk8s_job_submit_to_running_seconds_count)",
+    "busy": "sum(slurmk8s_node_busy_seconds_total)",
+    "provisioned": "sum(slurmk8s_node_provisioned_seconds_total)",
+    "rpcs": "sum(slurmk8s_controller_rpc_seconds_count)",
+}
 
 
 class Prometheus:
@@ -123,13 +131,7 @@ def test_prometheus_sees_the_numbers_move_when_a_job_runs(cluster: Cluster, prom
     wait_for("every worker pod to be gone", lambda: worker_pods() == {}, 120, interval=2)
     wait_for("Prometheus to see zero worker pods",
              lambda: not prom.value('sum(slurmk8s_workers{phase!="Terminating"}) > 0'), 30, interval=1)
-    before = {
-        "resumes": prom.value('sum(slurmk8s_elastic_requests_total{program="resume"})') or 0.0,
-        "started": prom.value("sum(slurmk8s_job_submit_to_running_seconds_count)") or 0.0,
-        "busy": prom.value("sum(slurmk8s_node_busy_seconds_total)") or 0.0,
-        "provisioned": prom.value("sum(slurmk8s_node_provisioned_seconds_total)") or 0.0,
-        "rpcs": prom.value("sum(slurmk8s_controller_rpc_seconds_count)") or 0.0,
-    }
+    before = {k: prom.value(q) or 0.0 for k, q in COUNTERS.items()}
     job = submit(login, "#!/bin/bash\n#SBATCH -N1 -o /dev/null\nsleep 25")
     wait_for("the job to run", lambda: "RUNNING" in job_state(login, job)["job_state"], 120)
     seen = wait_for("Prometheus to see one running job and a Running worker pod", lambda: (
@@ -151,17 +153,18 @@ def test_prometheus_sees_the_numbers_move_when_a_job_runs(cluster: Cluster, prom
 
     assert wait_job(login, job, 120)["job_state"] == ["COMPLETED"]
 
-    def moved() -> dict[str, float] | None:
-        after = {
-            "resumes": prom.value('sum(slurmk8s_elastic_requests_total{program="resume"})') or 0.0,
-            "started": prom.value("sum(slurmk8s_job_submit_to_running_seconds_count)") or 0.0,
-            "busy": prom.value("sum(slurmk8s_node_busy_seconds_total)") or 0.0,
-            "provisioned": prom.value("sum(slurmk8s_node_provisioned_seconds_total)") or 0.0,
-            "rpcs": prom.value("sum(slurmk8s_controller_rpc_seconds_count)") or 0.0,
-        }
-        return after if all(after[k] > before[k] for k in before) else None
+    last: dict[str, float] = {}
 
-    after = wait_for("every counter to move in Prometheus", moved, 40, interval=1)
+    def moved() -> dict[str, float] | None:
+        last.update({k: prom.value(q) or 0.0 for k, q in COUNTERS.items()})
+        return dict(last) if all(last[k] > before[k] for k in before) else None
+
+    try:
+        after = wait_for("every counter to move in Prometheus", moved, 40, interval=1)
+    except pytest.fail.Exception:
+        samples = "\n".join(f"{r['metric']} {r['value'][1]}" for r in prom.query('{__name__=~"slurmk8s_.*|up|scrape_.*"}')
+                            if not r["metric"]["__name__"].endswith("_bucket"))
+        pytest.fail(f"counters did not all move: before {before}, last {last}; Prometheus has:\n{samples}")
     assert after["busy"] - before["busy"] >= 10, (before, after)  # a 25 s job, sampled every 10 s
     assert after["provisioned"] - before["provisioned"] >= after["busy"] - before["busy"]
     p50 = prom.value("histogram_quantile(0.5, sum by (le) (rate(slurmk8s_job_submit_to_running_seconds_bucket[5m])))")

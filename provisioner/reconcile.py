@@ -716,7 +716,8 @@ def run_once(slurm: SlurmClient, backend: NodeBackend, inventory: "Inventory", l
 @dataclass
 class EventTail:
     """Reads the JSON lines appended to the events file since the last call (from its end at start:
-    counters restart at zero with the process, as Prometheus expects)."""
+    counters restart at zero with the process, as Prometheus expects; from its beginning when it
+    did not exist at start, so a fresh cluster's first resume is counted)."""
 
     path: str
     offset: int | None = None
@@ -726,6 +727,8 @@ class EventTail:
         try:
             size = os.path.getsize(self.path)
         except OSError:
+            if self.offset is None:
+                self.offset = 0  # no file yet (a fresh cluster): everything written to it later is new
             return []
         if self.offset is None:
             self.offset = size

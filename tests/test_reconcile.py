@@ -481,6 +481,16 @@ def test_event_tail_starts_at_the_end_and_handles_partial_lines_and_truncation(t
     assert rc.EventTail(str(tmp_path / "missing")).read() == []
 
 
+def test_event_tail_counts_the_first_events_of_a_file_created_after_the_start(tmp_path):
+    # a fresh cluster: the loop starts before the first resume creates the events file
+    path = tmp_path / "events.jsonl"
+    tail = rc.EventTail(str(path))
+    assert tail.read() == []
+    path.write_text('{"program": "resume", "outcome": "ok"}\n')
+    assert tail.read() == [{"program": "resume", "outcome": "ok"}]
+    assert tail.read() == []
+
+
 # ---------------------------------------------------------------- metrics and dashboard
 
 
