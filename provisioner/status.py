@@ -463,7 +463,7 @@ class KubeReader:
         self._apps = client.AppsV1Api(api_client)
         self._timeout = request_timeout
 
-    def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    def _call(self, what: str, fn: Any, *args: Any, forbidden: Any = None, **kwargs: Any) -> Any:
         from kubernetes.client.exceptions import ApiException
         from urllib3.exceptions import HTTPError
 
@@ -475,6 +475,8 @@ class KubeReader:
             err = api_error_from(exc)
             if err.status == 404:
                 return None
+            if err.status == 403 and forbidden is not None:
+                return forbidden
             if err.status in (401, 403):
                 raise StatusError(f"{what}: the Kubernetes API refused your kubeconfig's user ({err.status} "
                                   f"{err.reason}): {err.message}") from None
@@ -486,7 +488,10 @@ class KubeReader:
         return json.loads(resp.data) if resp.data else {}
 
     def namespace_exists(self, namespace: str) -> bool:
-        return self._call(f"reading namespace {namespace}", self._core.read_namespace, namespace) is not None
+        # a user with rights in the namespace only may not read Namespace objects: then assume it exists
+        # (a missing one still shows as an empty namespace with no StatefulSet: "absent")
+        return self._call(f"reading namespace {namespace}", self._core.read_namespace, namespace,
+                          forbidden={"forbidden": True}) is not None
 
     def statefulset(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self._call(f"reading statefulset {name}", self._apps.read_namespaced_stateful_set, name, namespace)
