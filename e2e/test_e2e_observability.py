@@ -85,7 +85,8 @@ def prometheus(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> It
     config = work / "prometheus.yml"
     config.write_text(json.dumps({  # JSON is YAML
         "global": {"scrape_interval": SCRAPE_INTERVAL, "evaluation_interval": SCRAPE_INTERVAL},
-        "scrape_configs": [{"job_name": "slurmk8s", "scrape_interval": SCRAPE_INTERVAL, "scrape_timeout": SCRAPE_INTERVAL,
+        "scrape_configs": [{"job_name": "slurmk8s", "scrape_interval": SCRAPE_INTERVAL,
+                            "scrape_timeout": SCRAPE_INTERVAL,
                             "static_configs": [{"targets": [f"{ip}:9410"],
                                                 "labels": {"namespace": NAMESPACE, "pod": "slurmctld-0"}}]}]}))
     port = _free_port()
@@ -162,7 +163,8 @@ def test_prometheus_sees_the_numbers_move_when_a_job_runs(cluster: Cluster, prom
     try:
         after = wait_for("every counter to move in Prometheus", moved, 40, interval=1)
     except pytest.fail.Exception:
-        samples = "\n".join(f"{r['metric']} {r['value'][1]}" for r in prom.query('{__name__=~"slurmk8s_.*|up|scrape_.*"}')
+        everything = prom.query('{__name__=~"slurmk8s_.*|up|scrape_.*"}')
+        samples = "\n".join(f"{r['metric']} {r['value'][1]}" for r in everything
                             if not r["metric"]["__name__"].endswith("_bucket"))
         pytest.fail(f"counters did not all move: before {before}, last {last}; Prometheus has:\n{samples}")
     assert after["busy"] - before["busy"] >= 10, (before, after)  # a 25 s job, sampled every 10 s

@@ -772,14 +772,15 @@ class Metrics:
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
         r = self.registry = CollectorRegistry()
-        self.jobs = Gauge("slurmk8s_jobs", "Jobs by partition and state (pending: also CONFIGURING, waiting for its nodes to boot; running)",
-                          ["partition", "state"], registry=r)
+        self.jobs = Gauge("slurmk8s_jobs", "Jobs by partition and state (pending: also CONFIGURING, waiting for "
+                          "its nodes to boot; running)", ["partition", "state"], registry=r)
         self.nodes = Gauge("slurmk8s_nodes", "Slurm nodes by pool and state (down, drain, powering_up, powering_down, "
                            "powered_down, completing, allocated, mixed, idle, ...)", ["pool", "state"], registry=r)
         self.workers = Gauge("slurmk8s_workers", "Worker pods by pool and phase (Pending, Running, Failed, Succeeded, "
                              "Terminating)", ["pool", "phase"], registry=r)
         self.elastic = Counter("slurmk8s_elastic_requests", "Resume / suspend / resume-fail requests per node "
-                               "by program, action, reason and outcome (from the programs' events file)", ["program", "action", "reason", "outcome"], registry=r)
+                               "by program, action, reason and outcome (from the programs' events file)",
+                               ["program", "action", "reason", "outcome"], registry=r)
         self.findings = Counter("slurmk8s_reconcile_findings", "Reconcile findings that needed action, by kind",
                                 ["kind"], registry=r)
         self.actions = Counter("slurmk8s_reconcile_actions", "Reconcile actions by op and outcome",
@@ -794,14 +795,14 @@ class Metrics:
         self.submit_to_running = Histogram("slurmk8s_job_submit_to_running_seconds",
                                            "Job submit_time -> start_time, observed when first seen RUNNING",
                                            ["partition"], buckets=LATENCY_BUCKETS, registry=r)
-        self.pod_start = Histogram("slurmk8s_worker_start_seconds", "Worker pod created -> Ready, for pods created while the loop runs",
-                                   ["pool"], buckets=LATENCY_BUCKETS, registry=r)
-        self.provisioned = Counter("slurmk8s_node_provisioned_seconds", "Node-seconds with a worker pod in existence (not "
-                                   "Terminating), since `up`",
-                                   ["pool"], registry=r)
-        self.busy = Counter("slurmk8s_node_busy_seconds", "Node-seconds a booted node was allocated to jobs, since `up`", ["pool"], registry=r)
-        self.rpc = Histogram("slurmk8s_controller_rpc_seconds", "Latency of the loop's scontrol / squeue calls (slurmctld RPCs)",
-                             ["command"], buckets=RPC_BUCKETS, registry=r)
+        self.pod_start = Histogram("slurmk8s_worker_start_seconds", "Worker pod created -> Ready, for pods "
+                                   "created while the loop runs", ["pool"], buckets=LATENCY_BUCKETS, registry=r)
+        self.provisioned = Counter("slurmk8s_node_provisioned_seconds", "Node-seconds with a worker pod in "
+                                   "existence (not Terminating), since `up`", ["pool"], registry=r)
+        self.busy = Counter("slurmk8s_node_busy_seconds", "Node-seconds a booted node was allocated to jobs, "
+                            "since `up`", ["pool"], registry=r)
+        self.rpc = Histogram("slurmk8s_controller_rpc_seconds", "Latency of the loop's scontrol / squeue calls "
+                             "(slurmctld RPCs)", ["command"], buckets=RPC_BUCKETS, registry=r)
         self.rpc_errors = Counter("slurmk8s_controller_rpc_errors", "Failed scontrol / squeue calls",
                                   ["command"], registry=r)
         self.health_drained = Gauge("slurmk8s_health_drained_nodes", "Slurm nodes drained by a failed health "
@@ -977,8 +978,8 @@ class Usage:
     busy: Mapping[str, float] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        return {"deployment": self.deployment, "since": self.since, "provisioned": dict(sorted(self.provisioned.items())),
-                "busy": dict(sorted(self.busy.items()))}
+        return {"deployment": self.deployment, "since": self.since,
+                "provisioned": dict(sorted(self.provisioned.items())), "busy": dict(sorted(self.busy.items()))}
 
     @classmethod
     def from_json(cls, obj: Mapping[str, Any]) -> "Usage":
@@ -1109,7 +1110,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--grace", type=float, default=None, help="seconds before a worker / boot is judged")
     parser.add_argument("--pending-timeout", type=float, default=None)
     parser.add_argument("--unschedulable-timeout", type=float, default=None)
-    parser.add_argument("--metrics-table", action="store_true", help="print the metrics as a Markdown table and exit")
+    parser.add_argument("--metrics-table", action="store_true",
+                        help="print the metrics as a Markdown table and exit")
     args = parser.parse_args(argv)
     if args.metrics_table:
         sys.stdout.write(metrics_markdown())
