@@ -32,6 +32,7 @@ SLURMK8S = str(Path(sys.executable).with_name("slurmk8s"))
 NAMESPACE = "slurm-local"  # examples/local.yaml's cluster "local"; its static volumes name it
 SUSPEND_TIME = 20
 HEALTH_INTERVAL = 15
+MISSING_IMAGE = "slurmk8s/missing:none"  # never built: ErrImageNeverPull under pull_policy Never
 
 
 def kubeconfig() -> str:
@@ -121,10 +122,16 @@ def e2e_spec(public_key: str) -> dict[str, Any]:
     spec["elasticity"] = {"suspend_time": SUSPEND_TIME, "resume_timeout": 120}
     # health checks every 15 s (300 s by default), so a check made to fail drains within a test's patience
     spec["health"] = {"interval": HEALTH_INTERVAL}
-    spec["pools"] = [{
-        "name": "cpu", "mode": "slots", "cpus": 1, "memory": "1Gi", "domains": [{"name": "local", "count": 3}],
-        "pod_cpu_request": "50m", "pod_memory_request": "128Mi",
-    }]
+    small = {"mode": "slots", "cpus": 1, "memory": "1Gi", "pod_cpu_request": "50m", "pod_memory_request": "128Mi"}
+    spec["pools"] = [
+        {"name": "cpu", **small, "domains": [{"name": "local", "count": 3}]},
+        # fault tests only (no pods at rest): outages with 4 jobs running at once
+        {"name": "ctl", **small, "domains": [{"name": "local", "count": 4}]},
+        # resume that cannot be satisfied: an image that is not there (pull policy Never) ...
+        {"name": "noimage", **small, "image": MISSING_IMAGE, "domains": [{"name": "local", "count": 3}]},
+        # ... and a pod no Kubernetes node fits (64 CPUs requested, Guaranteed QoS)
+        {"name": "huge", "mode": "slots", "cpus": 64, "memory": "1Gi", "domains": [{"name": "local", "count": 1}]},
+    ]
     return spec
 
 

@@ -105,6 +105,19 @@ def test_cluster_up_without_toolchain_says_to_build_it(tmp_path):
     assert "toolchain build" in done.stderr
 
 
+def test_cluster_restart_names_what_it_can_restart(tmp_path):
+    env = {"PATH": "/usr/bin:/bin", "SLURMK8S_BIN": str(tmp_path / "bin"), "LOCALK8S_ROOT": str(tmp_path / "state")}
+    done = subprocess.run(script_argv(CLUSTER_SCRIPT, ["restart", "etcd"]), env=env, capture_output=True, text=True)
+    assert done.returncode == 1
+    assert "restart kube-apiserver|kubelet|kube-controller-manager|kube-scheduler" in done.stderr
+    done = subprocess.run(script_argv(CLUSTER_SCRIPT, ["restart", "kubelet", "--down-for", "x"]), env=env,
+                          capture_output=True, text=True)
+    assert done.returncode == 1 and "whole seconds" in done.stderr
+    # not running here (empty state dir): says so instead of starting a second kubelet
+    done = subprocess.run(script_argv(CLUSTER_SCRIPT, ["restart", "kubelet"]), env=env, capture_output=True, text=True)
+    assert done.returncode == 1 and "kubelet is not running" in done.stderr, done.stderr
+
+
 def _fake_tool(directory, name, output):
     path = directory / name
     path.write_text(f"#!/bin/sh\necho '{output}'\n")

@@ -80,6 +80,20 @@ def cluster_status() -> None:
     _exit(run_script(CLUSTER_SCRIPT, ["status"]))
 
 
+RESTARTABLE = ("kube-apiserver", "kubelet", "kube-controller-manager", "kube-scheduler")
+
+
+@cluster_app.command("restart")
+def cluster_restart(
+    component: Annotated[str, typer.Argument(help=f"One of: {', '.join(RESTARTABLE)}.")],
+    down_for: Annotated[int, typer.Option("--down-for", min=0, help="Seconds to keep it stopped.")] = 0,
+) -> None:
+    """Stop one daemon and start it again (an outage for fault tests); pods and state are kept."""
+    if component not in RESTARTABLE:
+        raise typer.BadParameter(f"{component!r} cannot be restarted alone; use one of {', '.join(RESTARTABLE)}")
+    _exit(run_script(CLUSTER_SCRIPT, ["restart", component, "--down-for", str(down_for)]))
+
+
 @cluster_app.command("load-image")
 def cluster_load_image(images: Annotated[list[str], typer.Argument(help="Images from the local Docker engine.")]) -> None:
     """Copy images from Docker into the cluster's containerd (skipped when already loaded)."""

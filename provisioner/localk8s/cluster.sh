@@ -6,6 +6,8 @@
 #   cluster.sh up [--kwok]          start (idempotent; prints the kubeconfig path)
 #   cluster.sh down [--purge]       stop everything, also after an interrupted up (--purge: drop state)
 #   cluster.sh status               what runs (exit 0 running, 3 stopped, 4 partly running)
+#   cluster.sh restart NAME [--down-for S]  stop one daemon (kube-apiserver, kubelet, kube-controller-manager,
+#                                   kube-scheduler), keep it down S seconds, start it again; pods keep running
 #   cluster.sh load-image IMAGE...  copy images from Docker into the cluster's containerd
 #   cluster.sh kwok up|down|status  the kwok controller for fake nodes (annotation kwok.x-k8s.io/node=fake);
 #                                   once up it is restarted by every `up` until `kwok down`
@@ -314,6 +316,30 @@ YAML
 EOF
 }
 
+# The control-plane daemons and the kubelet, as `up` and `restart` start them (IP set by the caller).
+start_kube-apiserver() {
+  start kube-apiserver kube-apiserver --etcd-servers=http://127.0.0.1:2379 --service-cluster-ip-range="$SVC_CIDR" \
+    --secure-port="$API_PORT" --advertise-address="$IP" --bind-address=0.0.0.0 \
+    --tls-cert-file="$PKI/apiserver.crt" --tls-private-key-file="$PKI/apiserver.key" --client-ca-file="$PKI/ca.crt" \
+    --service-account-issuer=https://kubernetes.default.svc.cluster.local --service-account-key-file="$PKI/sa.pub" \
+    --service-account-signing-key-file="$PKI/sa.key" --authorization-mode=Node,RBAC --allow-privileged=true \
+    --kubelet-client-certificate="$PKI/admin.crt" --kubelet-client-key="$PKI/admin.key" \
+    --kubelet-certificate-authority="$PKI/ca.crt" --kubelet-preferred-address-types=InternalIP,Hostname
+}
+start_kube-controller-manager() {
+  start kube-controller-manager kube-controller-manager --kubeconfig="$KUBECONFIG_PATH" \
+    --service-account-private-key-file="$PKI/sa.key" --root-ca-file="$PKI/ca.crt" --use-service-account-credentials \
+    --cluster-signing-cert-file="$PKI/ca.crt" --cluster-signing-key-file="$PKI/ca.key" --leader-elect=false \
+    --bind-address=127.0.0.1
+}
+start_kube-scheduler() {
+  start kube-scheduler kube-scheduler --kubeconfig="$KUBECONFIG_PATH" --leader-elect=false --bind-address=127.0.0.1
+}
+start_kubelet() {
+  start kubelet kubelet --config="$ROOT/kubelet.yaml" --kubeconfig="$PKI/kubelet.kubeconfig" --root-dir="$ROOT/kubelet" \
+    --hostname-override="$NODE" --node-ip="$IP"
+}
+
 # Ready, as reported by the kubelet started now (after a down/up the Node object still holds the
 # previous run's Ready condition for a while: only a heartbeat since KUBELET_STARTED counts)
 node_ready() {
@@ -367,21 +393,12 @@ up() {
   say "etcd ready ($(secs_since "$t0"))"
 
   t0=$(now_ms)
-  start kube-apiserver kube-apiserver --etcd-servers=http://127.0.0.1:2379 --service-cluster-ip-range="$SVC_CIDR" \
-    --secure-port="$API_PORT" --advertise-address="$IP" --bind-address=0.0.0.0 \
-    --tls-cert-file="$PKI/apiserver.crt" --tls-private-key-file="$PKI/apiserver.key" --client-ca-file="$PKI/ca.crt" \
-    --service-account-issuer=https://kubernetes.default.svc.cluster.local --service-account-key-file="$PKI/sa.pub" \
-    --service-account-signing-key-file="$PKI/sa.key" --authorization-mode=Node,RBAC --allow-privileged=true \
-    --kubelet-client-certificate="$PKI/admin.crt" --kubelet-client-key="$PKI/admin.key" \
-    --kubelet-certificate-authority="$PKI/ca.crt" --kubelet-preferred-address-types=InternalIP,Hostname
+  start_kube-apiserver
   wait_for kube-apiserver 120 api_ready || fail_up
   say "kube-apiserver ready ($(secs_since "$t0"))"
 
-  start kube-controller-manager kube-controller-manager --kubeconfig="$KUBECONFIG_PATH" \
-    --service-account-private-key-file="$PKI/sa.key" --root-ca-file="$PKI/ca.crt" --use-service-account-credentials \
-    --cluster-signing-cert-file="$PKI/ca.crt" --cluster-signing-key-file="$PKI/ca.key" --leader-elect=false \
-    --bind-address=127.0.0.1
-  start kube-scheduler kube-scheduler --kubeconfig="$KUBECONFIG_PATH" --leader-elect=false --bind-address=127.0.0.1
+  start_kube-controller-manager
+  start_kube-scheduler
 
   # Docker sets the FORWARD policy to DROP and br_netfilter is on: accept what crosses the pod bridge
   iptables -C FORWARD -i cni0 -j ACCEPT 2>/dev/null || iptables -I FORWARD 1 -i cni0 -j ACCEPT
@@ -394,8 +411,7 @@ up() {
   pause_image
 
   KUBELET_STARTED=$(date +%s)
-  start kubelet kubelet --config="$ROOT/kubelet.yaml" --kubeconfig="$PKI/kubelet.kubeconfig" --root-dir="$ROOT/kubelet" \
-    --hostname-override="$NODE" --node-ip="$IP"
+  start_kubelet
   start kube-proxy kube-proxy --kubeconfig="$KUBECONFIG_PATH" --cluster-cidr="$CLUSTER_CIDR" --proxy-mode=iptables \
     --hostname-override="$NODE" --metrics-bind-address=127.0.0.1:10249 --healthz-bind-address=127.0.0.1:10256
   # no dummy links on these kernels: the DNS address lives on lo
@@ -447,6 +463,33 @@ down() {
   say "down"
 }
 
+# ---- restart (fault tests: an outage of one daemon, its pods and state untouched) ------------------
+RESTARTABLE=(kube-apiserver kubelet kube-controller-manager kube-scheduler)
+restart() {
+  local name=${1:-} down_for=0 t0
+  [ $# -gt 0 ] && shift
+  [[ " ${RESTARTABLE[*]} " == *" $name "* ]] || die "usage: $ME restart $(IFS='|'; echo "${RESTARTABLE[*]}") [--down-for SECONDS]"
+  while [ $# -gt 0 ]; do
+    case $1 in
+      --down-for) [[ ${2:-} =~ ^[0-9]+$ ]] || die "--down-for needs whole seconds"; down_for=$2; shift 2 ;;
+      *) die "unknown option for restart: $1" ;;
+    esac
+  done
+  [ "$(id -u)" -eq 0 ] || die "the local cluster runs host daemons: run as root"
+  running "$name" || die "$name is not running (cluster status: $ME status); start the cluster with '$ME up'"
+  export KUBECONFIG=$KUBECONFIG_PATH
+  IP=$(node_ip); [ -n "$IP" ] || die "no IPv4 address for the node (set LOCALK8S_NODE_IP)"
+  t0=$(now_ms)
+  stop "$name"
+  [ "$down_for" -eq 0 ] || { say "$name: kept down for ${down_for}s"; sleep "$down_for"; }
+  case $name in
+    kube-apiserver) start_kube-apiserver; wait_for kube-apiserver 120 api_ready || exit 1 ;;
+    kubelet) KUBELET_STARTED=$(date +%s); start_kubelet; wait_for kubelet 120 node_ready || exit 1 ;;
+    *) "start_$name"; wait_for "$name" 30 running "$name" || exit 1 ;;
+  esac
+  say "$name restarted and ready ($(secs_since "$t0") from stop)"
+}
+
 # ---- status --------------------------------------------------------------------------------------
 status() {
   local d n=0 pid
@@ -486,6 +529,7 @@ case "${1:-}" in
   up) shift; up "$@" ;;
   down) shift; down "$@" ;;
   status) status ;;
+  restart) shift; restart "$@" ;;
   load-image) shift; load_image "$@" ;;
   kubeconfig) echo "$KUBECONFIG_PATH" ;;
   kwok)
@@ -496,6 +540,6 @@ case "${1:-}" in
       status) if pid=$(pid_of kwok); then echo "kwok: running (pid $pid)"; else echo "kwok: stopped"; exit 3; fi ;;
       *) die "usage: $ME kwok up|down|status" ;;
     esac ;;
-  -h|--help|help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//' ;;
-  *) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
+  -h|--help|help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//' ;;
+  *) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
 esac
