@@ -73,14 +73,35 @@ def _release(login, tag: str) -> None:
     login.run(f"touch ~/release-{tag}")
 
 
+def _state_saved_since(login, job: str) -> float | None:
+    """mtime of slurmctld's job_state file once it is later than `job`'s submission (by slurmctld's clock)."""
+    submitted = queue(login, [job])[job]["submit_time"]["number"]
+    proc = kubectl("exec", "-n", NAMESPACE, CONTROLLER_POD, "-c", "slurmctld", "--", "stat", "-c", "%.3Y",
+                   "/var/spool/slurmctld/job_state", check=False)
+    if proc.returncode != 0:
+        return None
+    mtime = float(proc.stdout.strip())
+    return mtime if mtime >= submitted + 1 else None  # whole seconds: a save in the same second may predate it
+
+
 def test_slurmctld_killed_and_its_pod_deleted_with_50_pending_and_4_running(cluster: Cluster):
     login = cluster.login()
     wait_pool_at_rest(login, POOL)
     t0 = time.time()
     running = _hold_jobs(login, "ctlkill", RUNNING)
+    pending: list[str] = []
+    try:
+        _controller_outages(login, running, pending, t0)
+    finally:  # leave the pool to the next test whatever happened
+        _release(login, "ctlkill")
+        login.run(f"scancel {' '.join(running + pending)}", check=False)
+
+
+def _controller_outages(login, running: list[str], pending: list[str], t0: float) -> None:
     placed = _wait_running_and_booted(login, running)
     assert len(set(placed.values())) == RUNNING, placed
-    pending = submit_many(login, PENDING, f"-p {POOL} -N1 -o /dev/null --wrap 'echo ok'")
+    pending += submit_many(login, PENDING, f"-p {POOL} -N1 -o /dev/null --wrap 'echo ok'")
+    t_sub = time.monotonic()
     before = states(login, running + pending)
     assert [before[j] for j in running] == ["RUNNING"] * RUNNING, before
     assert all(before[j] == "PENDING" for j in pending), before
@@ -95,7 +116,11 @@ def test_slurmctld_killed_and_its_pod_deleted_with_50_pending_and_4_running(clus
         assert all(now[j] == "PENDING" for j in pending), f"{when}: pending jobs now {now}"
         _assert_no_orphan_or_duplicate(login, placed, uids, when)
 
-    # 1. slurmctld dies (SIGKILL: no state saved on the way out); the container restarts in its pod
+    # 1. slurmctld dies (SIGKILL: nothing saved on the way out) once it has saved the queue: Slurm
+    # writes its state in batches (within seconds), so a job accepted just before a hard crash can
+    # be lost; one that was saved must not be. The container restarts in its pod.
+    wait_for("slurmctld to save the queue", lambda: _state_saved_since(login, pending[-1]), 60, interval=0.5)
+    print(f"job state saved {time.monotonic() - t_sub:.1f} s after the last sbatch returned")
     pod = controller_pod()
     restarts = {c["name"]: c.get("restartCount", 0) for c in pod["status"]["containerStatuses"]}["slurmctld"]
     killed = kubectl("exec", "-n", NAMESPACE, CONTROLLER_POD, "-c", "slurmctld", "--", "sh", "-c",
@@ -108,7 +133,9 @@ def test_slurmctld_killed_and_its_pod_deleted_with_50_pending_and_4_running(clus
     print(f"slurmctld SIGKILL -> answering again: {time.monotonic() - t_kill:.1f} s")
     still_there("after slurmctld was killed")
 
-    # 2. the pod is deleted (as an eviction or a node drain does): a new pod, same state volume
+    # 2. jobs submitted a moment ago, then the pod is deleted (as an eviction, a node drain or a
+    # rollout does): SIGTERM lets slurmctld save everything; a new pod mounts the same state volume
+    pending += submit_many(login, 10, f"-p {POOL} -N1 -o /dev/null --wrap 'echo ok'")
     old_uid = controller_pod()["metadata"]["uid"]
     deleted = kubectl("delete", "pod", "-n", NAMESPACE, CONTROLLER_POD, "--wait=false", check=False)
     assert deleted.returncode == 0, deleted.stderr
@@ -118,7 +145,7 @@ def test_slurmctld_killed_and_its_pod_deleted_with_50_pending_and_4_running(clus
     print(f"slurmctld pod deleted -> new pod answering: {time.monotonic() - t_del:.1f} s")
     still_there("after the slurmctld pod was deleted")
 
-    # 3. the running jobs finish where they ran, without a requeue; then the 50 run and finish
+    # 3. the running jobs finish where they ran, without a requeue; then the pending ones run and finish
     _release(login, "ctlkill")
     final = wait_final(login, running + pending, 600)
     bad = {k: j["job_state"] for k, j in final.items() if j["job_state"] != ["COMPLETED"]}
@@ -156,25 +183,30 @@ def test_apiserver_and_kubelet_restarted_while_jobs_run(cluster: Cluster):
     wait_pool_at_rest(login, POOL)
     t0 = time.time()
     running = _hold_jobs(login, "apiout", 2)
-    placed = _wait_running_and_booted(login, running)
-    uids = _pod_uids()
-    # the API server away for 25 s: the reconcile loop's passes fail and must not act on "no pods"
-    took = _cluster_restart("kube-apiserver", 25)
-    print(f"kube-apiserver down 25 s, ready again after {took:.1f} s")
-    # the kubelet away for 25 s (shorter than the node-monitor grace period): pods keep running
-    took = _cluster_restart("kubelet", 25)
-    print(f"kubelet down 25 s, node Ready again after {took:.1f} s")
-    time.sleep(12)  # one reconcile period after both are back
-    now = states(login, running)
-    assert [now.get(j) for j in running] == ["RUNNING"] * len(running), now
-    _assert_no_orphan_or_duplicate(login, placed, uids, "after the API server and kubelet restarts")
-    # after the outage, resumes work again: two more jobs get new pods on the two idle nodes
-    later = submit_many(login, 2, f"-p {POOL} -N1 -o /dev/null --wrap 'echo ok'")
-    _release(login, "apiout")
-    final = wait_final(login, running + later, 300)
-    bad = {k: (j["job_state"], j["restart_cnt"]) for k, j in final.items()
-           if j["job_state"] != ["COMPLETED"] or (k in running and j["restart_cnt"])}
-    assert not bad, f"jobs not COMPLETED, or requeued by the outage: {bad}"
+    later: list[str] = []
+    try:
+        placed = _wait_running_and_booted(login, running)
+        uids = _pod_uids()
+        # the API server away for 25 s: the reconcile loop's passes fail and must not act on "no pods"
+        took = _cluster_restart("kube-apiserver", 25)
+        print(f"kube-apiserver down 25 s, ready again after {took:.1f} s")
+        # the kubelet away for 25 s (shorter than the node-monitor grace period): pods keep running
+        took = _cluster_restart("kubelet", 25)
+        print(f"kubelet down 25 s, node Ready again after {took:.1f} s")
+        time.sleep(12)  # one reconcile period after both are back
+        now = states(login, running)
+        assert [now.get(j) for j in running] == ["RUNNING"] * len(running), now
+        _assert_no_orphan_or_duplicate(login, placed, uids, "after the API server and kubelet restarts")
+        # after the outage, resumes work again: two more jobs get new pods on the two idle nodes
+        later += submit_many(login, 2, f"-p {POOL} -N1 -o /dev/null --wrap 'echo ok'")
+        _release(login, "apiout")
+        final = wait_final(login, running + later, 300)
+        bad = {k: (j["job_state"], j["restart_cnt"]) for k, j in final.items()
+               if j["job_state"] != ["COMPLETED"] or (k in running and j["restart_cnt"])}
+        assert not bad, f"jobs not COMPLETED, or requeued by the outage: {bad}"
+    finally:
+        _release(login, "apiout")
+        login.run(f"scancel {' '.join(running + later)}", check=False)
     wait_pool_at_rest(login, POOL)
     log = since(controller_log("reconcile.log"), t0)
     skipped = [l for l in log if "pass skipped" in l]

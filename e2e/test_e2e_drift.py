@@ -1,0 +1,141 @@
+"""Drift between Slurm and Kubernetes, made by hand on the session cluster (issue #8 parts 1 and 4):
+
+- a worker pod created by hand with our labels, for no Slurm node (orphan);
+- a worker pod for a node Slurm has powered down;
+- a busy node's pod that vanishes at once (force-deleted, no grace) under a `--no-requeue` job;
+- a busy node's slurmd container killed (the pod stays, the container restarts).
+
+The reconcile loop must fix each within one period after its grace (20 s), and log what it did and
+why; jobs are requeued, or fail where the user asked for --no-requeue; the pool returns to zero pods.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import time
+
+import pytest
+
+from faultkit import controller_log, nodes, pool_pods, queue, since, submit_many, wait_final, wait_pool_at_rest
+from helpers import NAMESPACE, Cluster, kubeconfig, kubectl, kubectl_exe, wait_for
+
+pytestmark = pytest.mark.e2e
+
+POOL = "ctl"
+GRACE = 20  # reconcile.Policy.grace
+PERIOD = 10  # manifests.RECONCILE_PERIOD
+
+
+def _stray_pod(name: str, pool: str | None) -> dict:
+    """A pod carrying our worker labels, made by hand: it only sleeps (it must not register with Slurm)."""
+    labels = {"slurmk8s.io/cluster": "local", "app.kubernetes.io/component": "worker", "slurmk8s.io/node": name}
+    if pool:
+        labels["slurmk8s.io/pool"] = pool
+    return {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": NAMESPACE, "labels": labels},
+        "spec": {
+            "restartPolicy": "Never", "terminationGracePeriodSeconds": 1, "automountServiceAccountToken": False,
+            "securityContext": {"runAsNonRoot": True, "runAsUser": 65534, "seccompProfile": {"type": "RuntimeDefault"}},
+            "containers": [{"name": "sleep", "image": "slurmk8s/slurmd:dev", "imagePullPolicy": "Never",
+                            "command": ["sleep", "600"],
+                            "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"memory": "32Mi"}},
+                            "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}}],
+        },
+    }
+
+
+def _apply(manifest: dict) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([kubectl_exe(), "--kubeconfig", kubeconfig(), "apply", "-f", "-"], input=json.dumps(manifest),
+                          capture_output=True, text=True, timeout=60, check=False)
+
+
+def _exists(name: str) -> bool:
+    return kubectl("get", "pod", "-n", NAMESPACE, name, "-o", "name", check=False).returncode == 0
+
+
+def _running_on(login, job: str, timeout: float = 120) -> str:
+    def booted():
+        j = queue(login, [job]).get(job)
+        if not j or j["job_state"] != ["RUNNING"]:
+            return None
+        node = j["nodes"]
+        n = nodes(login, POOL).get(node)
+        pod = pool_pods(POOL).get(node)
+        if not n or {"POWERING_UP", "POWERED_DOWN"} & set(n["state"]) or not pod:
+            return None
+        return node if pod["status"].get("phase") == "Running" else None
+
+    return wait_for(f"job {job} running on a booted node", booted, timeout, interval=1)
+
+
+def test_reconcile_fixes_orphan_and_stale_pods_and_a_vanished_busy_pod(cluster: Cluster):
+    login = cluster.login()
+    wait_pool_at_rest(login, POOL)
+    t0 = time.time()
+    # a busy node whose pod will vanish; the user asked for no requeue
+    victim = submit_many(login, 1, f"-p {POOL} -N1 --no-requeue -o ~/norequeue-%j.out --wrap 'sleep 300'")[0]
+    node = _running_on(login, victim)
+    stale = next(n for n in sorted(nodes(login, POOL)) if n != node)  # powered down: no job asks for it
+    created = time.monotonic()
+    for pod in (_stray_pod("stray-0", None), _stray_pod(stale, POOL)):
+        proc = _apply(pod)
+        assert proc.returncode == 0, proc.stderr
+    gone = kubectl("delete", "pod", "-n", NAMESPACE, node, "--grace-period=0", "--force", "--wait=false", check=False)
+    assert gone.returncode == 0, gone.stderr
+    try:
+        fixed = {}
+
+        def all_fixed():
+            for name in ("stray-0", stale):
+                if name not in fixed and not _exists(name):
+                    fixed[name] = time.monotonic() - created
+            n = nodes(login, POOL)[node]
+            if node not in fixed and "DOWN" in n["state"] and f"pod {node} is gone" in (n.get("reason") or ""):
+                fixed[node] = time.monotonic() - created
+                fixed["reason"] = n["reason"]
+            return len(fixed) == 4
+
+        # grace + one period, + a period of slack for a loaded machine
+        wait_for("the loop to remove both stray pods and set the vanished pod's node DOWN", all_fixed,
+                 GRACE + 2 * PERIOD + 15, interval=1)
+    finally:
+        for name in ("stray-0", stale):
+            kubectl("delete", "pod", "-n", NAMESPACE, name, "--ignore-not-found", "--wait=false", check=False)
+    print(f"fixed after (s): { {k: round(v, 1) for k, v in fixed.items() if k != 'reason'} }; "
+          f"{node}: {fixed['reason']!r}")
+    # --no-requeue: the job fails (NODE_FAIL) instead of being requeued
+    final = wait_final(login, [victim], 60)[victim]
+    assert final["job_state"] == ["NODE_FAIL"] and final["restart_cnt"] == 0, final["job_state"]
+    log = since(controller_log("reconcile.log"), t0)
+    text = "\n".join(log)
+    for pattern in (r"stray-0 orphan-worker.*is for no node in the inventory -> delete-worker ok",
+                    rf"{stale} worker-for-powered-down-node \[{POOL}\].*powered down.*-> delete-worker ok",
+                    rf"{node} missing-worker \[{POOL}\]: pod {node} is gone.*-> set-down ok, power-down ok"):
+        assert re.search(pattern, text), f"no log line like {pattern!r}:\n{text}"
+    wait_pool_at_rest(login, POOL)
+
+
+def test_killed_worker_container_requeues_its_job_which_then_completes(cluster: Cluster):
+    login = cluster.login()
+    wait_pool_at_rest(login, POOL)
+    job = submit_many(login, 1, f"-p {POOL} -N1 -o ~/cntkill-%j.out --wrap 'echo start $SLURM_RESTART_COUNT; "
+                                f"sleep 20; echo done'")[0]
+    node = _running_on(login, job)
+    pod = pool_pods(POOL)[node]
+    uid = pod["metadata"]["uid"]
+    killed = kubectl("exec", "-n", NAMESPACE, node, "-c", "slurmd", "--", "sh", "-c",
+                     "kill -9 $(cat /run/slurmd.pid)", check=False)
+    assert killed.returncode == 0, killed.stderr
+    requeued = wait_for(f"job {job} requeued", lambda: (j := queue(login, [job])[job])["restart_cnt"] >= 1 and j, 120)
+    n = nodes(login, POOL)[node]
+    print(f"container killed: job {job} {requeued['job_state']}; node {node} {n['state']} reason {n.get('reason')!r}")
+    final = wait_final(login, [job], 300)[job]
+    assert final["job_state"] == ["COMPLETED"], final["job_state"]
+    out = login.run(f"cat ~/cntkill-{job}.out").stdout
+    assert out.splitlines()[-1] == "done" and "start 1" in out, out
+    now = pool_pods(POOL).get(node)
+    print(f"pod {node} after: {'same pod' if now and now['metadata']['uid'] == uid else 'replaced or gone'}")
+    wait_pool_at_rest(login, POOL)

@@ -1,0 +1,136 @@
+"""Resumes that cannot be satisfied, injected for real on the session cluster (issue #8 part 2):
+
+- no Kubernetes node fits the pod (pool `huge`: 64 CPUs requested on a 2-core node -> Unschedulable);
+- the image is not there (pool `noimage`, pull policy Never -> ErrImageNeverPull);
+- the API refuses the create (403: the slurmctld ServiceAccount's Role loses the `create` verb).
+
+What must hold: the node is marked DOWN with a reason that names the cause (and the pod, where one
+was made) by ResumeTimeout at the latest; no pod is left behind; the job is requeued, not lost; the
+node returns to powered-down idle so a later job can try again, and the requeued job completes once
+the cause is gone; a pool that keeps failing is backed off (its resumes refused without an API call).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from faultkit import controller_log, nodes, pool_pods, queue, since, submit_many, wait_pool_at_rest
+from helpers import NAMESPACE, Cluster, kjson, kubectl, wait_for
+
+pytestmark = pytest.mark.e2e
+
+ROLE = "slurmk8s-worker-pods"  # provisioner.manifests.WORKER_ROLE
+RESUME_TIMEOUT = 120  # e2e_spec()'s elasticity.resume_timeout
+
+
+def _reason(login, pool: str, node: str) -> tuple[list[str], str]:
+    n = nodes(login, pool)[node]
+    return n["state"], n.get("reason") or ""
+
+
+def _requeued(login, jobs: list[str]) -> dict | None:
+    q = queue(login, jobs)
+    ok = len(q) == len(jobs) and all(j["restart_cnt"] >= 1 and "PENDING" in j["job_state"] for j in q.values())
+    return q if ok else None
+
+
+def _set_create_allowed(allowed: bool) -> None:
+    role = kjson("get", "role", "-n", NAMESPACE, ROLE)
+    verbs = [v for v in role["rules"][0]["verbs"] if v != "create"] + (["create"] if allowed else [])
+    patch = [{"op": "replace", "path": "/rules/0/verbs", "value": verbs}]
+    kubectl("patch", "role", "-n", NAMESPACE, ROLE, "--type", "json", "-p", json.dumps(patch))
+
+
+def test_unsatisfiable_resumes_end_down_with_reason_no_pod_left_job_requeued(cluster: Cluster):
+    login = cluster.login()
+    for pool in ("huge", "noimage", "ctl"):
+        wait_pool_at_rest(login, pool)
+    t0 = time.time()
+    start = time.monotonic()
+    huge = submit_many(login, 1, "-p huge -N1 -o /dev/null --wrap hostname")
+    noimage = submit_many(login, 3, "-p noimage -N1 -o /dev/null --wrap hostname")
+
+    # the faults are real: the pods exist and Kubernetes says why they cannot start
+    def pods_stuck():
+        pods = {**pool_pods("huge"), **pool_pods("noimage")}
+        if set(pods) != {"huge-0", "noimage-0", "noimage-1", "noimage-2"}:
+            return None
+        text = json.dumps({k: p.get("status") for k, p in pods.items()})
+        return pods if "Unschedulable" in text and text.count("ErrImageNeverPull") >= 3 else None
+
+    wait_for("pods of huge and noimage pending for their faults", pods_stuck, 60, interval=1)
+
+    # 403 from the API server: the Role loses `create` while a job needs a new node
+    _set_create_allowed(False)
+    try:
+        refused = submit_many(login, 1, "-p ctl -N1 -o ~/rbac-%j.out --wrap hostname")
+
+        def down_forbidden():
+            job = queue(login, refused)[refused[0]]
+            n = nodes(login, "ctl")
+            hit = {k: v for k, v in n.items() if "RBAC: not allowed to create pods" in (v.get("reason") or "")}
+            return (hit, job) if hit and job["restart_cnt"] >= 1 else None
+
+        hit, job = wait_for("a ctl node DOWN with the 403 as its reason, its job requeued", down_forbidden, 60)
+    finally:
+        _set_create_allowed(True)
+    rbac_node = next(iter(hit))
+    print(f"403: {rbac_node} {hit[rbac_node]['state']} reason {hit[rbac_node]['reason']!r}; job {refused[0]} "
+          f"{job['job_state']} restart_cnt {job['restart_cnt']}")
+    assert "DOWN" in hit[rbac_node]["state"]
+    assert rbac_node not in pool_pods("ctl", include_terminating=True), "a pod was made despite the 403"
+
+    # missing image: the reconcile loop removes the pod after 60 s Pending, sets the node DOWN naming
+    # the pod and the cause, and Slurm requeues the job (well before ResumeTimeout)
+    def noimage_down():
+        n = nodes(login, "noimage")
+        return n if all("DOWN" in v["state"] and "ErrImageNeverPull" in (v.get("reason") or "")
+                        and f"pod {k}" in v["reason"] for k, v in n.items()) else None
+
+    n = wait_for("every noimage node DOWN naming its pod and ErrImageNeverPull", noimage_down, 60 + 40)
+    print(f"missing image -> DOWN after {time.monotonic() - start:.0f} s: {n['noimage-0']['reason']!r}")
+    wait_for("the noimage pods removed", lambda: not pool_pods("noimage", include_terminating=True), 40)
+    wait_for("the noimage jobs requeued", lambda: _requeued(login, noimage), 30)
+
+    # unschedulable: Slurm's ResumeTimeout fires, the resume-fail program removes the pod and returns
+    # the node to service; the job is requeued
+    wait_for("the huge job requeued at ResumeTimeout", lambda: _requeued(login, huge), RESUME_TIMEOUT + 40)
+    wait_for("the huge pod removed", lambda: not pool_pods("huge", include_terminating=True), 40)
+    print(f"unschedulable -> requeued, pod removed after {time.monotonic() - start:.0f} s")
+    elastic = "\n".join(since(controller_log("elastic.log"), t0))
+    assert "Slurm gave up on 1 nodes: huge-0" in elastic, elastic[-3000:]
+
+    # the nodes return to powered-down idle: a later job can try again
+    login.run(f"scancel {' '.join(huge + noimage)}")
+    wait_pool_at_rest(login, "huge", 60)
+    wait_pool_at_rest(login, "noimage", RESUME_TIMEOUT + 40)
+
+    # three failures in a row: the pool is backed off; a new job's resume is refused at once,
+    # with the reason on the node, and no pod is created
+    probe = submit_many(login, 1, "-p noimage -N1 -o /dev/null --wrap hostname")
+
+    def refused_for_backoff():
+        assert not pool_pods("noimage", include_terminating=True), "a pod was created for a backed-off pool"
+        hit = {k: v["reason"] for k, v in nodes(login, "noimage").items() if "backoff" in (v.get("reason") or "")}
+        return hit or None
+
+    hit = wait_for("the noimage resume refused for backoff", refused_for_backoff, 30)
+    print(f"backoff: {hit}")
+    assert "3 consecutive resume failures" in next(iter(hit.values())), hit
+    for _ in range(5):  # and it stays that way: no pod, no retry storm
+        assert not pool_pods("noimage", include_terminating=True)
+        time.sleep(1)
+    login.run(f"scancel {probe[0]}")
+
+    # the 403 is gone: the requeued job runs once its node is back (ResumeTimeout) and it is eligible again
+    final = wait_for(f"job {refused[0]} to complete after the 403 was lifted",
+                     lambda: (j := queue(login, refused)[refused[0]]) and "COMPLETED" in j["job_state"] and j,
+                     RESUME_TIMEOUT + 180, interval=2)
+    assert final["restart_cnt"] >= 1
+    wait_pool_at_rest(login, "ctl")
+    reconcile = since(controller_log("reconcile.log"), t0)
+    assert any("noimage-0 stuck-pending" in l and "delete-worker ok" in l for l in reconcile), "\n".join(reconcile)
+    print(f"unsatisfiable resumes: {time.monotonic() - start:.0f} s in all")
