@@ -118,24 +118,39 @@ def test_reconcile_fixes_orphan_and_stale_pods_and_a_vanished_busy_pod(cluster: 
     wait_pool_at_rest(login, POOL)
 
 
-def test_killed_worker_container_requeues_its_job_which_then_completes(cluster: Cluster):
+def test_killed_worker_container_sets_its_node_down_and_requeues_the_job(cluster: Cluster):
+    """slurmd's container is killed under a job and restarted in the same pod (restartPolicy Always):
+    the job's processes are gone, but Slurm would keep it RUNNING until slurmd's next registration
+    check. The loop sees the container's death during the job, sets the node DOWN naming the pod
+    (Slurm requeues the job) and powers it down, so the next resume gets a fresh pod."""
     login = cluster.login()
     wait_pool_at_rest(login, POOL)
-    job = submit_many(login, 1, f"-p {POOL} -N1 -o ~/cntkill-%j.out --wrap 'echo start $SLURM_RESTART_COUNT; "
-                                f"sleep 20; echo done'")[0]
-    node = _running_on(login, job)
-    pod = pool_pods(POOL)[node]
-    uid = pod["metadata"]["uid"]
-    killed = kubectl("exec", "-n", NAMESPACE, node, "-c", "slurmd", "--", "sh", "-c",
-                     "kill -9 $(cat /run/slurmd.pid)", check=False)
-    assert killed.returncode == 0, killed.stderr
-    requeued = wait_for(f"job {job} requeued", lambda: (j := queue(login, [job])[job])["restart_cnt"] >= 1 and j, 120)
-    n = nodes(login, POOL)[node]
-    print(f"container killed: job {job} {requeued['job_state']}; node {node} {n['state']} reason {n.get('reason')!r}")
-    final = wait_final(login, [job], 300)[job]
-    assert final["job_state"] == ["COMPLETED"], final["job_state"]
-    out = login.run(f"cat ~/cntkill-{job}.out").stdout
-    assert out.splitlines()[-1] == "done" and "start 1" in out, out
-    now = pool_pods(POOL).get(node)
-    print(f"pod {node} after: {'same pod' if now and now['metadata']['uid'] == uid else 'replaced or gone'}")
+    t0 = time.time()
+    job = submit_many(login, 1, f"-p {POOL} -N1 -o ~/cntkill-%j.out --wrap 'sleep 300'")[0]
+    try:
+        node = _running_on(login, job)
+        uid = pool_pods(POOL)[node]["metadata"]["uid"]
+        killed = kubectl("exec", "-n", NAMESPACE, node, "-c", "slurmd", "--", "sh", "-c",
+                         "kill -9 $(cat /run/slurmd.pid)", check=False)
+        assert killed.returncode == 0, killed.stderr
+        t_kill = time.monotonic()
+
+        def down_and_requeued():
+            n = nodes(login, POOL)[node]
+            j = queue(login, [job])[job]
+            named = f"pod {node} container died under job {job}" in (n.get("reason") or "")
+            return (n, j) if named and j["restart_cnt"] >= 1 else None
+
+        n, j = wait_for(f"{node} DOWN naming its pod, job {job} requeued", down_and_requeued,
+                        10 + 2 * PERIOD + 20, interval=1)
+        print(f"container killed -> DOWN + requeued after {time.monotonic() - t_kill:.1f} s: {n['reason']!r}; "
+              f"job {j['job_state']} restart_cnt {j['restart_cnt']}")
+        # the pod with the dead job is removed (powered down), not reused
+        wait_for(f"pod {node} removed", lambda: pool_pods(POOL, include_terminating=True).get(node, {})
+                 .get("metadata", {}).get("uid") != uid, 60, interval=1)
+    finally:
+        login.run(f"scancel {job}", check=False)
+    text = "\n".join(since(controller_log("reconcile.log"), t0))
+    assert re.search(rf"{node} worker-restarted \[{POOL}\]: pod {node} container died under job {job} "
+                     rf"\(slurmd .*exit 137.*\) -> set-down ok, power-down ok", text), text
     wait_pool_at_rest(login, POOL)

@@ -28,7 +28,7 @@ PENDING = 50
 def _hold_jobs(login, tag: str, count: int) -> list[str]:
     """`count` jobs that run until ~/release-<tag> exists (at most 10 min), each on its own node."""
     login.run(f"rm -f ~/release-{tag}")
-    wrap = (f"echo start $SLURM_RESTART_COUNT; for i in $(seq 600); do [ -e ~/release-{tag} ] && break; sleep 1; done; "
+    wrap = (f"echo start ${{SLURM_RESTART_COUNT:-0}}; for i in $(seq 600); do [ -e ~/release-{tag} ] && break; sleep 1; done; "
             f"echo done")
     return submit_many(login, count, f"-p {POOL} -N1 -o ~/{tag}-%j.out --wrap '{wrap}'")
 

@@ -177,9 +177,22 @@ def pod_reason(pod: Mapping[str, Any]) -> str:
     return ""
 
 
+def last_death(pod: Mapping[str, Any]) -> tuple[float | None, str]:
+    """When the pod's container last died and was restarted in place (lastState.terminated), and how."""
+    latest: tuple[float | None, str] = (None, "")
+    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+        term = ((cs.get("lastState") or {}).get("terminated")) or {}
+        at = _epoch(term.get("finishedAt"))
+        if at is not None and (latest[0] is None or at > latest[0]):
+            latest = (at, _one_line(f"{cs.get('name')} {term.get('reason') or 'terminated'} (exit {term.get('exitCode')}), "
+                                    f"{cs.get('restartCount', 0)} restarts"))
+    return latest
+
+
 def worker_from_pod(pod: Mapping[str, Any]) -> Worker:
     meta = pod.get("metadata") or {}
     labels = meta.get("labels") or {}
+    died_at, died_how = last_death(pod)
     return Worker(
         name=labels.get(m.L_NODE) or meta.get("name", ""),
         phase=pod_phase(pod),
@@ -188,6 +201,8 @@ def worker_from_pod(pod: Mapping[str, Any]) -> Worker:
         host=(pod.get("spec") or {}).get("nodeName"),
         ready_at=next((_epoch(c.get("lastTransitionTime")) for c in (pod.get("status") or {}).get("conditions") or ()
                        if c.get("type") == "Ready" and c.get("status") == "True"), None),
+        died_at=died_at,
+        died_how=died_how,
     )
 
 

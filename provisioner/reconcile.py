@@ -165,6 +165,7 @@ class JobStatus:
     state: str  # first of job_state ("PENDING", "RUNNING", ...); CONFIGURING counts as PENDING
     submit_time: float | None = None
     start_time: float | None = None
+    nodes: tuple[str, ...] = ()
 
     @classmethod
     def from_json(cls, obj: Mapping[str, Any]) -> "JobStatus":
@@ -173,7 +174,30 @@ class JobStatus:
         if "CONFIGURING" in states:
             state = "PENDING"  # allocated, waiting for its nodes to boot: not running yet
         return cls(int(obj.get("job_id", 0)), str(obj.get("partition") or ""), state,
-                   _num(obj.get("submit_time")), _num(obj.get("start_time")))
+                   _num(obj.get("submit_time")), _num(obj.get("start_time")), _expand(obj.get("nodes")))
+
+
+def _expand(hostlist_expr: Any) -> tuple[str, ...]:
+    if not isinstance(hostlist_expr, str) or not hostlist_expr.strip():
+        return ()
+    import hostlist
+
+    try:
+        return tuple(hostlist.expand_hostlist(hostlist_expr))
+    except hostlist.BadHostlist:
+        return ()
+
+
+def running_since(jobs: Iterable[JobStatus]) -> dict[str, tuple[float, int]]:
+    """node -> (start time, job id) of the earliest job RUNNING on it."""
+    out: dict[str, tuple[float, int]] = {}
+    for j in jobs:
+        if j.state != "RUNNING" or j.start_time is None:
+            continue
+        for n in j.nodes:
+            if n not in out or j.start_time < out[n][0]:
+                out[n] = (j.start_time, j.job_id)
+    return out
 
 
 def parse_jobs(doc: Mapping[str, Any]) -> list[JobStatus]:
@@ -369,6 +393,7 @@ class Kind(str, Enum):
     DOWN_POWERED_DOWN = "down-powered-down"  # DOWN+POWERED_DOWN by slurmk8s, no worker: back to idle
     POOL_BACKOFF = "pool-backoff"  # the pool failed too often: resumes are refused for a while
     POOL_RECOVERED = "pool-recovered"  # a worker created after the pool's failures came up
+    WORKER_RESTARTED = "worker-restarted"  # the worker's container died under a running job (restarted in place)
 
 
 class Op(str, Enum):
@@ -392,6 +417,9 @@ ACTIONS: dict[Kind, tuple[Op, ...]] = {
     Kind.DOWN_POWERED_DOWN: (Op.RETURN_TO_SERVICE,),
     Kind.POOL_BACKOFF: (),  # the resume program refuses; nothing to do here
     Kind.POOL_RECOVERED: (Op.RECORD_SUCCESS,),
+    # the job's processes died with the container, though Slurm still has it RUNNING (slurmd came
+    # back with -b and knows nothing of it): DOWN requeues it now, then a fresh pod for the next one
+    Kind.WORKER_RESTARTED: (Op.SET_DOWN, Op.POWER_DOWN),
 }
 
 
@@ -424,6 +452,7 @@ class Snapshot:
     workers: Mapping[str, Worker]  # the backend's view (fetched before the nodes)
     inventory: "Inventory"
     history: Mapping[str, PoolHistory] = field(default_factory=dict)  # pool -> resume failure history
+    running: Mapping[str, tuple[float, int]] = field(default_factory=dict)  # node -> (start, job) of its oldest running job
 
 
 def _age(since: float | None, now: float) -> float:
@@ -473,6 +502,11 @@ def classify_pair(name: str, node: NodeStatus | None, worker: Worker | None, sna
         bound = _stuck_bound(worker, policy)
         if bound is not None and age >= bound:
             return Finding(name, Kind.STUCK_PENDING, f"{_worker_words(worker)} for {age:.0f}s", pool)
+        since = snapshot.running.get(name)
+        if worker.died_at is not None and worker.phase == "Running" and node.busy and since and since[0] <= worker.died_at:
+            died = time.strftime("%H:%M:%SZ", time.gmtime(worker.died_at))
+            return Finding(name, Kind.WORKER_RESTARTED, f"pod {name} container died under job {since[1]} "
+                                                        f"({worker.died_how or 'restarted'}, at {died})", pool)
         history = snapshot.history.get(pool)
         if (history and history.failures and worker.phase == "Running" and not node.powering and not node.down
                 and worker.created_at is not None and worker.created_at > max(f.at for f in history.failures)):
@@ -620,6 +654,7 @@ class Report:
     done: list[Done] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)  # what kept the pass from seeing everything
     snapshot: Snapshot | None = None
+    jobs: list[JobStatus] | None = None  # the queue as this pass read it (None: unreadable)
 
     def of(self, kind: Kind) -> list[Finding]:
         return [f for f in self.findings if f.kind == kind]
@@ -677,7 +712,11 @@ def run_once(slurm: SlurmClient, backend: NodeBackend, inventory: "Inventory", l
         report.errors.append(str(err))
         log.write(f"{err}; classifying without failure history")
         history = {}
-    snapshot = Snapshot(nodes, workers, inventory, history)
+    try:
+        report.jobs = parse_jobs(slurm.jobs())
+    except SlurmCommandError as err:
+        log.write(f"cannot read the queue ({err}); workers restarted under a job are judged next pass")
+    snapshot = Snapshot(nodes, workers, inventory, history, running_since(report.jobs or ()))
     report.snapshot = snapshot
     report.findings = classify(snapshot, now, policy)
     todo = report.acted
@@ -1099,6 +1138,27 @@ def _deployment_id(backend: NodeBackend, log: "Log") -> str:
         return ""
 
 
+def _stop_on_sigterm(log: "Log") -> threading.Event:
+    """An event set by SIGTERM (and SIGINT): the loop finishes its pass and exits 0 at once.
+
+    The loop is its container's PID 1, which the kernel shields from signals it does not handle:
+    without this, every pod deletion (eviction, rollout, a drained node) would wait out the whole
+    termination grace period before the new slurmctld pod could start.
+    """
+    import signal
+
+    stop = threading.Event()
+
+    def handle(signum: int, _frame: Any) -> None:
+        log.write(f"{signal.Signals(signum).name}: stopping after this pass")
+        stop.set()
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, handle)
+        signal.signal(signal.SIGINT, handle)
+    return stop
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from .elastic.backend import backend_from_env
     from .elastic.programs import DEFAULT_INVENTORY, DEFAULT_LOG, Log, program_env
@@ -1139,7 +1199,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     usage_file = UsageFile(env.get("SLURMK8S_USAGE", DEFAULT_USAGE)) if metrics is not None else None
     usage_restored, usage_error, deployment = False, False, ""
     code = 0
-    while True:
+    stop = _stop_on_sigterm(log)
+    while not stop.is_set():
         tick = time.monotonic()
         now = time.time()
         errors: list[str] = []
@@ -1171,11 +1232,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         for e in errors:
             log.write(f"pass skipped: {e}")
         if metrics is not None:
-            jobs: list[JobStatus] | None = None
-            try:
-                jobs = parse_jobs(slurm.jobs())
-            except SlurmCommandError as err:
-                log.write(f"cannot read the queue for metrics: {err}")
+            jobs: list[JobStatus] | None = report.jobs
+            if jobs is None:
+                try:
+                    jobs = parse_jobs(slurm.jobs())
+                except SlurmCommandError as err:
+                    log.write(f"cannot read the queue for metrics: {err}")
             pools = [f.pool for f in report.findings if f.kind is Kind.POOL_BACKOFF]
             metrics.observe_pass(report, jobs, now, started, time.monotonic() - tick, pools)
             metrics.observe_events(events.read())
@@ -1189,7 +1251,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         code = 1 if report.errors else 0
         if args.once:
             break
-        time.sleep(max(0.5, args.period - (time.monotonic() - tick)))
+        stop.wait(max(0.5, args.period - (time.monotonic() - tick)))
     log.close()
     return code
 

@@ -422,3 +422,19 @@ def test_tls_verification_failure_is_named_and_not_retried(world):
         backend.create(inv["cpu-n1"])
     assert berr.value.reason == ("cannot verify the Kubernetes API server's TLS certificate: CA cert does not "
                                  "include key usage extension") and not berr.value.retryable
+
+
+def test_worker_from_pod_reports_the_containers_last_death():
+    from provisioner.kube import worker_from_pod
+
+    pod = {"metadata": {"name": "cpu-0", "labels": {"slurmk8s.io/node": "cpu-0"},
+                        "creationTimestamp": "2026-01-01T00:00:00Z"},
+           "status": {"phase": "Running", "containerStatuses": [{
+               "name": "slurmd", "restartCount": 1, "state": {"running": {"startedAt": "2026-01-01T00:05:01Z"}},
+               "lastState": {"terminated": {"reason": "Error", "exitCode": 137,
+                                            "finishedAt": "2026-01-01T00:05:00Z"}}}]}}
+    w = worker_from_pod(pod)
+    assert w.phase == "Running" and w.died_at == w.created_at + 300
+    assert w.died_how == "slurmd Error (exit 137), 1 restarts"
+    del pod["status"]["containerStatuses"][0]["lastState"]
+    assert worker_from_pod(pod).died_at is None

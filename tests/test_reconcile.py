@@ -4,6 +4,7 @@ events file, the metrics and the dashboard's queries. No Docker, no Slurm."""
 
 from __future__ import annotations
 
+import io
 import json
 import re
 from pathlib import Path
@@ -755,3 +756,69 @@ def test_short_jobs_finished_between_passes_still_count_and_cancelled_ones_do_no
     count = re.search(r'^slurmk8s_job_submit_to_running_seconds_count\{partition="cpu"\} (\S+)$', text, re.M)
     total = re.search(r'^slurmk8s_job_submit_to_running_seconds_sum\{partition="cpu"\} (\S+)$', text, re.M)
     assert count and float(count.group(1)) == 1 and total and float(total.group(1)) == 3
+
+
+def test_loop_stops_at_once_on_sigterm(tmp_path):
+    """The loop is PID 1 of its container: without its own SIGTERM handler a pod deletion waits out the
+    whole grace period (30 s) before the new slurmctld pod starts."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    log = tmp_path / "reconcile.log"
+    env = {**os.environ, "SLURMK8S_ENV_FILE": str(tmp_path / "none.env"), "SLURMK8S_INVENTORY": str(tmp_path / "x.json"),
+           "SLURMK8S_RECONCILE_LOG": str(log), "SLURMK8S_LEDGER": str(tmp_path / "ledger.json"),
+           "SLURMK8S_EVENTS": str(tmp_path / "events.jsonl")}
+    proc = subprocess.Popen([sys.executable, "-m", "provisioner.reconcile", "--period", "300", "--metrics-port", "0"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 20
+    while "pass skipped" not in (log.read_text() if log.exists() else "") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    code = proc.wait(timeout=10)
+    assert time.monotonic() - t0 < 5
+    assert code in (0, 1), f"killed by the signal instead of stopping: {code}"
+    assert "SIGTERM: stopping after this pass" in log.read_text()
+
+
+# ---------------------------------------------------------------- a worker's container restarted under its job
+
+
+def _job(job_id: int, nodes: str, start: float, state: str = "RUNNING") -> dict:
+    return {"job_id": job_id, "partition": "cpu", "job_state": [state], "nodes": nodes,
+            "start_time": {"set": True, "infinite": False, "number": int(start)}}
+
+
+def test_running_since_expands_hostlists_and_keeps_the_oldest_job():
+    jobs = rc.parse_jobs({"jobs": [_job(7, "cpu-[0-1]", NOW - 100), _job(8, "cpu-1", NOW - 300),
+                                   _job(9, "cpu-2", NOW - 50, "COMPLETED"), _job(10, "", NOW)]})
+    assert jobs[0].nodes == ("cpu-0", "cpu-1")
+    assert rc.running_since(jobs) == {"cpu-0": (NOW - 100, 7), "cpu-1": (NOW - 300, 8)}
+
+
+def test_container_died_under_a_running_job_sets_the_node_down_naming_the_pod():
+    died = Worker("cpu-1", "Running", created_at=NOW - 600, died_at=NOW - 30, died_how="slurmd Error (exit 137), 1 restarts")
+    base = snap([up("cpu-1")], [died])
+    under_job = Snapshot(base.nodes, base.workers, base.inventory, {}, {"cpu-1": (NOW - 120, 42)})
+    f = only(under_job, "cpu-1")
+    assert f.kind is Kind.WORKER_RESTARTED and f.ops == (Op.SET_DOWN, Op.POWER_DOWN)
+    assert "pod cpu-1 container died under job 42" in f.down_reason and "exit 137" in f.down_reason
+    # it died before the job started (a crash while idle: slurmd came back, the job ran on it since)
+    later_job = Snapshot(base.nodes, base.workers, base.inventory, {}, {"cpu-1": (NOW - 10, 43)})
+    assert only(later_job, "cpu-1").kind is Kind.OK
+    # no job on it (idle node): nothing to requeue
+    assert only(Snapshot(parse_nodes({"nodes": [up("cpu-1", "IDLE")]}), base.workers, base.inventory), "cpu-1").kind \
+        is Kind.OK
+
+
+def test_run_once_reads_the_queue_and_requeues_the_job_of_a_restarted_worker():
+    slurm = rc.FakeSlurmClient(nodes=[up("cpu-1")], job_list=[_job(42, "cpu-1", NOW - 120)])
+    died = Worker("cpu-1", "Running", created_at=NOW - 600, died_at=NOW - 30, died_how="slurmd Error (exit 137)")
+    log = Log("reconcile", stream=io.StringIO())
+    report = run_once(slurm, FakeBackend({"cpu-1": died}), inventory(), MemoryLedger(POLICY), NOW, log, POLICY)
+    assert [u[3] for u in slurm.updates] == ["state=DOWN", "state=POWER_DOWN_FORCE"]
+    assert "worker-restarted" in slurm.updates[0][4] and report.jobs and report.jobs[0].job_id == 42
+    assert any("cpu-1 worker-restarted" in l and "set-down ok, power-down ok" in l for l in log.lines)

@@ -33,6 +33,10 @@ class Worker:
     created_at: float | None = None  # epoch seconds
     host: str | None = None  # Kubernetes node / Docker host it runs on
     ready_at: float | None = None  # epoch seconds it became Ready, where the backend knows it
+    # the worker's container died and was restarted in place (restartPolicy Always): when it last
+    # died and how, where the backend knows it; a job running on it then lost its processes
+    died_at: float | None = None
+    died_how: str = ""  # e.g. "Error (exit 137)"
 
 
 class NodeBackend(Protocol):
