@@ -32,8 +32,8 @@ How it is run (second container of the slurmctld pod)
 
 What it does, each period
 -------------------------
-fetch (workers from the backend first, then ``scontrol show nodes --json``, the inventory and the
-failure ledger) -> :func:`classify` (pure, one :class:`Finding` per disagreement, each with a
+fetch (workers from the backend first, then ``scontrol show nodes --json``, the inventory, the
+failure ledger and ``squeue --json``, whose running jobs tell a worker restarted under its job) -> :func:`classify` (pure, one :class:`Finding` per disagreement, each with a
 :class:`Kind` and a detail) -> the actions of :data:`ACTIONS` for that kind -> one log line per
 finding with what was done and why. The pool backoff (``consecutive failures >= N within a window
 -> refuse resumes for a cooling-off period``) is computed from the :class:`FailureLedger`, which the
