@@ -25,6 +25,7 @@ import argparse
 import asyncio
 import json
 import re
+import shutil
 import sys
 import threading
 import time
@@ -36,7 +37,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "e2e"))
 
-from helpers import NAMESPACE, e2e_spec, kjson, kubectl, slurmk8s  # noqa: E402
+from helpers import (LOCAL_KUBECONFIG, LOCAL_VOLUMES, NAMESPACE, e2e_spec, kjson, kubeconfig, kubectl,  # noqa: E402
+                     slurmk8s)
 
 POOL = "load"
 CONTROLLER = "slurmctld-0"
@@ -103,6 +105,18 @@ def load_pods() -> int:
     return len(pods)
 
 
+def from_nothing() -> None:
+    """As the e2e fixture does: no namespace, Slurm state or volumes left from an earlier run."""
+    kubectl("delete", "namespace", NAMESPACE, "--ignore-not-found", "--wait=true", "--timeout=180s", timeout=200)
+    if kubeconfig() == LOCAL_KUBECONFIG:
+        shutil.rmtree(LOCAL_VOLUMES, ignore_errors=True)
+    kubectl("apply", "-f", str(ROOT / "examples" / "localk8s" / "storage.yaml"))
+    for pv in kjson("get", "pv", "-l", "slurmk8s.io/volume")["items"]:
+        if pv["status"].get("phase") == "Released":
+            kubectl("patch", "pv", pv["metadata"]["name"], "--type", "json",
+                    "-p", '[{"op": "remove", "path": "/spec/claimRef/uid"}]')
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=10000, help="jobs in the burst (array tasks + singles)")
@@ -127,6 +141,7 @@ def main() -> None:
                                                   "MaxArraySize": "10001"}
     (work / "spec.yaml").write_text(yaml.safe_dump(spec))
     log = work / "slurmk8s.log"
+    from_nothing()
     t0 = time.monotonic()
     if slurmk8s("up", "--spec", str(work / "spec.yaml"), "--state", str(work / "state"), log=log).returncode:
         sys.exit(f"slurmk8s up failed: see {log}")
