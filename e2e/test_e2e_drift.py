@@ -108,7 +108,7 @@ def test_reconcile_fixes_orphan_and_stale_pods_and_a_vanished_busy_pod(cluster: 
           f"{node}: {fixed['reason']!r}")
     # --no-requeue: the job fails (NODE_FAIL) instead of being requeued
     final = wait_final(login, [victim], 60)[victim]
-    assert final["job_state"] == ["NODE_FAIL"] and final["restart_cnt"] == 0, final["job_state"]
+    assert final["job_state"][0] == "NODE_FAIL" and final["restart_cnt"] == 0, final["job_state"]
     log = since(controller_log("reconcile.log"), t0)
     text = "\n".join(log)
     for pattern in (r"stray-0 orphan-worker.*is for no node in the inventory -> delete-worker ok",
