@@ -94,10 +94,15 @@ def arrays_for(total: int) -> list[tuple[int, str]]:
 
 
 def controller_cpu_seconds() -> float | None:
-    proc = kubectl("exec", "-n", NAMESPACE, CONTROLLER, "-c", "slurmctld", "--", "cat", "/sys/fs/cgroup/cpu.stat",
-                   check=False)
-    m = re.search(r"^usage_usec (\d+)", proc.stdout, re.M)
-    return int(m.group(1)) / 1e6 if m else None
+    """CPU time of the slurmctld container so far (cgroup v2 cpu.stat, else v1 cpuacct.usage)."""
+    proc = kubectl("exec", "-n", NAMESPACE, CONTROLLER, "-c", "slurmctld", "--", "sh", "-c",
+                   "cat /sys/fs/cgroup/cpu.stat 2>/dev/null || echo v1 $(cat /sys/fs/cgroup/cpuacct/cpuacct.usage "
+                   "2>/dev/null || cat /sys/fs/cgroup/cpu,cpuacct/cpuacct.usage)", check=False)
+    if m := re.search(r"^usage_usec (\d+)", proc.stdout, re.M):
+        return int(m.group(1)) / 1e6
+    if m := re.search(r"^v1 (\d+)", proc.stdout, re.M):
+        return int(m.group(1)) / 1e9
+    return None
 
 
 def load_pods() -> int:
