@@ -184,8 +184,8 @@ def last_death(pod: Mapping[str, Any]) -> tuple[float | None, str]:
         term = ((cs.get("lastState") or {}).get("terminated")) or {}
         at = _epoch(term.get("finishedAt"))
         if at is not None and (latest[0] is None or at > latest[0]):
-            latest = (at, _one_line(f"{cs.get('name')} {term.get('reason') or 'terminated'} (exit {term.get('exitCode')}), "
-                                    f"{cs.get('restartCount', 0)} restarts"))
+            how = f"{cs.get('name')} {term.get('reason') or 'terminated'} (exit {term.get('exitCode')})"
+            latest = (at, _one_line(f"{how}, {cs.get('restartCount', 0)} restarts"))
     return latest
 
 

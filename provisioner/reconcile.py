@@ -33,7 +33,8 @@ How it is run (second container of the slurmctld pod)
 What it does, each period
 -------------------------
 fetch (workers from the backend first, then ``scontrol show nodes --json``, the inventory, the
-failure ledger and ``squeue --json``, whose running jobs tell a worker restarted under its job) -> :func:`classify` (pure, one :class:`Finding` per disagreement, each with a
+failure ledger and ``squeue --json``, whose running jobs tell a worker restarted under its job)
+-> :func:`classify` (pure, one :class:`Finding` per disagreement, each with a
 :class:`Kind` and a detail) -> the actions of :data:`ACTIONS` for that kind -> one log line per
 finding with what was done and why. The pool backoff (``consecutive failures >= N within a window
 -> refuse resumes for a cooling-off period``) is computed from the :class:`FailureLedger`, which the
@@ -452,7 +453,8 @@ class Snapshot:
     workers: Mapping[str, Worker]  # the backend's view (fetched before the nodes)
     inventory: "Inventory"
     history: Mapping[str, PoolHistory] = field(default_factory=dict)  # pool -> resume failure history
-    running: Mapping[str, tuple[float, int]] = field(default_factory=dict)  # node -> (start, job) of its oldest running job
+    # node -> (start time, job id) of its oldest running job
+    running: Mapping[str, tuple[float, int]] = field(default_factory=dict)
 
 
 def _age(since: float | None, now: float) -> float:
@@ -503,7 +505,8 @@ def classify_pair(name: str, node: NodeStatus | None, worker: Worker | None, sna
         if bound is not None and age >= bound:
             return Finding(name, Kind.STUCK_PENDING, f"{_worker_words(worker)} for {age:.0f}s", pool)
         since = snapshot.running.get(name)
-        if worker.died_at is not None and worker.phase == "Running" and node.busy and since and since[0] <= worker.died_at:
+        if (worker.died_at is not None and worker.phase == "Running" and node.busy and since
+                and since[0] <= worker.died_at):
             died = time.strftime("%H:%M:%SZ", time.gmtime(worker.died_at))
             return Finding(name, Kind.WORKER_RESTARTED, f"pod {name} container died under job {since[1]} "
                                                         f"({worker.died_how or 'restarted'}, at {died})", pool)
