@@ -127,7 +127,8 @@ def status_json() -> dict[str, Any]:
 
 def test_prometheus_sees_the_numbers_move_when_a_job_runs(cluster: Cluster, prometheus: Prometheus):
     prom = prometheus
-    assert prom.value("sum(slurmk8s_nodes)") == 3  # the e2e pool's nodes, whatever their state
+    # the e2e pool's nodes, whatever their state (the fault tests' pools have their own)
+    assert prom.value('sum(slurmk8s_nodes{pool="cpu"})') == 3
     login = cluster.login()
     wait_for("every worker pod to be gone", lambda: worker_pods() == {}, 120, interval=2)
     wait_for("Prometheus to see zero worker pods",

@@ -132,6 +132,8 @@ def test_unsatisfiable_resumes_end_down_with_reason_no_pod_left_job_requeued(clu
                      RESUME_TIMEOUT + 180, interval=2)
     assert final["restart_cnt"] >= 1
     wait_pool_at_rest(login, "ctl")
+    # leave the cluster as found: the node refused for backoff returns at its ResumeTimeout
+    wait_pool_at_rest(login, "noimage", RESUME_TIMEOUT + 40)
     reconcile = since(controller_log("reconcile.log"), t0)
     assert any("noimage-0 stuck-pending" in l and "delete-worker ok" in l for l in reconcile), "\n".join(reconcile)
     print(f"unsatisfiable resumes: {time.monotonic() - start:.0f} s in all")
