@@ -40,6 +40,8 @@ L_CLUSTER = "slurmk8s.io/cluster"
 L_POOL = "slurmk8s.io/pool"
 L_NODE = "slurmk8s.io/node"
 L_SUBDOMAIN = "slurmk8s.io/subdomain"
+L_TIER = "slurmk8s.io/tier"  # "control" on the workloads the idle teardown scales (provisioner.controltier)
+TIER_CONTROL = "control"
 A_SPEC_HASH = "slurmk8s.io/spec-hash"
 A_K8S_NODE = "slurmk8s.io/k8s-node"
 A_CONFIG_HASH = "slurmk8s.io/config-hash"
@@ -64,6 +66,8 @@ USERS_CONFIG = "slurm-users"
 SPEC_CONFIG = "slurmk8s-spec"
 WORKER_ROLE = "slurmk8s-worker-pods"
 TEMPLATE_PREFIX = "worker-template-"
+TIER_ROLE = "slurmk8s-control-tier"  # the reconcile loop: sleep / record / wake the control tier
+LOGIN_AGENT = "login-agent"  # ServiceAccount, Role and container of the login pod's wake agent
 
 SLURMCTLD_PORT = 6817
 SLURMD_PORT = 6818
@@ -98,6 +102,12 @@ SLURMK8S_LOG_DIR = "/var/log/slurmk8s"
 BIN_DIR = "/opt/slurmk8s/bin"
 RECONCILE_PERIOD = 10
 METRICS_PORT = 9410
+ACTIVITY_PORT = 9411  # the login agent's /activity (SSH sessions), read by the reconcile loop
+WAKE_PORT = 9412  # the login agent's wake requests, on the login pod's loopback only
+ACTIVITY_DIR = "/run/slurmk8s/activity"  # the login container writes its session count here
+SA_TOKEN_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+AGENT_UID = 65532  # the login agent runs as this unprivileged user (no user of the cluster has it)
+CONTROLLER_GRACE_SECONDS = 60  # slurmctld saves state; a sleeping loop then stops slurmdbd and the database
 
 
 @dataclass(frozen=True)
@@ -307,6 +317,98 @@ def worker_role_binding(spec: ClusterSpec) -> dict[str, Any]:
     }
 
 
+# ---------------------------------------------------------------- RBAC and labels for the idle teardown
+
+
+def sleeps(spec: ClusterSpec) -> bool:
+    """The control tier may sleep (``elasticity.idle_teardown`` is set)."""
+    return spec.elasticity.idle_teardown is not None
+
+
+def login_sleeps(spec: ClusterSpec) -> bool:
+    return spec.login.enabled and spec.login.sleeps_with_control_tier
+
+
+def control_tier_workloads(spec: ClusterSpec) -> list[tuple[str, str]]:
+    """(kind, name) of every workload labelled ``slurmk8s.io/tier=control``, in sleep order. The
+    scale rights of the Roles below name exactly these."""
+    out = [("StatefulSet", CONTROLLER)]
+    if login_sleeps(spec):
+        out.insert(0, ("Deployment", LOGIN))
+    return out
+
+
+def tier_labels(spec: ClusterSpec, component: str) -> dict[str, str]:
+    return {**base_labels(spec, component), L_TIER: TIER_CONTROL}
+
+
+def _tier_rules(spec: ClusterSpec, controller: bool) -> list[dict[str, Any]]:
+    """Read the tier's workloads, scale exactly those, emit Events; the reconcile loop also writes
+    the state annotations of its own StatefulSet and reads the wake requests (Events)."""
+    names = control_tier_workloads(spec)
+    rules: list[dict[str, Any]] = [
+        {"apiGroups": ["apps"], "resources": ["statefulsets", "deployments"], "verbs": ["get", "list"]}]
+    for kind, resource in (("StatefulSet", "statefulsets/scale"), ("Deployment", "deployments/scale")):
+        named = [n for k, n in names if k == kind]
+        if named:
+            rules.append({"apiGroups": ["apps"], "resources": [resource], "resourceNames": named,
+                          "verbs": ["get", "patch", "update"]})
+    rules.append({"apiGroups": [""], "resources": ["events"], "verbs": ["create", "list"] if controller else ["create"]})
+    if controller:
+        rules.append({"apiGroups": ["apps"], "resources": ["statefulsets"], "resourceNames": [CONTROLLER],
+                      "verbs": ["patch"]})
+    return rules
+
+
+def _role(spec: ClusterSpec, name: str, component: str, rules: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+            "metadata": _meta(spec, name, component), "rules": rules}
+
+
+def _binding(spec: ClusterSpec, name: str, component: str, account: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+        "metadata": _meta(spec, name, component),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": spec.namespace_name}],
+    }
+
+
+def control_tier_role(spec: ClusterSpec) -> dict[str, Any]:
+    """The reconcile loop's rights to sleep the tier and record its state (slurmctld's account)."""
+    return _role(spec, TIER_ROLE, CONTROLLER, _tier_rules(spec, controller=True))
+
+
+def control_tier_role_binding(spec: ClusterSpec) -> dict[str, Any]:
+    return _binding(spec, TIER_ROLE, CONTROLLER, CONTROLLER)
+
+
+def login_agent_service_account(spec: ClusterSpec) -> dict[str, Any]:
+    """The login pod's account. Its token reaches only the wake agent's container (projected
+    volume); the login container itself has none."""
+    return {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(spec, LOGIN_AGENT, LOGIN),
+            "automountServiceAccountToken": False}
+
+
+def login_agent_role(spec: ClusterSpec) -> dict[str, Any]:
+    """Wake only: read the tier's workloads, scale exactly those, leave a WakeRequested Event."""
+    return _role(spec, LOGIN_AGENT, LOGIN, _tier_rules(spec, controller=False))
+
+
+def login_agent_role_binding(spec: ClusterSpec) -> dict[str, Any]:
+    return _binding(spec, LOGIN_AGENT, LOGIN, LOGIN_AGENT)
+
+
+def control_tier_objects(spec: ClusterSpec) -> list[dict[str, Any]]:
+    """The RBAC of the idle teardown (none without ``idle_teardown``)."""
+    if not sleeps(spec):
+        return []
+    objs = [control_tier_role(spec), control_tier_role_binding(spec)]
+    if spec.login.enabled:
+        objs += [login_agent_service_account(spec), login_agent_role(spec), login_agent_role_binding(spec)]
+    return objs
+
+
 # ---------------------------------------------------------------- storage
 
 
@@ -409,7 +511,7 @@ def controller_statefulset(spec: ClusterSpec, files: Mapping[str, str], site: K8
     }
     return {
         "apiVersion": "apps/v1", "kind": "StatefulSet",
-        "metadata": _meta(spec, CONTROLLER, CONTROLLER),
+        "metadata": {**_meta(spec, CONTROLLER, CONTROLLER), "labels": tier_labels(spec, CONTROLLER)},
         "spec": {
             "serviceName": CONTROLLER,
             "selector": {"matchLabels": selector(spec, CONTROLLER)},
@@ -422,7 +524,9 @@ def controller_statefulset(spec: ClusterSpec, files: Mapping[str, str], site: K8
                     "enableServiceLinks": False,
                     "dnsConfig": {"searches": dns_searches(spec, site)},
                     "securityContext": _pod_security(),
-                    "terminationGracePeriodSeconds": 30,  # slurmctld saves its state on SIGTERM
+                    # slurmctld saves its state on SIGTERM; when the idle teardown stops it, the
+                    # reconcile container then scales slurmdbd and the database down in order
+                    "terminationGracePeriodSeconds": CONTROLLER_GRACE_SECONDS,
                     "containers": [container, reconcile],
                     "volumes": [
                         _config_volume("slurm-config", SLURM_CONFIG),
@@ -479,34 +583,79 @@ def login_deployment(spec: ClusterSpec, files: Mapping[str, str], site: K8sSite 
             {"name": "home", "mountPath": "/home"},
         ],
     }
+    pod_spec: dict[str, Any] = {
+        "hostname": LOGIN_HOST,
+        "subdomain": WORKERS,
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "dnsConfig": {"searches": dns_searches(spec, site)},
+        "securityContext": _pod_security(),
+        "terminationGracePeriodSeconds": 10,
+        "containers": [container],
+        "volumes": [
+            _config_volume("users", USERS_CONFIG),
+            _secret_volume("authorized-keys", AUTHORIZED_KEYS_SECRET, 0o444),
+            _secret_volume("ssh-host-keys", SSH_HOST_KEYS_SECRET),
+            _secret_volume("munge-key", AUTH_SECRET),
+            _pvc_volume("home", HOME_PVC),
+        ],
+    }
+    if sleeps(spec):
+        _add_login_agent(spec, pod_spec, container)
+    meta = _meta(spec, LOGIN, LOGIN)
+    if login_sleeps(spec):
+        meta["labels"] = tier_labels(spec, LOGIN)
     return {
         "apiVersion": "apps/v1", "kind": "Deployment",
-        "metadata": _meta(spec, LOGIN, LOGIN),
+        "metadata": meta,
         "spec": {
             "selector": {"matchLabels": selector(spec, LOGIN)},
             "strategy": {"type": "Recreate"},  # one sshd with the cluster's host keys at a time
-            "template": {
-                "metadata": {"labels": labels, "annotations": annotations},
-                "spec": {
-                    "hostname": LOGIN_HOST,
-                    "subdomain": WORKERS,
-                    "automountServiceAccountToken": False,
-                    "enableServiceLinks": False,
-                    "dnsConfig": {"searches": dns_searches(spec, site)},
-                    "securityContext": _pod_security(),
-                    "terminationGracePeriodSeconds": 10,
-                    "containers": [container],
-                    "volumes": [
-                        _config_volume("users", USERS_CONFIG),
-                        _secret_volume("authorized-keys", AUTHORIZED_KEYS_SECRET, 0o444),
-                        _secret_volume("ssh-host-keys", SSH_HOST_KEYS_SECRET),
-                        _secret_volume("munge-key", AUTH_SECRET),
-                        _pvc_volume("home", HOME_PVC),
-                    ],
-                },
-            },
+            "template": {"metadata": {"labels": labels, "annotations": annotations}, "spec": pod_spec},
         },
     }
+
+
+def _add_login_agent(spec: ClusterSpec, pod_spec: dict[str, Any], login: dict[str, Any]) -> None:
+    """The wake agent beside sshd (``python -m provisioner.controltier``, slurmctld image).
+
+    - A plain ``sbatch`` (any Slurm command, and each SSH login) in the login container asks it on
+      the pod's loopback (127.0.0.1:WAKE_PORT) to wake a sleeping control tier, and waits.
+    - It serves the login container's SSH session count (written to a shared emptyDir every few
+      seconds) on ACTIVITY_PORT for the reconcile loop's idle check.
+    - Only this container gets the pod's ServiceAccount token (a projected volume; the pod does not
+      automount one), and that account may only scale the tier's named workloads.
+    """
+    login["volumeMounts"].append({"name": "activity", "mountPath": ACTIVITY_DIR})
+    agent = {
+        "name": LOGIN_AGENT,
+        "image": spec.images.controller,
+        "imagePullPolicy": spec.images.pull_policy,
+        # tini: python as PID 1 would ignore SIGTERM (the pod would take its whole grace period)
+        "command": ["/usr/bin/tini", "--", f"{BIN_DIR}/python", "-m", "provisioner.controltier", "--namespace", spec.namespace_name,
+                    "--wake-port", str(WAKE_PORT), "--activity-port", str(ACTIVITY_PORT),
+                    "--activity-file", f"{ACTIVITY_DIR}/sessions"],
+        "ports": [{"name": "activity", "containerPort": ACTIVITY_PORT, "protocol": "TCP"}],
+        "readinessProbe": {"tcpSocket": {"port": ACTIVITY_PORT}, "periodSeconds": 5},
+        "resources": {"requests": {"cpu": "10m", "memory": "64Mi"}},
+        "securityContext": {**_container_security(()), "runAsUser": AGENT_UID, "runAsGroup": AGENT_UID,
+                            "runAsNonRoot": True, "readOnlyRootFilesystem": True},
+        "volumeMounts": [
+            {"name": "activity", "mountPath": ACTIVITY_DIR, "readOnly": True},
+            {"name": "agent-token", "mountPath": SA_TOKEN_DIR, "readOnly": True},
+        ],
+    }
+    pod_spec["serviceAccountName"] = LOGIN_AGENT
+    pod_spec["containers"].append(agent)
+    pod_spec["volumes"] += [
+        {"name": "activity", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
+        {"name": "agent-token", "projected": {"defaultMode": 0o444, "sources": [
+            {"serviceAccountToken": {"path": "token", "expirationSeconds": 3600}},
+            {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+            {"downwardAPI": {"items": [{"path": "namespace",
+                                        "fieldRef": {"fieldPath": "metadata.namespace"}}]}},
+        ]}},
+    ]
 
 
 # ---------------------------------------------------------------- workers
@@ -742,8 +891,8 @@ def all_objects(spec: ClusterSpec, inventory: Inventory, files: Mapping[str, str
     objs += [
         auth_secret(spec, secrets.munge_key_b64), slurm_config_map(spec, files), users_config_map(spec, files),
         spec_config_map(spec, site), controller_service_account(spec), worker_role(spec),
-        worker_role_binding(spec), controller_state_pvc(spec), controller_service(spec),
-        controller_statefulset(spec, files, site),
+        worker_role_binding(spec), *control_tier_objects(spec), controller_state_pvc(spec),
+        controller_service(spec), controller_statefulset(spec, files, site),
     ]
     if spec.login.enabled:
         objs += [ssh_host_keys_secret(spec, secrets.ssh_host_keys), authorized_keys_secret(spec),

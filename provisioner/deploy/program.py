@@ -138,6 +138,9 @@ class Controller(_Component):
         sa = self._add(m.controller_service_account(spec))
         self._add(m.worker_role(spec))
         self._add(m.worker_role_binding(spec))
+        if m.sleeps(spec):  # idle teardown: the loop sleeps the tier and records its state
+            self._add(m.control_tier_role(spec))
+            self._add(m.control_tier_role_binding(spec))
         self._add(m.controller_state_pvc(spec), retain=True)
         self._add(m.controller_service(spec))
         sts = self._add(m.controller_statefulset(spec, files, site))
@@ -163,6 +166,10 @@ class Login(_Component):
         host_keys = {t: pulumi.Output.secret(v) for t, v in secrets.ssh_host_keys.items()}
         self._add(m.ssh_host_keys_secret(spec, host_keys))
         self._add(m.authorized_keys_secret(spec))
+        if m.sleeps(spec):  # the wake agent's account (its token reaches only the agent container)
+            self._add(m.login_agent_service_account(spec))
+            self._add(m.login_agent_role(spec))
+            self._add(m.login_agent_role_binding(spec))
         self._add(m.login_deployment(spec, gen.files, site))
         svc = self._add(m.login_service(spec))
         self.service = svc.metadata.name
