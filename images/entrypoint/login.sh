@@ -12,6 +12,7 @@ set -euo pipefail
 KEYS_SRC="${SLURMK8S_AUTHORIZED_KEYS_DIR:-$SLURMK8S_DIR/authorized_keys}"
 HOSTKEYS_SRC="${SLURMK8S_SSH_HOST_KEYS_DIR:-$SLURMK8S_DIR/ssh-host-keys}"
 KEYS_DST=/etc/ssh/authorized_keys
+ACTIVITY_DIR="${SLURMK8S_ACTIVITY_DIR:-/run/slurmk8s/activity}"   # mounted only with idle teardown
 log "starting login node"
 
 start_munge
@@ -66,6 +67,17 @@ if [ -r /etc/slurm/slurm.conf ]; then
     log "slurm: clients use the mounted /etc/slurm/slurm.conf"
 elif [ -n "${SLURMK8S_CONTROLLER:-}" ]; then
     parse_controller
+    # idle teardown: the controller may be asleep; the wake agent (a sidecar) wakes it
+    if [ -d "$ACTIVITY_DIR" ]; then
+        for _ in $(seq 1 15); do
+            if { exec 4<>/dev/tcp/127.0.0.1/"${SLURMK8S_WAKE_PORT:-9412}"; } 2>/dev/null; then
+                exec 4<&-
+                /usr/local/bin/slurmk8s-wake login-pod-start || log "slurm: wake request failed (see above)"
+                break
+            fi
+            sleep 1
+        done
+    fi
     wait_for_controller
     log "slurm: starting sackd --conf-server $CONTROLLER_HOST:$CONTROLLER_PORT (configless clients)"
     sackd --conf-server "$CONTROLLER_HOST:$CONTROLLER_PORT" || die "sackd failed to start"
@@ -77,6 +89,14 @@ elif [ -n "${SLURMK8S_CONTROLLER:-}" ]; then
     log "slurm: sackd fetched the config into /run/slurm/conf"
 else
     log "slurm: WARNING: no /etc/slurm/slurm.conf and no SLURMK8S_CONTROLLER: Slurm commands will not work"
+fi
+
+# --- SSH session count for the idle teardown (read by the wake agent) -------------------------
+if [ -d "$ACTIVITY_DIR" ]; then
+    # users must not write here: a fake count could put the controller to sleep or keep it awake
+    chown root:root "$ACTIVITY_DIR" && chmod 0755 "$ACTIVITY_DIR" || die "cannot secure $ACTIVITY_DIR"
+    ( ( exec /usr/local/lib/slurmk8s/session-count "$ACTIVITY_DIR/sessions" ) & )
+    log "idle teardown: counting SSH sessions into $ACTIVITY_DIR/sessions"
 fi
 
 # --- sshd -------------------------------------------------------------------------------------

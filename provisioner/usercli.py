@@ -1,0 +1,272 @@
+"""`slurmk8s submit SCRIPT` and `slurmk8s ssh`: for a researcher or platform engineer with a
+kubeconfig. Both wake a sleeping control tier first (provisioner.controltier: scale up in order,
+wait for readiness), then reach the login pod over SSH as the user: `submit` waits until the
+controller answers `scontrol ping`, then runs plain `sbatch` with the script on stdin and prints the
+job id; `ssh` runs the system `ssh` client (interactive, or one command).
+
+Where SSH goes: `--address HOST[:PORT]`, else from the login Service: a LoadBalancer's address,
+a NodePort on a node's InternalIP, or the ClusterIP (reachable from the cluster's nodes and pods,
+e.g. on the local cluster; elsewhere `kubectl -n NS port-forward svc/login 2222:22` and
+`--address localhost:2222`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import shlex
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, NoReturn, Optional
+
+import typer
+
+SpecOpt = Annotated[Optional[Path], typer.Option("--spec", help="Cluster spec YAML (gives the namespace).")]
+NsOpt = Annotated[Optional[str], typer.Option("--namespace", "-n", help="The cluster's namespace (slurm-<name>).")]
+KubeOpt = Annotated[Optional[str], typer.Option("--kubeconfig", help="kubeconfig (default $KUBECONFIG, ~/.kube/config).")]
+UserOpt = Annotated[Optional[str], typer.Option("--user", "-u", help="Cluster user to log in as (default: $USER).")]
+KeyOpt = Annotated[Optional[Path], typer.Option("--key", "-i", help="SSH private key (default: ssh-agent, ~/.ssh/id_*).")]
+AddrOpt = Annotated[Optional[str], typer.Option("--address", help="SSH to HOST[:PORT] instead of the login Service's address.")]
+KnownOpt = Annotated[Optional[Path], typer.Option("--known-hosts", help="known_hosts file (default ~/.ssh/known_hosts).")]
+InsecureOpt = Annotated[bool, typer.Option("--insecure-host-key", help="Do not check the login pod's SSH host key.")]
+TimeoutOpt = Annotated[float, typer.Option("--timeout", help="Seconds to wait for the wake and the controller.")]
+
+
+class UserError(Exception):
+    pass
+
+
+def _fail(message: str, code: int = 2) -> NoReturn:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def _api_client(kubeconfig: str | None) -> Any:
+    from kubernetes import config
+
+    try:
+        if kubeconfig:
+            path = Path(kubeconfig).expanduser()
+            if not path.exists():
+                raise UserError(f"--kubeconfig {kubeconfig}: no such file")
+            return config.new_client_from_config(config_file=str(path))
+        return config.new_client_from_config()
+    except config.ConfigException as err:
+        raise UserError(f"no usable kubeconfig ({err}); pass --kubeconfig or set KUBECONFIG") from None
+
+
+def namespace_of(spec: Path | None, namespace: str | None) -> str:
+    if namespace:
+        return namespace
+    if spec is None:
+        raise UserError("name the cluster: --spec SPEC.yaml or --namespace slurm-<name>")
+    from .config import load_spec
+
+    return load_spec(spec).namespace_name
+
+
+def _split(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":") if address.count(":") == 1 else (address, "", "22")
+    if not host:
+        host, port = address, "22"
+    if not port.isdigit():
+        raise UserError(f"--address {address!r}: expected HOST[:PORT]")
+    return host, int(port)
+
+
+def login_endpoint(core: Any, namespace: str, address: str | None) -> tuple[str, int]:
+    """(host, port) where the login pod's sshd answers (see the module docstring)."""
+    from . import manifests as m
+
+    if address:
+        return _split(address)
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        svc = json.loads(core.read_namespaced_service(m.LOGIN, namespace, _preload_content=False).data)
+    except ApiException as err:
+        raise UserError(f"cannot read service/{m.LOGIN} in {namespace}: {err.status} {err.reason} "
+                        "(is the cluster deployed with a login pod? the right --namespace?)") from None
+    spec = svc.get("spec") or {}
+    kind = spec.get("type", "ClusterIP")
+    if kind == "LoadBalancer":
+        ingress = ((svc.get("status") or {}).get("loadBalancer") or {}).get("ingress") or []
+        for i in ingress:
+            if i.get("ip") or i.get("hostname"):
+                return i.get("ip") or i.get("hostname"), m.SSH_PORT
+        raise UserError(f"service/{m.LOGIN} has no LoadBalancer address yet; wait, or pass --address")
+    if kind == "NodePort":
+        port = (spec.get("ports") or [{}])[0].get("nodePort")
+        nodes = json.loads(core.list_node(_preload_content=False).data).get("items", [])
+        for n in nodes:
+            for a in (n.get("status") or {}).get("addresses") or []:
+                if a.get("type") == "InternalIP":
+                    return a["address"], int(port)
+        raise UserError("no node with an InternalIP for the NodePort; pass --address")
+    return spec.get("clusterIP") or f"{m.LOGIN}.{namespace}.svc", m.SSH_PORT
+
+
+def wake(api_client: Any, namespace: str, why: str, timeout: float) -> bool:
+    from .controltier import ClientTierApi, Tier, TierError
+
+    t0 = time.monotonic()
+
+    def progress(line: str) -> None:
+        typer.echo(f"[{time.monotonic() - t0:5.1f}s] {line}", err=True)
+
+    tier = Tier(ClientTierApi(api_client), namespace, "slurmk8s-cli", log=lambda line: typer.echo(line, err=True))
+    try:
+        return tier.wake(why, progress=progress, timeout=timeout)
+    except TierError as err:
+        raise UserError(str(err)) from None
+
+
+@dataclass
+class Ssh:
+    host: str
+    port: int
+    user: str
+    key: Path | None
+    known_hosts: Path | None
+    insecure: bool
+
+    def _options(self) -> dict[str, Any]:
+        import asyncssh
+
+        opts: dict[str, Any] = {"username": self.user, "port": self.port, "connect_timeout": 10}
+        if self.key is not None:
+            try:
+                opts["client_keys"] = [asyncssh.read_private_key(str(self.key))]
+            except (OSError, asyncssh.KeyImportError) as err:
+                raise UserError(f"--key {self.key}: {err}") from None
+        if self.insecure:
+            opts["known_hosts"] = None
+        elif self.known_hosts is not None:
+            opts["known_hosts"] = str(self.known_hosts)
+        return opts
+
+    async def _run(self, steps: Any, timeout: float) -> Any:
+        import asyncssh
+
+        deadline = time.monotonic() + timeout
+        last = ""
+        while True:  # sshd may still be starting right after a wake
+            try:
+                async with asyncssh.connect(self.host, **self._options()) as conn:
+                    return await steps(conn)
+            except asyncssh.PermissionDenied:
+                raise UserError(f"SSH as {self.user}@{self.host}:{self.port}: permission denied; is this key among "
+                                f"{self.user}'s ssh_keys in the spec? (--key, --user)") from None
+            except asyncssh.HostKeyNotVerifiable as err:
+                raise UserError(f"SSH host key of {self.host}:{self.port} not verifiable ({err}); add it to "
+                                "known_hosts (the stack output ssh_host_public_keys) or pass --insecure-host-key") from None
+            except (OSError, asyncssh.ConnectionLost, asyncio.TimeoutError) as err:
+                last = str(err) or type(err).__name__
+            if time.monotonic() > deadline:
+                raise UserError(f"cannot reach sshd at {self.host}:{self.port} after {timeout:.0f}s: {last}")
+            await asyncio.sleep(1.0)
+
+    def submit(self, script: str, sbatch_args: list[str], timeout: float) -> str:
+        async def steps(conn: Any) -> str:
+            t0 = time.monotonic()
+            while True:  # the controller answers (its port is open once ready; state recovery may lag)
+                ping = await conn.run("scontrol ping", check=False)
+                if ping.exit_status == 0 and " UP" in str(ping.stdout):
+                    break
+                if time.monotonic() - t0 > timeout:
+                    raise UserError(f"slurmctld does not answer `scontrol ping` after {timeout:.0f}s: "
+                                    f"{str(ping.stdout).strip()} {str(ping.stderr).strip()}")
+                await asyncio.sleep(0.5)
+            cmd = " ".join(["sbatch", "--parsable", *(shlex.quote(a) for a in sbatch_args)])
+            res = await conn.run(cmd, input=script, check=False)
+            out = str(res.stdout).strip()
+            if res.exit_status != 0 or not re.match(r"^\d+", out):
+                raise UserError(f"sbatch failed (exit {res.exit_status}): {str(res.stderr).strip() or out}")
+            return out.split(";")[0]
+
+        return asyncio.run(self._run(steps, timeout))
+
+    def ssh_argv(self, command: list[str]) -> list[str]:
+        argv = ["ssh", "-p", str(self.port)]
+        if self.key is not None:
+            argv += ["-i", str(self.key)]
+        if self.insecure:
+            argv += ["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR"]
+        elif self.known_hosts is not None:
+            argv += ["-o", f"UserKnownHostsFile={self.known_hosts}"]
+        argv.append(f"{self.user}@{self.host}")
+        if command:
+            argv += ["--", *command]
+        return argv
+
+
+def _prepare(spec: Path | None, namespace: str | None, kubeconfig: str | None, user: str | None, key: Path | None,
+             address: str | None, known_hosts: Path | None, insecure: bool, why: str, timeout: float) -> Ssh:
+    from kubernetes import client
+
+    ns = namespace_of(spec, namespace)
+    api = _api_client(kubeconfig)
+    wake(api, ns, why, timeout)
+    host, port = login_endpoint(client.CoreV1Api(api), ns, address)
+    who = user or os.environ.get("USER") or ""
+    if not who:
+        raise UserError("no user: pass --user NAME (a user of the cluster spec)")
+    return Ssh(host, port, who, key, known_hosts, insecure)
+
+
+def submit(
+    script: Annotated[Path, typer.Argument(help="Batch script (with #SBATCH lines), as for sbatch.")],
+    sbatch_args: Annotated[Optional[list[str]], typer.Argument(help="Options for sbatch (after --).")] = None,
+    spec: SpecOpt = None, namespace: NsOpt = None, kubeconfig: KubeOpt = None, user: UserOpt = None,
+    key: KeyOpt = None, address: AddrOpt = None, known_hosts: KnownOpt = None, insecure_host_key: InsecureOpt = False,
+    timeout: TimeoutOpt = 300.0,
+) -> None:
+    """Wake the cluster if it sleeps, then submit SCRIPT with sbatch as the user; prints the job id."""
+    from .errors import SlurmK8sError
+
+    try:
+        text = script.read_text()
+    except OSError as err:
+        _fail(f"cannot read {script}: {err}")
+    try:
+        who = user or os.environ.get("USER") or "?"
+        ssh = _prepare(spec, namespace, kubeconfig, user, key, address, known_hosts, insecure_host_key,
+                       f"slurmk8s submit {script.name} by {who}", timeout)
+        job = ssh.submit(text, list(sbatch_args or []), timeout)
+    except (UserError, SlurmK8sError) as err:
+        _fail(str(err))
+    typer.echo(job)
+
+
+def ssh(
+    command: Annotated[Optional[list[str]], typer.Argument(help="Command to run (after --); none: a login shell.")]
+    = None,
+    spec: SpecOpt = None, namespace: NsOpt = None, kubeconfig: KubeOpt = None, user: UserOpt = None,
+    key: KeyOpt = None, address: AddrOpt = None, known_hosts: KnownOpt = None, insecure_host_key: InsecureOpt = False,
+    timeout: TimeoutOpt = 300.0,
+) -> None:
+    """Wake the cluster if it sleeps, then SSH to the login pod (the system ssh client)."""
+    import shutil
+
+    from .errors import SlurmK8sError
+
+    if shutil.which("ssh") is None:
+        _fail("no ssh client on PATH (install openssh-client)")
+    try:
+        who = user or os.environ.get("USER") or "?"
+        target = _prepare(spec, namespace, kubeconfig, user, key, address, known_hosts, insecure_host_key,
+                          f"slurmk8s ssh by {who}", timeout)
+    except (UserError, SlurmK8sError) as err:
+        _fail(str(err))
+    argv = target.ssh_argv(list(command or []))
+    sys.stdout.flush()
+    os.execvp(argv[0], argv)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("submit")(submit)
+    app.command("ssh")(ssh)
