@@ -1,0 +1,91 @@
+"""P7: `slurmk8s submit` with the control tier asleep -> job RUNNING (issue #7: target <= 30 s with
+images cached).
+
+Deploys the small `sleepy` cluster of e2e/sleepy.py (namespace slurm-sleepy, idle_teardown 20 s,
+SuspendTime 10 s, its own static volumes) beside whatever else runs, then per run: wait until the
+tier has fallen asleep on its own (0 replicas), run `slurmk8s submit` as a researcher does
+(wake in order, wait for readiness, SSH to the login pod, `scontrol ping`, `sbatch`), and time
+submit start -> job id and submit start -> job RUNNING (Slurm's start_time, 1 s resolution, and
+the first time a poll over one SSH connection saw it RUNNING). Removes the cluster at the end
+(--keep: leave it).
+
+Usage: KUBECONFIG=... python bench/wake_submit.py [--runs 3] [--login-sleeps] [--keep]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import asyncssh
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "e2e"))
+
+import sleepy  # noqa: E402
+
+POLL = r"""
+j=$1
+until s=$(squeue -h -j "$j" -o %T) && [ "$s" = RUNNING ] || [ -z "$s" ]; do sleep 0.1; done
+date +%s.%N
+"""
+
+
+async def seen_running(c: sleepy.Sleepy, job: str) -> float:
+    login = c.login()
+    async with asyncssh.connect(login.host, port=22, username="alice", client_keys=[c.key], known_hosts=None) as conn:
+        res = await conn.run(f"bash -s {job}", input=POLL, check=True, timeout=300)
+    return float(str(res.stdout).strip())
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--login-sleeps", action="store_true", help="login.sleeps_with_control_tier: true")
+    ap.add_argument("--keep", action="store_true", help="leave the cluster deployed")
+    args = ap.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="wake-bench-"))
+    script = work / "job.sh"
+    script.write_text("#!/bin/bash\n#SBATCH -N1 -o /dev/null\nsleep 2\n")
+    t = time.monotonic()
+    c = sleepy.deploy(work, login_sleeps=args.login_sleeps)
+    print(f"deployed {sleepy.NS} in {time.monotonic() - t:.0f}s (login sleeps: {args.login_sleeps})", flush=True)
+    to_id, to_start, to_seen = [], [], []
+    try:
+        for i in range(args.runs):
+            t = time.monotonic()
+            sleepy.wait_asleep(300)
+            print(f"run {i + 1}: asleep after {time.monotonic() - t:.0f}s", flush=True)
+            proc, wall, seconds = c.submit(script)
+            if proc.returncode != 0:
+                print(proc.stdout, proc.stderr, file=sys.stderr)
+                return 1
+            job = sleepy.job_id(proc.stdout)
+            seen = asyncio.run(seen_running(c, job))
+            start = None
+            while start is None:
+                start = sleepy.running_at(c.login(), job)
+                time.sleep(0.5)
+            to_id.append(seconds)
+            to_start.append(start - wall)
+            to_seen.append(seen - wall)
+            print(f"run {i + 1}: job {job}: submit -> job id {seconds:.1f}s, -> RUNNING (Slurm start_time) "
+                  f"{start - wall:.0f}s, -> seen RUNNING {seen - wall:.1f}s", flush=True)
+            for line in proc.stderr.splitlines():
+                print(f"    {line}")
+    finally:
+        if not args.keep:
+            sleepy.remove(c.state, c.spec_path, c.log)
+    print(f"P7 wake+submit from asleep ({args.runs} runs): submit -> RUNNING median {statistics.median(to_seen):.1f}s "
+          f"(max {max(to_seen):.1f}s; Slurm start_time median {statistics.median(to_start):.0f}s); "
+          f"-> job id median {statistics.median(to_id):.1f}s; target <= 30 s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,375 @@
+"""Idle sleep and wake of the control tier: the idle rule, the sleep and wake steps (order,
+record, abort, idempotence) on the in-memory API, the login agent, the manifests (labels, least
+privilege, no token in the login container) and the login image's wake / session-count scripts."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+
+from factories import node
+from provisioner import controltier as ct
+from provisioner import manifests as m
+from provisioner.config import SpecError, parse_spec
+from provisioner.deploy.secrets import generate, secrets_from_values
+from provisioner.generate import generate as run_pipeline
+from provisioner.inventory import nodes_from_api
+from provisioner.reconcile import IdleWatch
+
+ROOT = Path(__file__).resolve().parents[1]
+IMAGES = ROOT / "images" / "login"
+
+
+def _spec(**elasticity_and_login):
+    login = elasticity_and_login.pop("login", {})
+    return parse_spec({
+        "name": "zz", "pools": [{"name": "cpu", "node_selector": {"kubernetes.io/os": "linux"}}],
+        "users": [{"name": "alice", "uid": 2001, "ssh_keys": ["ssh-ed25519 AAAA a@b"]}],
+        "elasticity": {"suspend_time": 60, **elasticity_and_login}, "login": login,
+    })
+
+
+def _objects(spec):
+    gen = run_pipeline(spec, nodes_from_api([node("n1", {"kubernetes.io/os": "linux"}, cpu="8", memory="32Gi")]))
+    return m.all_objects(spec, gen.inventory, gen.files, secrets_from_values(generate()))
+
+
+def _tier(api, clock=None):
+    t = [1000.0]
+
+    def now():
+        return t[0]
+
+    def sleep(s):
+        t[0] += s
+
+    lines = []
+    return ct.Tier(api, "slurm-zz", "test", log=lines.append, clock=clock or now, sleep=sleep, poll=1.0), lines
+
+
+def _full_tier(**kw):
+    api = ct.FakeTierApi(**kw)
+    api.add("StatefulSet", "mariadb", "database")
+    api.add("StatefulSet", "slurmdbd", "slurmdbd")
+    api.add("StatefulSet", "slurmctld", "slurmctld")
+    api.add("Deployment", "login", "login")
+    api.add("Deployment", "other", "login", tier=False)  # not labelled: never touched
+    return api
+
+
+# ---------------------------------------------------------------- the idle rule
+
+
+def test_idle_tracker_sleeps_only_after_a_full_quiet_period():
+    tr = ct.IdleTracker(teardown=60)
+    quiet = ct.Activity(jobs=0, workers=0, sessions=0)
+    assert tr.update(quiet, 100) is None and tr.idle_since == 100
+    assert tr.update(quiet, 159) is None
+    reason = tr.update(quiet, 160)
+    assert reason and "idle for 60s" in reason and "idle_teardown 60s" in reason
+    # anything active restarts the clock
+    for busy, words in ((ct.Activity(1, 0, 0), "1 unfinished job"), (ct.Activity(0, 2, 0), "2 worker pod"),
+                        (ct.Activity(0, 0, 1, users=("alice",)), "1 SSH session(s) on the login pod (alice)"),
+                        (ct.Activity(0, 0, None, unknown="login agent down"), "activity unknown (login agent down)"),
+                        (ct.Activity(None, 0, 0), "activity unknown")):
+        tr = ct.IdleTracker(teardown=60, idle_since=0)
+        assert tr.update(busy, 1000) is None and tr.idle_since is None
+        assert words in tr.why_awake(busy, 1000)
+    # a Slurm command / SSH login on the login pod counts as activity at its time
+    tr = ct.IdleTracker(teardown=60, idle_since=0)
+    assert tr.update(ct.Activity(0, 0, 0, last_request=950), 1000) is None and tr.idle_since == 950
+    assert tr.update(ct.Activity(0, 0, 0, last_request=950), 1010) is not None
+
+
+def test_active_jobs_counts_unfinished_ones():
+    doc = {"jobs": [{"job_state": ["PENDING"]}, {"job_state": ["RUNNING"]}, {"job_state": ["COMPLETED"]},
+                    {"job_state": ["CANCELLED"]}, {"job_state": ["COMPLETING"]}, {"job_state": ["FAILED"]},
+                    {"job_state": ["PENDING", "REQUEUED"]}, {"job_state": ["SUSPENDED"]}]}
+    assert ct.active_jobs(doc) == 5
+    assert ct.active_jobs({}) == 0
+
+
+# ---------------------------------------------------------------- wake and sleep
+
+
+def test_wake_scales_database_first_login_last_each_ready_before_the_next():
+    api = _full_tier(ready_after=3)
+    for key in list(api.workloads):
+        if key[1] != "other":
+            api.workloads[key]["spec"]["replicas"] = 0
+            api.workloads[key]["status"]["readyReplicas"] = 0
+    tier, _ = _tier(api)
+    progress = []
+    assert tier.wake("slurmk8s submit by alice", progress.append) is True
+    scaled = [c[2] for c in api.calls if c[0] == "scale"]
+    assert scaled == ["mariadb", "slurmdbd", "slurmctld", "login"]
+    assert [c for c in api.calls if c[0] == "event"] == [("event", "WakeRequested", "slurmk8s submit by alice")]
+    assert progress[0] == "waking the control tier (slurmk8s submit by alice)"
+    assert any(p.startswith("statefulset/slurmctld ready (") for p in progress)
+    assert api.workloads[("Deployment", "other")]["spec"]["replicas"] == 1
+    # idempotent: awake -> nothing scaled, no event
+    api.calls.clear()
+    assert tier.wake("again") is False and api.calls == []
+
+
+def test_wake_errors_name_the_workload_and_the_fix():
+    api = ct.FakeTierApi(ready_after=10**6)
+    api.add("StatefulSet", "slurmctld", "slurmctld", replicas=0)
+    tier, _ = _tier(api)
+    with pytest.raises(ct.TierError, match=r"statefulset/slurmctld not ready after 30s.*describe statefulset/slurmctld"):
+        tier.wake("x", timeout=30)
+    with pytest.raises(ct.TierError, match="no statefulset/slurmctld labelled slurmk8s.io/tier=control"):
+        _tier(ct.FakeTierApi())[0].wake("x")
+    api = ct.FakeTierApi(forbidden={"list"})
+    with pytest.raises(ct.TierError, match="RBAC"):
+        _tier(api)[0].wake("x")
+
+
+def test_sleep_goes_login_first_database_last_and_records_why():
+    api = _full_tier()
+    tier, lines = _tier(api)
+    stopped = iter([False, False, True, True])
+    assert tier.sleep_tier("idle for 60s", recheck=lambda: "", controller_stopped=lambda: next(stopped))
+    assert [c[2] for c in api.calls if c[0] == "scale"] == ["login", "slurmctld", "slurmdbd", "mariadb"]
+    ann = api.workloads[("StatefulSet", "slurmctld")]["metadata"]["annotations"]
+    assert ann[ct.A_STATE] == "asleep" and ann[ct.A_REASON] == "idle for 60s" and ann[ct.A_SINCE].endswith("Z")
+    assert api.events[0]["reason"] == "ControlTierSleep" and api.events[0]["involvedObject"]["name"] == "slurmctld"
+    assert "control tier asleep: idle for 60s" in lines
+    assert all(api.workloads[k]["spec"]["replicas"] == 0 for k in api.workloads if k[1] != "other")
+
+
+def test_a_job_submitted_while_the_login_pod_goes_aborts_the_sleep():
+    api = _full_tier()
+    tier, _ = _tier(api)
+    assert not tier.sleep_tier("idle", recheck=lambda: "1 unfinished job(s)", controller_stopped=lambda: True)
+    assert [(c[2], c[3]) for c in api.calls if c[0] == "scale"] == [("login", 0), ("login", 1)]
+    ann = api.workloads[("StatefulSet", "slurmctld")]["metadata"]["annotations"]
+    assert ann[ct.A_STATE] == "awake" and ann[ct.A_REASON] == "sleep aborted: 1 unfinished job(s)"
+    assert [e["reason"] for e in api.events] == ["ControlTierSleep", "ControlTierSleepAborted"]
+
+
+def test_the_woken_loop_records_who_woke_it_and_finishes_an_interrupted_sleep():
+    api = _full_tier()
+    tier, _ = _tier(api)
+    tier.record("asleep", "idle", "ControlTierSleep")
+    api.workloads[("StatefulSet", "mariadb")]["spec"]["replicas"] = 0  # a sleep that went on while waking
+    tier.clock = lambda: 2000.0
+    tier.event("WakeRequested", "sbatch by alice on the login pod")
+    done = tier.on_controller_start()
+    assert done == "recorded awake (sbatch by alice on the login pod)"
+    ann = api.workloads[("StatefulSet", "slurmctld")]["metadata"]["annotations"]
+    assert ann[ct.A_STATE] == "awake" and ann[ct.A_REASON] == "woken: sbatch by alice on the login pod"
+    assert api.workloads[("StatefulSet", "mariadb")]["spec"]["replicas"] == 1
+    assert api.events[-1]["reason"] == "ControlTierWake"
+    assert tier.on_controller_start() == "already recorded awake"
+    fresh = ct.FakeTierApi()
+    fresh.add("StatefulSet", "slurmctld", "slurmctld")
+    assert _tier(fresh)[0].on_controller_start() == "recorded awake (deployed)"
+
+
+def test_idle_watch_sleeps_the_tier_after_the_teardown():
+    api = ct.FakeTierApi()
+    api.add("StatefulSet", "slurmctld", "slurmctld")
+    tier, lines = _tier(api)
+    watch = IdleWatch(tier, ct.IdleTracker(30), sessions=lambda: (0, (), None, ""), jobs=lambda: {"jobs": []},
+                      workers=lambda: 0, controller_stopped=lambda: True, log=lines.append)
+    assert watch.step({"jobs": []}, 0, 100) is False
+    assert watch.started and api.workloads[("StatefulSet", "slurmctld")]["metadata"]["annotations"][ct.A_STATE] == "awake"
+    assert watch.step({"jobs": [{"job_state": ["RUNNING"]}]}, 1, 120) is False
+    assert watch.step({"jobs": []}, 0, 130) is False
+    assert watch.step({"jobs": []}, 0, 161) is True
+    assert api.workloads[("StatefulSet", "slurmctld")]["spec"]["replicas"] == 0
+    assert any("control tier awake: 1 unfinished job(s); 1 worker pod(s)" in line for line in lines)
+    assert any(line.startswith("control tier going to sleep: idle for 31s") for line in lines)
+
+
+# ---------------------------------------------------------------- the login agent
+
+
+def test_agent_wakes_once_and_answers_awake_after(tmp_path):
+    api = ct.FakeTierApi()
+    api.add("StatefulSet", "slurmctld", "slurmctld", replicas=0)
+    tier, _ = _tier(api)
+    agent = ct.Agent(tier, str(tmp_path / "sessions"))
+    out = []
+    agent.handle("wake alice sbatch", out.append)
+    assert out[0] == "progress waking the control tier (sbatch by alice on the login pod)" and out[-1] == "ok woken"
+    out.clear()
+    agent.handle("wake alice squeue", out.append)
+    assert out == ["ok awake"]
+    out.clear()
+    agent.handle("hello", out.append)
+    assert out[0].startswith("error unknown request")
+    assert agent.last_request is not None
+
+
+def test_activity_document_says_when_the_count_is_missing_or_stale(tmp_path):
+    f = tmp_path / "sessions"
+    assert ct.activity_doc(str(f), None, 100)["sessions"] is None
+    f.write_text("100 2 alice,bob\n")
+    assert ct.activity_doc(str(f), 90.0, 110) == {"sessions": 2, "users": ["alice", "bob"], "updated": 100.0,
+                                                  "last_request": 90.0}
+    assert "old" in ct.activity_doc(str(f), None, 200)["error"]
+    assert ct.activity_from_doc({"sessions": 0, "users": [], "last_request": None}) == (0, (), None, "")
+    assert ct.activity_from_doc(None, "no answer")[0] is None
+
+
+# ---------------------------------------------------------------- manifests
+
+
+def test_no_idle_teardown_no_agent_no_tier_rbac():
+    objs = _objects(_spec())
+    assert {o["metadata"]["name"] for o in objs if o["kind"] == "Role"} == {m.WORKER_ROLE}
+    dep = next(o for o in objs if o["kind"] == "Deployment")
+    assert [c["name"] for c in dep["spec"]["template"]["spec"]["containers"]] == ["login"]
+    sts = next(o for o in objs if o["kind"] == "StatefulSet")
+    assert sts["metadata"]["labels"][m.L_TIER] == "control"
+    assert m.L_TIER not in dep["metadata"]["labels"]
+
+
+@pytest.mark.parametrize("login_sleeps", [False, True])
+def test_tier_labels_and_rbac_name_exactly_the_tier(login_sleeps):
+    spec = _spec(idle_teardown="30m", login={"sleeps_with_control_tier": login_sleeps})
+    objs = _objects(spec)
+    for obj in objs:
+        kubernetes_validate.validate(obj, "1.34.0", strict=True)
+    labelled = [(o["kind"], o["metadata"]["name"]) for o in objs if (o["metadata"].get("labels") or {}).get(m.L_TIER)]
+    assert sorted(labelled) == sorted(m.control_tier_workloads(spec))
+    assert (("Deployment", "login") in labelled) is login_sleeps
+    roles = {o["metadata"]["name"]: o["rules"] for o in objs if o["kind"] == "Role"}
+    for name in (m.TIER_ROLE, m.LOGIN_AGENT):
+        rules = roles[name]
+        writes = [r for r in rules if set(r["verbs"]) & {"patch", "update", "create", "delete"}]
+        for r in writes:  # every write is scale of named tier workloads, an Event, or the controller's annotations
+            assert r["resources"] in (["statefulsets/scale"], ["deployments/scale"], ["events"], ["statefulsets"])
+            if r["resources"] != ["events"]:
+                assert r["resourceNames"], r
+        assert not any("pods" in r["resources"] or "secrets" in r["resources"] for r in rules)
+    agent_rules = roles[m.LOGIN_AGENT]
+    assert not any(r["resources"] == ["statefulsets"] and "patch" in r["verbs"] for r in agent_rules)
+    scale = {n for r in agent_rules if r["resources"][0].endswith("/scale") for n in r["resourceNames"]}
+    assert scale == {n for _, n in m.control_tier_workloads(spec)}
+    (binding,) = [o for o in objs if o["kind"] == "RoleBinding" and o["metadata"]["name"] == m.LOGIN_AGENT]
+    assert binding["subjects"][0]["name"] == m.LOGIN_AGENT
+
+
+def test_only_the_agent_container_of_the_login_pod_gets_a_token():
+    spec = _spec(idle_teardown="30m")
+    dep = next(o for o in _objects(spec) if o["kind"] == "Deployment")
+    ps = dep["spec"]["template"]["spec"]
+    assert ps["automountServiceAccountToken"] is False and ps["serviceAccountName"] == m.LOGIN_AGENT
+    login, agent = ps["containers"]
+    token_volumes = {v["name"] for v in ps["volumes"] if "projected" in v}
+    assert token_volumes == {"agent-token"}
+    assert not token_volumes & {v["name"] for v in login["volumeMounts"]}
+    assert {v["mountPath"] for v in agent["volumeMounts"]} == {m.SA_TOKEN_DIR, m.ACTIVITY_DIR}
+    assert agent["securityContext"]["runAsNonRoot"] and agent["securityContext"]["capabilities"]["add"] == []
+    assert agent["command"][:2] == ["/usr/bin/tini", "--"]
+    activity = next(v for v in agent["volumeMounts"] if v["name"] == "activity")
+    assert activity["readOnly"] is True
+    sts = next(o for o in _objects(spec) if o["kind"] == "StatefulSet")
+    assert sts["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == m.CONTROLLER_GRACE_SECONDS
+
+
+def test_idle_teardown_below_suspend_time_is_refused():
+    with pytest.raises(SpecError, match="idle_teardown is shorter than suspend_time"):
+        _spec(idle_teardown=30)
+
+
+# ---------------------------------------------------------------- the login image's scripts
+
+
+class _FakeAgent:
+    """The agent's line protocol on a free loopback port, answering with canned lines."""
+
+    def __init__(self, replies):
+        self.replies = replies
+        self.requests = []
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(4)
+        self.port = self.sock.getsockname()[1]
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn:
+                self.requests.append(conn.makefile().readline().strip())
+                for line in self.replies:
+                    conn.sendall((line + "\n").encode())
+
+
+def _run_wake(port, *args, extra_path=None):
+    env = {"PATH": os.environ["PATH"], "SLURMK8S_WAKE_PORT": str(port)}
+    return subprocess.run(["bash", str(IMAGES / "slurmk8s-wake"), *args], capture_output=True, text=True,
+                          env=env, timeout=20)
+
+
+def test_wake_script_prints_progress_and_returns_when_awake():
+    agent = _FakeAgent(["progress waking the control tier (sbatch by alice)", "ok awake"])
+    res = _run_wake(agent.port, "sbatch")
+    assert res.returncode == 0, res.stderr
+    assert res.stderr == "slurmk8s: waking the control tier (sbatch by alice)\n"
+    assert agent.requests[0].startswith("wake ") and agent.requests[0].endswith(" sbatch")
+    agent = _FakeAgent(["error statefulset/slurmctld not ready after 300s"])
+    res = _run_wake(agent.port, "srun")
+    assert res.returncode == 1 and "could not wake the controller: statefulset/slurmctld" in res.stderr
+
+
+def test_wake_script_without_an_agent_returns_at_once():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()  # nothing listens
+    t0 = time.monotonic()
+    res = _run_wake(port, "sbatch")
+    assert res.returncode == 0 and res.stderr == "" and time.monotonic() - t0 < 5
+
+
+@pytest.mark.skipif(shutil.which("ps") is None, reason="needs procps")
+def test_session_count_counts_sshd_sessions_of_cluster_users(tmp_path):
+    users = tmp_path / "users"
+    users.mkdir()
+    me = os.getuid()
+    (users / "passwd").write_text(f"alice:x:{me}:{me}::/home/alice:/bin/bash\nbob:x:{me + 1}:{me + 1}::/x:/bin/sh\n")
+    fake = tmp_path / "sshd-session"  # a process whose comm is sshd-session, running as "alice"
+    shutil.copy("/bin/sleep", fake)
+    proc = subprocess.Popen([str(fake), "30"])
+    out = tmp_path / "sessions"
+    counter = subprocess.Popen(["bash", str(IMAGES / "session-count"), str(out)],
+                               env={"PATH": os.environ["PATH"], "SLURMK8S_USERS_DIR": str(users),
+                                    "SLURMK8S_ACTIVITY_PERIOD": "0.2"})
+    try:
+        deadline = time.monotonic() + 10
+        got = None
+        while time.monotonic() < deadline:
+            got = ct.read_activity_file(str(out))
+            if got and got[1] >= 1:
+                break
+            time.sleep(0.1)
+        assert got is not None and got[1] == 1 and got[2] == ("alice",), got
+        assert abs(got[0] - time.time()) < 5
+        proc.kill()
+        proc.wait()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            got = ct.read_activity_file(str(out))
+            if got and got[1] == 0:
+                break
+            time.sleep(0.1)
+        assert got is not None and got[1] == 0 and got[2] == ()
+    finally:
+        counter.kill()
+        proc.kill()
