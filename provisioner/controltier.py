@@ -35,7 +35,7 @@ import socket
 import sys
 import threading
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
 
@@ -225,6 +225,7 @@ class TierApi(Protocol):
 
 
 TIER_SELECTOR = f"{m.L_TIER}={m.TIER_CONTROL}"
+MERGE_PATCH = "application/merge-patch+json"  # the client would pick json-patch for a dict body
 
 
 class ClientTierApi:
@@ -267,12 +268,13 @@ class ClientTierApi:
     def scale(self, namespace: str, kind: str, name: str, replicas: int) -> None:
         fn = (self._apps.patch_namespaced_stateful_set_scale if kind == "StatefulSet"
               else self._apps.patch_namespaced_deployment_scale)
-        self._call(fn, name, namespace, {"spec": {"replicas": replicas}}, field_manager="slurmk8s-control-tier")
+        self._call(fn, name, namespace, {"spec": {"replicas": replicas}}, field_manager="slurmk8s-control-tier",
+                   _content_type=MERGE_PATCH)
 
     def annotate(self, namespace: str, kind: str, name: str, annotations: Mapping[str, str]) -> None:
         fn = self._apps.patch_namespaced_stateful_set if kind == "StatefulSet" else self._apps.patch_namespaced_deployment
         self._call(fn, name, namespace, {"metadata": {"annotations": dict(annotations)}},
-                   field_manager="slurmk8s-control-tier")
+                   field_manager="slurmk8s-control-tier", _content_type=MERGE_PATCH)
 
     def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
         return self._call(self._core.list_namespaced_pod, namespace, label_selector=selector).get("items", [])

@@ -40,6 +40,11 @@ finding with what was done and why. The pool backoff (``consecutive failures >= 
 -> refuse resumes for a cooling-off period``) is computed from the :class:`FailureLedger`, which the
 resume / resume-fail programs and this loop all write; the resume program reads it and refuses
 nodes of a pool in backoff at once (reason ``backoff``).
+
+With ``elasticity.idle_teardown`` in the spec, each pass also feeds :class:`IdleWatch` (jobs,
+workers, the login pod's SSH sessions), which puts the control tier to sleep after that long idle
+(:mod:`provisioner.controltier`); sleeps and wakes are also logged to ``SLURMK8S_TIER_LOG``
+(default /var/spool/slurmctld/slurmk8s/control-tier.log, on the state volume).
 """
 
 from __future__ import annotations
@@ -68,6 +73,7 @@ if TYPE_CHECKING:
 DEFAULT_LEDGER = "/var/spool/slurmctld/slurmk8s/ledger.json"
 DEFAULT_USAGE = "/var/spool/slurmctld/slurmk8s/usage.json"  # node-seconds since `up`, kept across restarts
 DEFAULT_EVENTS = "/var/log/slurmk8s/events.jsonl"
+DEFAULT_TIER_LOG = "/var/spool/slurmctld/slurmk8s/control-tier.log"  # sleeps and wakes, kept on the state volume
 DEFAULT_PERIOD = 10.0
 DEFAULT_METRICS_PORT = 9410
 REASON_PREFIX = "slurmk8s"  # DOWN reasons we set start with this; others' DOWN nodes are left alone
@@ -1198,6 +1204,7 @@ def idle_watch_from_env(env: Mapping[str, str], log: "Log", slurm: "SlurmCli",
                         backend: Callable[[], NodeBackend]) -> IdleWatch | None:
     """The IdleWatch when the spec sets elasticity.idle_teardown (else None)."""
     from . import controltier as ct
+    from .elastic.programs import Log
     from . import manifests as m
     from .config import parse_spec
     from .kube import DEFAULT_SITE, DEFAULT_SPEC, _api_client
@@ -1219,7 +1226,14 @@ def idle_watch_from_env(env: Mapping[str, str], log: "Log", slurm: "SlurmCli",
     except (OSError, ValueError):
         domain = "cluster.local"
     namespace = env.get("SLURMK8S_NAMESPACE") or spec.namespace_name
-    tier = ct.Tier(ct.ClientTierApi(_api_client(env)), namespace, "slurmk8s-reconcile", log=log.write)
+    # sleeps and wakes also go to a log on the state volume: the reconcile log's emptyDir goes with the pod
+    durable = Log("control-tier", env.get("SLURMK8S_TIER_LOG", DEFAULT_TIER_LOG))
+
+    def tier_log(line: str) -> None:
+        log.write(line)
+        durable.write(line)
+
+    tier = ct.Tier(ct.ClientTierApi(_api_client(env)), namespace, "slurmk8s-reconcile", log=tier_log)
     url = f"http://{m.LOGIN_HOST}.{m.WORKERS}.{namespace}.svc.{domain}:{m.ACTIVITY_PORT}/activity"
 
     def sessions() -> tuple[int | None, tuple[str, ...], float | None, str]:
@@ -1235,10 +1249,10 @@ def idle_watch_from_env(env: Mapping[str, str], log: "Log", slurm: "SlurmCli",
                 err = f"{err}; login Deployment unreadable: {exc}"
         return ct.activity_from_doc(doc, err)
 
-    log.write(f"idle teardown after {teardown:.0f}s; login sessions from {url}")
+    log.write(f"idle teardown after {teardown:.0f}s; login sessions from {url}; sleeps and wakes also in {durable.path}")
     return IdleWatch(tier, ct.IdleTracker(float(teardown)), sessions, slurm.jobs,
                      lambda: len(backend().list()),
-                     lambda: not ct.port_open("127.0.0.1", m.SLURMCTLD_PORT), log.write)
+                     lambda: not ct.port_open("127.0.0.1", m.SLURMCTLD_PORT), tier_log)
 
 
 # ---------------------------------------------------------------- the loop
