@@ -110,13 +110,15 @@ def login_endpoint(core: Any, namespace: str, address: str | None) -> tuple[str,
     return spec.get("clusterIP") or f"{m.LOGIN}.{namespace}.svc", m.SSH_PORT
 
 
+_T0 = time.monotonic()
+
+
+def progress(line: str) -> None:
+    typer.echo(f"[{time.monotonic() - _T0:5.1f}s] {line}", err=True)
+
+
 def wake(api_client: Any, namespace: str, why: str, timeout: float) -> bool:
     from .controltier import ClientTierApi, Tier, TierError
-
-    t0 = time.monotonic()
-
-    def progress(line: str) -> None:
-        typer.echo(f"[{time.monotonic() - t0:5.1f}s] {line}", err=True)
 
     tier = Tier(ClientTierApi(api_client), namespace, "slurmk8s-cli", log=lambda line: typer.echo(line, err=True))
     try:
@@ -170,12 +172,15 @@ class Ssh:
                 raise UserError(f"cannot reach sshd at {self.host}:{self.port} after {timeout:.0f}s: {last}")
             await asyncio.sleep(1.0)
 
-    def submit(self, script: str, sbatch_args: list[str], timeout: float) -> str:
+    def submit(self, script: str, sbatch_args: list[str], timeout: float,
+               progress: Any = lambda _line: None) -> str:
         async def steps(conn: Any) -> str:
             t0 = time.monotonic()
+            progress(f"logged in as {self.user} at {self.host}:{self.port}")
             while True:  # the controller answers (its port is open once ready; state recovery may lag)
                 ping = await conn.run("scontrol ping", check=False)
                 if ping.exit_status == 0 and " UP" in str(ping.stdout):
+                    progress("slurmctld answers")
                     break
                 if time.monotonic() - t0 > timeout:
                     raise UserError(f"slurmctld does not answer `scontrol ping` after {timeout:.0f}s: "
@@ -228,6 +233,9 @@ def submit(
     """Wake the cluster if it sleeps, then submit SCRIPT with sbatch as the user; prints the job id."""
     from .errors import SlurmK8sError
 
+    global _T0
+    _T0 = time.monotonic()
+
     try:
         text = script.read_text()
     except OSError as err:
@@ -236,7 +244,7 @@ def submit(
         who = user or os.environ.get("USER") or "?"
         ssh = _prepare(spec, namespace, kubeconfig, user, key, address, known_hosts, insecure_host_key,
                        f"slurmk8s submit {script.name} by {who}", timeout)
-        job = ssh.submit(text, list(sbatch_args or []), timeout)
+        job = ssh.submit(text, list(sbatch_args or []), timeout, progress)
     except (UserError, SlurmK8sError) as err:
         _fail(str(err))
     typer.echo(job)

@@ -373,3 +373,25 @@ def test_session_count_counts_sshd_sessions_of_cluster_users(tmp_path):
     finally:
         counter.kill()
         proc.kill()
+
+
+# ---------------------------------------------------------------- slurmk8s submit / ssh
+
+
+def test_user_cli_addresses_namespaces_and_ssh_argv(tmp_path):
+    from provisioner import usercli
+
+    assert usercli._split("10.0.0.5") == ("10.0.0.5", 22)
+    assert usercli._split("localhost:2222") == ("localhost", 2222)
+    with pytest.raises(usercli.UserError, match="HOST\\[:PORT\\]"):
+        usercli._split("host:ssh")
+    with pytest.raises(usercli.UserError, match="--spec SPEC.yaml or --namespace"):
+        usercli.namespace_of(None, None)
+    assert usercli.namespace_of(None, "slurm-x") == "slurm-x"
+    assert usercli.namespace_of(ROOT / "examples" / "local.yaml", None) == "slurm-local"
+    ssh = usercli.Ssh("10.0.0.5", 2222, "alice", Path("/k"), None, insecure=True)
+    assert ssh.ssh_argv(["squeue", "-u", "alice"]) == [
+        "ssh", "-p", "2222", "-i", "/k", "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
+        "-o", "LogLevel=ERROR", "alice@10.0.0.5", "--", "squeue", "-u", "alice"]
+    assert usercli.Ssh("h", 22, "bob", None, tmp_path / "kh", False).ssh_argv([]) == [
+        "ssh", "-p", "22", "-o", f"UserKnownHostsFile={tmp_path / 'kh'}", "bob@h"]
