@@ -278,3 +278,23 @@ def test_toolchain_plugin_is_linked_into_the_state_home(tmp_path):
     # an operator's PULUMI_HOME is used as is
     assert a.engine_env(tool, state, {**env, "PULUMI_HOME": str(tmp_path / "tc/pulumi-home")})["PULUMI_HOME"] == \
         str(tmp_path / "tc/pulumi-home")
+
+
+def test_idle_teardown_adds_the_tier_rbac_and_the_login_agent_account_first(pulumi_run, keys):
+    from provisioner.config import parse_spec
+
+    doc = load_spec(ROOT / "examples/local.yaml").model_dump(mode="json")
+    doc["elasticity"]["idle_teardown"] = "30m"
+    spec = parse_spec(doc)
+    cfg, secret = _config(keys)
+    run = pulumi_run.run(prog.inline_program(spec, _local_nodes()), cfg, secret)
+    by_parent: dict[str, set[str]] = {}
+    for r in run.resources:
+        if r.custom:
+            by_parent.setdefault(r.parent.rsplit("::", 1)[-1], set()).add(r.type.split(":")[-1] + "/" + r.name)
+    assert {"Role/local-slurmk8s-control-tier", "RoleBinding/local-slurmk8s-control-tier"} <= by_parent["local-controller"]
+    assert {"ServiceAccount/local-login-agent", "Role/local-login-agent",
+            "RoleBinding/local-login-agent"} <= by_parent["local-login"]
+    login = next(r for r in run.resources if r.name == "local-login" and r.type.endswith("Deployment"))
+    deps = {d.rsplit("::", 1)[-1] for d in login.dependencies}
+    assert {"local-login-agent"} <= deps  # its pod names the account: created after it

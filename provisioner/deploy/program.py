@@ -88,10 +88,11 @@ class _Component(pulumi.ComponentResource):
         self._wait = wait
         self._depends_on = list(depends_on)
 
-    def _add(self, obj: Mapping[str, Any], *, retain: bool = False) -> pulumi.CustomResource:
+    def _add(self, obj: Mapping[str, Any], *, retain: bool = False,
+             after: Sequence[pulumi.Resource] = ()) -> pulumi.CustomResource:
         opts = pulumi.ResourceOptions(
             parent=self,
-            depends_on=self._depends_on or None,
+            depends_on=[*self._depends_on, *after] or None,
             retain_on_delete=retain or None,
             # fixed names: a replacement must delete the old object first (else SSA "creates" the
             # same object and the delete of the old one removes it)
@@ -166,11 +167,11 @@ class Login(_Component):
         host_keys = {t: pulumi.Output.secret(v) for t, v in secrets.ssh_host_keys.items()}
         self._add(m.ssh_host_keys_secret(spec, host_keys))
         self._add(m.authorized_keys_secret(spec))
+        agent: list[pulumi.Resource] = []
         if m.sleeps(spec):  # the wake agent's account (its token reaches only the agent container)
-            self._add(m.login_agent_service_account(spec))
-            self._add(m.login_agent_role(spec))
-            self._add(m.login_agent_role_binding(spec))
-        self._add(m.login_deployment(spec, gen.files, site))
+            agent = [self._add(m.login_agent_service_account(spec)), self._add(m.login_agent_role(spec)),
+                     self._add(m.login_agent_role_binding(spec))]
+        self._add(m.login_deployment(spec, gen.files, site), after=agent)  # its pod names the account
         svc = self._add(m.login_service(spec))
         self.service = svc.metadata.name
         self.service_type = svc.spec.type
