@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import time
 import json
-import urllib.request
 from typing import Iterator
 
 import asyncssh
@@ -46,9 +45,15 @@ def test_an_idle_control_tier_sleeps_and_slurmk8s_submit_wakes_it(sleepy_cluster
     c = sleepy_cluster
     login = c.login()
     assert login.run("id -un").stdout.strip() == "alice"
-    # the login pod counts SSH sessions for the idle check: one held open shows up
-    pod = kjson("get", "pods", "-n", sleepy.NS, "-l", "app.kubernetes.io/component=login")["items"][0]
-    url = f"http://{pod['status']['podIP']}:9411/activity"
+    # the login pod counts SSH sessions for the idle check: one held open shows up where the
+    # reconcile loop reads it (from the slurmctld pod, through the cluster's DNS)
+    url = f"http://login-0.workers.{sleepy.NS}.svc.cluster.local:9411/activity"
+
+    def activity() -> dict:
+        got = kubectl("exec", "-n", sleepy.NS, "slurmctld-0", "-c", "reconcile", "--", "/opt/slurmk8s/bin/python",
+                      "-c", "import sys, urllib.request; print(urllib.request.urlopen(sys.argv[1], timeout=5).read()"
+                      ".decode())", url, check=False)
+        return json.loads(got.stdout) if got.returncode == 0 else {"error": got.stderr}
 
     async def hold_and_count() -> dict:
         async with asyncssh.connect(login.host, port=22, username="alice", client_keys=[c.key],
@@ -57,8 +62,7 @@ def test_an_idle_control_tier_sleeps_and_slurmk8s_submit_wakes_it(sleepy_cluster
             deadline = time.monotonic() + 20
             doc: dict = {}
             while time.monotonic() < deadline:
-                with urllib.request.urlopen(url, timeout=5) as resp:
-                    doc = json.loads(resp.read())
+                doc = activity()
                 if doc.get("sessions"):
                     break
                 await asyncio.sleep(1)
