@@ -529,6 +529,21 @@ class Tier:
         ws = sleep_order(self.workloads())
         self.record(ASLEEP, reason, EV_SLEEP)
         done: list[Workload] = []
+        try:
+            return self._sleep_steps(ws, done, recheck, controller_stopped, gone_timeout)
+        except TierError as err:
+            if any(d.component == m.CONTROLLER for d in done):
+                raise  # slurmctld is stopping: the woken loop finishes or undoes the rest
+            for d in reversed(done):
+                try:
+                    self._scale(d, 1)
+                except TierError as again:
+                    self.log(f"sleep failed and {d.ref} could not be scaled back: {again}")
+            self.record(AWAKE, f"sleep failed: {err}", EV_SLEEP_ABORTED)
+            raise
+
+    def _sleep_steps(self, ws: list[Workload], done: list[Workload], recheck: Callable[[], str],
+                     controller_stopped: Callable[[], bool], gone_timeout: float) -> bool:
         for w in ws:
             if w.component == m.CONTROLLER:
                 late = recheck()
@@ -678,8 +693,13 @@ def _serve_lines(agent: Agent, host: str, port: int) -> None:
     import socketserver
 
     class Handler(socketserver.StreamRequestHandler):
+        timeout = 15  # a client that sends no request line does not hold a thread for ever
+
         def handle(self) -> None:
-            line = self.rfile.readline(512).decode(errors="replace").strip()
+            try:
+                line = self.rfile.readline(512).decode(errors="replace").strip()
+            except OSError:
+                return
 
             def send(text: str) -> None:
                 try:

@@ -395,3 +395,22 @@ def test_user_cli_addresses_namespaces_and_ssh_argv(tmp_path):
         "-o", "LogLevel=ERROR", "alice@10.0.0.5", "--", "squeue", "-u", "alice"]
     assert usercli.Ssh("h", 22, "bob", None, tmp_path / "kh", False).ssh_argv([]) == [
         "ssh", "-p", "22", "-o", f"UserKnownHostsFile={tmp_path / 'kh'}", "bob@h"]
+
+
+def test_a_sleep_that_fails_before_slurmctld_records_awake_again():
+    api = _full_tier()
+    tier, _ = _tier(api)
+    orig = api.scale
+
+    def scale(ns, kind, name, replicas):
+        if name == "slurmctld":
+            from provisioner.kube import ApiError
+            raise ApiError(403, "Forbidden", "statefulsets/scale slurmctld")
+        orig(ns, kind, name, replicas)
+
+    api.scale = scale
+    with pytest.raises(ct.TierError, match="RBAC"):
+        tier.sleep_tier("idle", recheck=lambda: "", controller_stopped=lambda: True)
+    assert api.workloads[("Deployment", "login")]["spec"]["replicas"] == 1
+    ann = api.workloads[("StatefulSet", "slurmctld")]["metadata"]["annotations"]
+    assert ann[ct.A_STATE] == "awake" and ann[ct.A_REASON].startswith("sleep failed: cannot scale statefulset/slurmctld")
