@@ -8,6 +8,7 @@ import os
 import shutil
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -342,11 +343,17 @@ def test_wake_script_without_an_agent_returns_at_once():
 def test_session_count_counts_sshd_sessions_of_cluster_users(tmp_path):
     users = tmp_path / "users"
     users.mkdir()
-    me = os.getuid()
+    # an unused uid for "alice" (root can start a process as it): other sshd-session processes on
+    # this machine run as other users
+    me = os.getuid() if os.getuid() != 0 else 54321
     (users / "passwd").write_text(f"alice:x:{me}:{me}::/home/alice:/bin/bash\nbob:x:{me + 1}:{me + 1}::/x:/bin/sh\n")
-    fake = tmp_path / "sshd-session"  # a process whose comm is sshd-session, running as "alice"
+    exe_dir = Path(tempfile.mkdtemp(prefix="sshd-fake-"))  # outside pytest's 0700 directory
+    exe_dir.chmod(0o755)
+    fake = exe_dir / "sshd-session"  # a process whose comm is sshd-session, running as "alice"
     shutil.copy("/bin/sleep", fake)
-    proc = subprocess.Popen([str(fake), "30"])
+    fake.chmod(0o755)
+    proc = subprocess.Popen([str(fake), "30"], user=me if os.getuid() == 0 else None,
+                            group=me if os.getuid() == 0 else None)
     out = tmp_path / "sessions"
     counter = subprocess.Popen(["bash", str(IMAGES / "session-count"), str(out)],
                                env={"PATH": os.environ["PATH"], "SLURMK8S_USERS_DIR": str(users),
@@ -373,6 +380,7 @@ def test_session_count_counts_sshd_sessions_of_cluster_users(tmp_path):
     finally:
         counter.kill()
         proc.kill()
+        shutil.rmtree(exe_dir, ignore_errors=True)
 
 
 # ---------------------------------------------------------------- slurmk8s submit / ssh
