@@ -14,7 +14,7 @@ import asyncssh
 import pytest
 
 import sleepy
-from helpers import kjson, kubectl, wait_for, wait_job
+from helpers import SLURMK8S, TOOLCHAIN_BIN, kjson, kubeconfig, kubectl, wait_for, wait_job
 
 pytestmark = pytest.mark.e2e
 
@@ -121,3 +121,13 @@ def test_plain_sbatch_on_the_running_login_pod_wakes_the_controller(sleepy_clust
     assert final["job_state"] == ["COMPLETED"], final["job_state"]
     woke = wait_for("the wake recorded with its reason", sleepy.awake_recorded, 60, interval=2)
     assert "sbatch by alice on the login pod" in woke["slurmk8s.io/state-reason"], woke
+
+
+def test_slurmk8s_ssh_runs_a_command_on_the_login_pod(sleepy_cluster: sleepy.Sleepy):
+    c = sleepy_cluster
+    proc = subprocess.run(
+        [SLURMK8S, "ssh", "--namespace", sleepy.NS, "--user", "alice", "--key", str(c.key_path),
+         "--insecure-host-key", "--", "id", "-un"],
+        capture_output=True, text=True, timeout=300, check=False,
+        env={**os.environ, "KUBECONFIG": kubeconfig(), "PATH": f"{TOOLCHAIN_BIN}:{os.environ.get('PATH', '')}"})
+    assert proc.returncode == 0 and proc.stdout.strip() == "alice", (proc.stdout, proc.stderr)
