@@ -483,8 +483,9 @@ class Tier:
     def wake(self, reason: str, progress: Callable[[str], None] = lambda _l: None,
              timeout: float = DEFAULT_WAKE_TIMEOUT) -> bool:
         """Scale every tier workload at zero back to one, database first, each ready before the
-        next. Idempotent; True when something was asleep. Leaves a WakeRequested Event naming who
-        and why (the woken reconcile loop records the awake state with it)."""
+        next. Idempotent; True when something was asleep or still starting (then slurmctld may
+        not answer RPCs yet), False when all was up. Leaves a WakeRequested Event naming who and
+        why when it scales (the woken reconcile loop records the awake state with it)."""
         ws = self.workloads()
         if not any(w.component == m.CONTROLLER for w in ws):
             raise TierError(f"no statefulset/{m.CONTROLLER} labelled {TIER_SELECTOR} in namespace {self.namespace}: "
@@ -515,7 +516,7 @@ class Tier:
                 self.sleep(self.poll)
             progress(f"{w.ref} ready ({self.clock() - t0:.1f}s)")
         progress(f"control tier awake ({self.clock() - start:.1f}s)")
-        return bool(asleep)
+        return True
 
     # -- sleep
 
@@ -658,6 +659,8 @@ class Agent:
         self.last_request: float | None = None
         self._lock = threading.Lock()
         self._awake_at = 0.0
+        self._waking = ""  # the reason of the wake under way
+        self._woken = 0  # wakes done (requests that waited for one see it change)
 
     def handle(self, line: str, send: Callable[[str], None]) -> None:
         """One request: `wake USER WHAT`. Replies `progress TEXT`*, then `ok awake` (nothing to do),
@@ -672,17 +675,28 @@ class Agent:
         if time.monotonic() - self._awake_at < self.awake_cache:
             send("ok awake")
             return
-        with self._lock:  # one wake at a time; later requests find the tier awake
+        generation = self._woken
+        if self._waking:  # a wake is under way (e.g. from this user's SSH login): wait for it
+            send(f"progress waking the control tier (already under way for {self._waking})")
+        with self._lock:  # one wake at a time
+            if self._woken != generation:
+                send("ok woken")  # the wake we waited for is done; the caller waits for slurmctld
+                return
+            reason = f"{what} by {user} on the login pod"
+            self._waking = reason
             try:
-                woke = self.tier.wake(f"{what} by {user} on the login pod", progress=lambda t: send(f"progress {t}"),
-                                      timeout=self.timeout)
+                woke = self.tier.wake(reason, progress=lambda t: send(f"progress {t}"), timeout=self.timeout)
             except TierError as err:
-                self.tier.log(f"wake for {what} by {user} failed: {err}")
+                self.tier.log(f"wake for {reason} failed: {err}")
                 send(f"error {err}")
                 return
+            finally:
+                self._waking = ""
             self._awake_at = time.monotonic()
+            if woke:
+                self._woken += 1
         if woke:
-            self.tier.log(f"woke the control tier for {what} by {user}")
+            self.tier.log(f"woke the control tier for {reason}")
         send("ok woken" if woke else "ok awake")
 
     def activity(self) -> dict[str, Any]:

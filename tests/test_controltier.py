@@ -212,6 +212,30 @@ def test_agent_wakes_once_and_answers_awake_after(tmp_path):
     assert agent.last_request is not None
 
 
+def test_a_request_during_a_wake_waits_for_it_and_hears_woken(tmp_path):
+    api = ct.FakeTierApi(ready_after=3)
+    api.add("StatefulSet", "slurmctld", "slurmctld", replicas=0)
+    tier, _ = _tier(api)
+    gate = threading.Event()
+    tier.sleep = lambda s: gate.wait(5)  # the first wake blocks while polling readiness
+    agent = ct.Agent(tier, str(tmp_path / "sessions"))
+    first, second = [], []
+    t1 = threading.Thread(target=agent.handle, args=("wake alice ssh-login", first.append))
+    t1.start()
+    while not agent._waking:
+        time.sleep(0.01)
+    t2 = threading.Thread(target=agent.handle, args=("wake alice sbatch", second.append))
+    t2.start()
+    time.sleep(0.1)
+    gate.set()
+    t1.join(5)
+    t2.join(5)
+    assert first[-1] == "ok woken"
+    assert second == ["progress waking the control tier (already under way for ssh-login by alice on the login pod)",
+                      "ok woken"]
+    assert [c for c in api.calls if c[0] == "scale"] == [("scale", "StatefulSet", "slurmctld", 1)]
+
+
 def test_activity_document_says_when_the_count_is_missing_or_stale(tmp_path):
     f = tmp_path / "sessions"
     assert ct.activity_doc(str(f), None, 100)["sessions"] is None
