@@ -1204,16 +1204,17 @@ def idle_watch_from_env(env: Mapping[str, str], log: "Log", slurm: "SlurmCli",
                         backend: Callable[[], NodeBackend]) -> IdleWatch | None:
     """The IdleWatch when the spec sets elasticity.idle_teardown (else None)."""
     from . import controltier as ct
-    from .elastic.programs import Log
     from . import manifests as m
+    from .elastic.programs import Log
     from .config import parse_spec
+    from .errors import SlurmK8sError
     from .kube import DEFAULT_SITE, DEFAULT_SPEC, _api_client
 
     spec_path = env.get("SLURMK8S_SPEC", DEFAULT_SPEC)
     try:
         with open(spec_path) as fh:
             spec = parse_spec(json.load(fh), source=spec_path)
-    except (OSError, ValueError) as err:
+    except (OSError, ValueError, SlurmK8sError) as err:
         log.write(f"idle teardown off: cannot read the spec {spec_path}: {err}")
         return None
     teardown = spec.elasticity.idle_teardown
@@ -1233,7 +1234,12 @@ def idle_watch_from_env(env: Mapping[str, str], log: "Log", slurm: "SlurmCli",
         log.write(line)
         durable.write(line)
 
-    tier = ct.Tier(ct.ClientTierApi(_api_client(env)), namespace, "slurmk8s-reconcile", log=tier_log)
+    try:
+        client = _api_client(env)
+    except BackendError as err:
+        log.write(f"idle teardown off: no Kubernetes API client: {err.reason}")
+        return None
+    tier = ct.Tier(ct.ClientTierApi(client), namespace, "slurmk8s-reconcile", log=tier_log)
     url = f"http://{m.LOGIN_HOST}.{m.WORKERS}.{namespace}.svc.{domain}:{m.ACTIVITY_PORT}/activity"
 
     def sessions() -> tuple[int | None, tuple[str, ...], float | None, str]:
