@@ -6,8 +6,10 @@ still-running login pod wakes it."""
 from __future__ import annotations
 
 import asyncio
-import time
 import json
+import os
+import subprocess
+import time
 from typing import Iterator
 
 import asyncssh
