@@ -203,10 +203,8 @@ class Ssh:
             argv += ["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR"]
         elif self.known_hosts is not None:
             argv += ["-o", f"UserKnownHostsFile={self.known_hosts}"]
-        argv.append(f"{self.user}@{self.host}")
-        if command:
-            argv += ["--", *command]
-        return argv
+        # "--" before the destination: ssh's options end there; the command's words follow it
+        return [*argv, "--", f"{self.user}@{self.host}", *command]
 
 
 def _prepare(spec: Path | None, namespace: str | None, kubeconfig: str | None, user: str | None, key: Path | None,

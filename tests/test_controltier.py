@@ -424,9 +424,9 @@ def test_user_cli_addresses_namespaces_and_ssh_argv(tmp_path):
     ssh = usercli.Ssh("10.0.0.5", 2222, "alice", Path("/k"), None, insecure=True)
     assert ssh.ssh_argv(["squeue", "-u", "alice"]) == [
         "ssh", "-p", "2222", "-i", "/k", "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
-        "-o", "LogLevel=ERROR", "alice@10.0.0.5", "--", "squeue", "-u", "alice"]
+        "-o", "LogLevel=ERROR", "--", "alice@10.0.0.5", "squeue", "-u", "alice"]
     assert usercli.Ssh("h", 22, "bob", None, tmp_path / "kh", False).ssh_argv([]) == [
-        "ssh", "-p", "22", "-o", f"UserKnownHostsFile={tmp_path / 'kh'}", "bob@h"]
+        "ssh", "-p", "22", "-o", f"UserKnownHostsFile={tmp_path / 'kh'}", "--", "bob@h"]
 
 
 def test_a_sleep_that_fails_before_slurmctld_records_awake_again():
