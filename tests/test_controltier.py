@@ -446,3 +446,20 @@ def test_a_sleep_that_fails_before_slurmctld_records_awake_again():
     assert api.workloads[("Deployment", "login")]["spec"]["replicas"] == 1
     ann = api.workloads[("StatefulSet", "slurmctld")]["metadata"]["annotations"]
     assert ann[ct.A_STATE] == "awake" and ann[ct.A_REASON].startswith("sleep failed: cannot scale statefulset/slurmctld")
+
+
+def test_idle_watch_is_off_without_idle_teardown_or_a_readable_spec(tmp_path):
+    import json as _json
+
+    from provisioner.elastic.programs import Log
+    from provisioner.reconcile import SlurmCli, idle_watch_from_env
+
+    log = Log("test", str(tmp_path / "r.log"))
+    spec = tmp_path / "spec.json"
+    spec.write_text(_json.dumps(_spec().model_dump(mode="json")))
+    assert idle_watch_from_env({"SLURMK8S_SPEC": str(spec)}, log, SlurmCli(), lambda: None) is None
+    assert idle_watch_from_env({"SLURMK8S_SPEC": str(tmp_path / "missing.json")}, log, SlurmCli(),
+                               lambda: None) is None
+    assert any("idle teardown off: cannot read the spec" in line for line in log.lines)
+    spec.write_text(_json.dumps({"name": "x"}))  # invalid spec: off, said why, no crash
+    assert idle_watch_from_env({"SLURMK8S_SPEC": str(spec)}, log, SlurmCli(), lambda: None) is None
