@@ -481,12 +481,14 @@ class Tier:
     # -- wake
 
     def wake(self, reason: str, progress: Callable[[str], None] = lambda _l: None,
-             timeout: float = DEFAULT_WAKE_TIMEOUT) -> bool:
+             timeout: float = DEFAULT_WAKE_TIMEOUT, running_in: str = "") -> bool:
         """Scale every tier workload at zero back to one, database first, each ready before the
         next. Idempotent; True when something was asleep or still starting (then slurmctld may
         not answer RPCs yet), False when all was up. Leaves a WakeRequested Event naming who and
-        why when it scales (the woken reconcile loop records the awake state with it)."""
-        ws = self.workloads()
+        why when it scales (the woken reconcile loop records the awake state with it).
+        `running_in`: the component the caller itself runs in (the login agent: login), which is
+        evidently up and must not be waited for (its readiness may wait for this very wake)."""
+        ws = [w for w in self.workloads() if not running_in or w.component != running_in]
         if not any(w.component == m.CONTROLLER for w in ws):
             raise TierError(f"no statefulset/{m.CONTROLLER} labelled {TIER_SELECTOR} in namespace {self.namespace}: "
                             "is the cluster deployed (slurmk8s up), and does --namespace / --spec name it?")
@@ -685,7 +687,8 @@ class Agent:
             reason = f"{what} by {user} on the login pod"
             self._waking = reason
             try:
-                woke = self.tier.wake(reason, progress=lambda t: send(f"progress {t}"), timeout=self.timeout)
+                woke = self.tier.wake(reason, progress=lambda t: send(f"progress {t}"), timeout=self.timeout,
+                                      running_in=m.LOGIN)
             except TierError as err:
                 self.tier.log(f"wake for {reason} failed: {err}")
                 send(f"error {err}")

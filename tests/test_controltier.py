@@ -212,6 +212,18 @@ def test_agent_wakes_once_and_answers_awake_after(tmp_path):
     assert agent.last_request is not None
 
 
+def test_the_agent_never_waits_for_its_own_login_pod(tmp_path):
+    # login sleeps with the tier; its restarted pod asks to wake before it can become ready
+    api = ct.FakeTierApi(ready_after=10**6)
+    api.add("StatefulSet", "slurmctld", "slurmctld")
+    api.add("Deployment", "login", "login")
+    api.workloads[("Deployment", "login")]["status"]["readyReplicas"] = 0  # this very pod, starting
+    tier, _ = _tier(api)
+    out = []
+    ct.Agent(tier, str(tmp_path / "sessions"), timeout=30).handle("wake root login-pod-start", out.append)
+    assert out == ["ok awake"] and api.calls == []
+
+
 def test_a_request_during_a_wake_waits_for_it_and_hears_woken(tmp_path):
     api = ct.FakeTierApi(ready_after=3)
     api.add("StatefulSet", "slurmctld", "slurmctld", replicas=0)
