@@ -23,6 +23,10 @@ render-config init container, with the same Python code as `slurmk8s up`.
 {{- $images := dict "controller" ($img.controller | default "slurmk8s/slurmctld:dev") "worker" ($img.worker | default "slurmk8s/slurmd:dev") "login" ($img.login | default "slurmk8s/login:dev") "pull_policy" ($img.pull_policy | default "IfNotPresent") -}}
 {{- $l := $v.login | default dict -}}
 {{- $login := dict "enabled" (ternary $l.enabled true (hasKey $l "enabled")) "service_type" ($l.service_type | default "ClusterIP") -}}
+{{- /* idle teardown (manifests.sleeps / login_sleeps) */ -}}
+{{- $el := $v.elasticity | default dict -}}
+{{- $sleeps := not (kindIs "invalid" $el.idle_teardown) -}}
+{{- $_ := set $login "sleeps" (and $login.enabled ($l.sleeps_with_control_tier | default false)) -}}
 {{- if not (kindIs "invalid" $l.node_port) -}}
 {{- $_ := set $login "node_port" (int64 $l.node_port) -}}
 {{- end -}}
@@ -58,7 +62,7 @@ render-config init container, with the same Python code as `slurmk8s up`.
 {{- end -}}
 {{- $site := dict "cluster_domain" ($c.clusterDomain | default "cluster.local") "host_network_sources" ($c.hostNetworkSources | default list) -}}
 {{- $chart := dict "createSecrets" (ternary $c.createSecrets true (hasKey $c "createSecrets")) -}}
-{{- toJson (dict "name" $v.name "namespace" $ns "images" $images "login" $login "users" $users "groups" $groups "storage" $storage "pools" $pools "site" $site "chart" $chart) -}}
+{{- toJson (dict "name" $v.name "namespace" $ns "sleeps" $sleeps "images" $images "login" $login "users" $users "groups" $groups "storage" $storage "pools" $pools "site" $site "chart" $chart) -}}
 {{- end -}}
 
 {{/* slurmk8s.document: the spec as the in-cluster programs read it (spec.json): the values as
