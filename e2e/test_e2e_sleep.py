@@ -19,6 +19,7 @@ import sleepy
 from helpers import SLURMK8S, TOOLCHAIN_BIN, kjson, kubeconfig, kubectl, wait_for, wait_job
 
 pytestmark = pytest.mark.e2e
+NAMESPACE = sleepy.NS  # conftest's failure report collects this namespace's pod logs
 
 JOB = "#!/bin/bash\n#SBATCH -N1 -o woken-%j.out\nhostname; echo woken\n"
 

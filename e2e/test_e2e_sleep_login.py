@@ -13,6 +13,7 @@ import sleepy
 from helpers import kjson, wait_for, wait_job
 
 pytestmark = pytest.mark.e2e
+NAMESPACE = sleepy.NS  # conftest's failure report collects this namespace's pod logs
 
 
 @pytest.fixture(scope="module")
