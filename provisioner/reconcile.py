@@ -1140,7 +1140,6 @@ class IdleWatch:
     controller_stopped: Callable[[], bool]
     log: Callable[[str], None]
     recent: float = 15.0  # a Slurm command / login this recent aborts a sleep at the last check
-    sleeping: threading.Event = field(default_factory=threading.Event)  # set while sleep_tier runs
     started: bool = False
     _said: str = ""
 
@@ -1189,15 +1188,12 @@ class IdleWatch:
         if not reason:
             return False
         self.log(f"control tier going to sleep: {reason}")
-        self.sleeping.set()
         try:
             return bool(self.tier.sleep_tier(reason, self.recheck, self.controller_stopped))
         except TierError as err:
             self.log(f"control tier: sleep failed: {err}")
             self.tracker.idle_since = None  # try again after a full idle period
             return False
-        finally:
-            self.sleeping.clear()
 
 
 def idle_watch_from_env(env: Mapping[str, str], log: "Log", slurm: "SlurmCli",
