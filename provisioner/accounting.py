@@ -24,6 +24,7 @@ from enum import Enum
 from typing import Any, Mapping, Protocol, Sequence
 
 DEFAULT_PERIOD = 30.0
+RETRY_PERIOD = 2.0
 SACCTMGR = "sacctmgr"
 PROTECTED_ACCOUNTS = frozenset({"root"})
 PROTECTED_USERS = frozenset({"root"})
@@ -319,7 +320,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             in_step = result.ok
         if args.once:
             return 0 if result is not None and result.ok else 1
-        time.sleep(args.period)
+        # until the database first matches the spec, try again soon: jobs submitted before a user's
+        # association exists are charged to no account
+        time.sleep(args.period if in_step else min(args.period, RETRY_PERIOD))
 
 
 if __name__ == "__main__":

@@ -42,6 +42,7 @@ KUBECONFIG_KEY = "kubernetes:kubeconfig"
 WAIT_KEY = f"{keys.CONFIG_NAMESPACE}:wait"
 SPEC_KEY = f"{keys.CONFIG_NAMESPACE}:spec"
 NAMESPACE_GONE_TIMEOUT = 180.0
+CLAIM_PURPOSE = {"home": "/home", "slurmctld-state": "slurmctld state", "accounting-db": "accounting database"}
 
 Printer = Callable[[str], Any]
 
@@ -448,8 +449,9 @@ def delete_leftovers(session: Session, echo: Printer, *, purge: bool) -> None:
         for pod in pods:
             core.delete_namespaced_pod(pod.metadata.name, ns, grace_period_seconds=m.WORKER_GRACE_SECONDS)
         echo(f"deleted {len(pods)} worker pod(s) left by the resume program")
+        claims = m.kept_claims(spec)
         if purge:
-            for claim in (m.HOME_PVC, m.CONTROLLER_STATE_PVC):
+            for claim in claims:
                 try:
                     core.delete_namespaced_persistent_volume_claim(claim, ns)
                     echo(f"deleted PersistentVolumeClaim {ns}/{claim}")
@@ -471,8 +473,19 @@ def delete_leftovers(session: Session, echo: Printer, *, purge: bool) -> None:
                                   f"see `kubectl get ns {ns} -o yaml` (finalizers)")
             echo(f"deleted namespace {ns} ({time.monotonic() - t0:.1f}s)")
         else:
-            echo(f"kept namespace {ns} with PersistentVolumeClaims {m.HOME_PVC} and {m.CONTROLLER_STATE_PVC} "
-                 "(`slurmk8s down --purge` deletes them)")
+            kept = []
+            for claim in claims:
+                try:
+                    pvc = core.read_namespaced_persistent_volume_claim(claim, ns)
+                except ApiException as err:
+                    if err.status != 404:
+                        raise
+                    continue
+                size = ((pvc.status.capacity or {}) if pvc.status else {}).get("storage") \
+                    or pvc.spec.resources.requests.get("storage", "?")
+                kept.append(f"{claim} ({CLAIM_PURPOSE.get(claim, claim)}, {size})")
+            echo(f"kept namespace {ns} and {len(kept)} volume(s): {', '.join(kept) or 'none'}; "
+                 "`slurmk8s down --purge` deletes them")
     except ApiException as err:
         if err.status == 404:
             echo(f"namespace {ns} is already gone")
