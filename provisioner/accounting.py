@@ -292,6 +292,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     db = Sacctmgr()
     waiting_since: float | None = None
     in_step = False
+    synced_once = False
     while True:
         try:
             desired = load_desired(args.spec)
@@ -318,11 +319,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 _log(f"database matches the spec (cluster {desired.cluster}, {len(desired.accounts)} account(s), "
                      f"{len(desired.users)} user(s))")
             in_step = result.ok
+            synced_once = synced_once or result.ok
         if args.once:
             return 0 if result is not None and result.ok else 1
         # until the database first matches the spec, try again soon: jobs submitted before a user's
         # association exists are charged to no account
-        time.sleep(args.period if in_step else min(args.period, RETRY_PERIOD))
+        time.sleep(args.period if synced_once else min(args.period, RETRY_PERIOD))
 
 
 if __name__ == "__main__":
