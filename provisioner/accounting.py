@@ -261,6 +261,8 @@ def sync(desired: Desired, db: Database) -> SyncResult:
     applied: list[Action] = []
     failed: list[tuple[Action, str]] = []
     for action in plan(desired, db.read(desired.cluster)):
+        if failed and action.argv[0] == "delete":
+            break  # removals come last, users before their accounts: after a refused one, wait a pass
         try:
             db.apply(action)
             applied.append(action)

@@ -408,6 +408,26 @@ def repair(session: Session, echo: Printer) -> None:
     echo("repair: state refreshed from the cluster")
 
 
+def preflight(session: Session, echo: Printer, *, database: bool) -> None:
+    """Checks against the live cluster before anything is applied (storage classes, volumes, the
+    external database's Secret; with `database`, a connection test of the external database)."""
+    from kubernetes.client.exceptions import ApiException
+
+    from . import preflight as pf
+    from .program import load_kubeconfig
+
+    t0 = time.monotonic()
+    api = load_kubeconfig(session.kubeconfig)
+    try:
+        pf.check(session.spec, pf.read_cluster(session.spec, api))
+        if database:
+            pf.check_database(session.spec, api, echo)
+    except ApiException as err:
+        raise DeployError(f"preflight checks could not read the cluster: {err.status} {err.reason}") from None
+    finally:
+        session.timings["preflight"] = time.monotonic() - t0
+
+
 def preview(session: Session, echo: Printer, *, diff: bool = False) -> Result:
     t0 = time.monotonic()
     res = _run(session, "preview", lambda: session.stack.preview(on_output=echo, color="never", diff=diff), t0)
@@ -528,6 +548,7 @@ def describe_versions(session: Session) -> str:
 
 
 __all__: Sequence[str] = (
-    "DeployError", "Toolchain", "find_toolchain", "open_session", "ensure_stack_config", "preview", "up", "down",
+    "DeployError", "Toolchain", "find_toolchain", "open_session", "ensure_stack_config", "preflight", "preview", "up",
+    "down",
     "delete_leftovers", "outputs", "repair", "stack_secrets", "describe_versions",
 )

@@ -78,6 +78,7 @@ def up(spec: SpecOpt, kubeconfig: KubeOpt = None, state: StateOpt = None, stack:
 
     session = _session(spec, state=state, stack=stack, kubeconfig=kubeconfig, need_cluster=True)
     try:
+        a.preflight(session, _echo_line, database=True)
         made = a.ensure_stack_config(session, wait=wait, spec_path=spec)
         if made:
             typer.echo(f"generated and stored (encrypted) in the stack config: {', '.join(made)}")
@@ -99,6 +100,7 @@ def preview(spec: SpecOpt, kubeconfig: KubeOpt = None, state: StateOpt = None, s
 
     session = _session(spec, state=state, stack=stack, kubeconfig=kubeconfig, need_cluster=True)
     try:
+        a.preflight(session, _echo_line, database=False)
         a.ensure_stack_config(session, wait=wait, spec_path=spec)
         result = a.preview(session, _echo_line, diff=diff)
     except SlurmK8sError as err:
