@@ -612,6 +612,10 @@ def worker_pod_template(spec: ClusterSpec, pool: Pool, site: K8sSite = K8sSite()
     }
     if net.host_network:
         pod_spec["hostNetwork"] = True
+    if home_on_one_node(spec) and spec.login.enabled:
+        # single-node fallback: a ReadWriteOnce /home mounts on one node only, the login pod's
+        pod_spec["affinity"] = {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
+            "labelSelector": {"matchLabels": selector(spec, LOGIN)}, "topologyKey": "kubernetes.io/hostname"}]}}
     if pool.node_selector:
         pod_spec["nodeSelector"] = dict(sorted(pool.node_selector.items()))
     if pool.tolerations:
@@ -671,7 +675,7 @@ def worker_pod(spec: ClusterSpec, node: SlurmNode, site: K8sSite = K8sSite()) ->
     pspec["hostname"] = node.name
     placement = _placement(pool, node)
     if placement:
-        pspec["affinity"] = placement
+        pspec["affinity"] = {**pspec.get("affinity", {}), **placement}
     container = pspec["containers"][0]
     container["env"].insert(1, {"name": "SLURMK8S_NODENAME", "value": node.name})
     container["resources"] = worker_resources(spec, node)
@@ -971,6 +975,25 @@ def _open_port(spec: ClusterSpec, name: str, component: str, port: int) -> dict[
 # ---------------------------------------------------------------- checks and the whole set
 
 
+def home_on_one_node(spec: ClusterSpec) -> bool:
+    """/home is not ReadWriteMany: login and every worker must share the node the volume is attached to."""
+    return spec.storage.home.access_mode != "ReadWriteMany"
+
+
+def check_home_access(spec: ClusterSpec, inventory: Inventory) -> None:
+    """A ReadWriteOnce /home cannot serve workers pinned to more than one Kubernetes node."""
+    if not home_on_one_node(spec):
+        return
+    pinned = sorted({n.k8s_node for n in inventory.nodes if n.k8s_node})
+    if len(pinned) > 1:
+        raise Problem(Issue("storage.home.access_mode",
+                            f"/home is {spec.storage.home.access_mode}, which mounts on one Kubernetes node only, but "
+                            f"the pinned pools span {len(pinned)} nodes ({', '.join(pinned[:4])}"
+                            f"{', ...' if len(pinned) > 4 else ''})",
+                            "use a storage class that offers ReadWriteMany (NFS, CephFS, EFS, Filestore, ...), or "
+                            "select a single node with the pools' node_selector"), title="invalid storage")
+
+
 def check_names(spec: ClusterSpec, inventory: Inventory) -> None:
     """Slurm node names become pod names and hostnames next to the fixed ones used here."""
     reserved = {LOGIN, LOGIN_HOST, CONTROLLER_POD, CONTROLLER, WORKERS}
@@ -1019,6 +1042,7 @@ def all_objects(spec: ClusterSpec, inventory: Inventory, files: Mapping[str, str
                 site: K8sSite = K8sSite()) -> list[dict[str, Any]]:
     """Every object of the deployed set, in apply order (namespace first). Worker pods are not in it."""
     check_names(spec, inventory)
+    check_home_access(spec, inventory)
     objs: list[dict[str, Any]] = [namespace(spec), home_pvc(spec)]
     objs += [
         auth_secret(spec, secrets.munge_key_b64), slurm_config_map(spec, files), users_config_map(spec, files),

@@ -377,3 +377,27 @@ def test_preflight_external_database_secret():
     # no database volume is needed for an external database
     facts = pf.ClusterFacts(storage_classes=[_sc("local")], volumes=_local_pvs()[:2], secrets=good)
     assert pf.storage_issues(spec, facts) == []
+
+
+# ---------------------------------------------------------------- /home without ReadWriteMany
+
+
+def test_readwriteonce_home_is_the_single_node_fallback():
+    from provisioner.errors import Problem
+
+    rwo = {"storage": {"home": {"size": "1Gi", "access_mode": "ReadWriteOnce"}}}
+    spec = parse_spec({"name": "demo", "pools": [{"name": "cpu", "node_selector": {"pool": "cpu"}}], **rwo})
+    one = generate(spec, nodes_from_api([node("n1", {"pool": "cpu"})]))
+    m.check_home_access(spec, one.inventory)
+    pod = m.worker_pod(spec, one.inventory.nodes[0])
+    aff = pod["spec"]["affinity"]
+    assert aff["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"] == [{
+        "labelSelector": {"matchLabels": {m.L_CLUSTER: "demo", m.L_COMPONENT: "login"}},
+        "topologyKey": "kubernetes.io/hostname"}]
+    assert "nodeAffinity" in aff  # pinned placement kept
+    two = generate(spec, nodes_from_api([node("n1", {"pool": "cpu"}), node("n2", {"pool": "cpu"})]))
+    with pytest.raises(Problem) as err:
+        m.check_home_access(spec, two.inventory)
+    assert err.value.fields == ("storage.home.access_mode",) and "ReadWriteMany" in err.value.render()
+    rwx = parse_spec({"name": "demo", "pools": [{"name": "cpu", "node_selector": {"pool": "cpu"}}]})
+    assert "affinity" not in m.worker_pod_template(rwx, rwx.pools[0])["spec"]

@@ -416,7 +416,11 @@ def preflight(session: Session, echo: Printer, *, database: bool) -> None:
     from . import preflight as pf
     from .program import load_kubeconfig
 
+    from .. import manifests as m
+
     t0 = time.monotonic()
+    if session.generated is not None:
+        m.check_home_access(session.spec, session.generated.inventory)
     api = load_kubeconfig(session.kubeconfig)
     try:
         pf.check(session.spec, pf.read_cluster(session.spec, api))

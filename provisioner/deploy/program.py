@@ -252,6 +252,7 @@ class SlurmCluster(pulumi.ComponentResource):
                  opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("slurmk8s:index:Cluster", name, None, opts)
         m.check_names(spec, gen.inventory)
+        m.check_home_access(spec, gen.inventory)
         # An explicit provider: ConfigMaps and Secrets are updated in place (server-side apply) when
         # the inventory, users or keys change, instead of the default delete-and-recreate.
         provider = k8s.Provider(
