@@ -163,6 +163,48 @@ def test_sacct_lists_jobs_whose_worker_pods_are_gone(cluster: Cluster):
     assert record["state"]["current"] == ["COMPLETED"] and record["user"] == "alice"
 
 
+def test_bad_database_or_storage_fails_before_anything_is_applied(cluster: Cluster, tmp_path):
+    """A wrong database password and a storage class that does not exist: `up` / `preview` stop with the
+    field and the fix, and the running cluster is left exactly as it was."""
+    def versions() -> dict[str, str]:
+        objs = kjson("get", "deployments,statefulsets,secrets,configmaps", "-n", NAMESPACE)["items"]
+        # workloads: their generation (spec changes only; status updates do not count)
+        return {f"{o['kind']}/{o['metadata']['name']}": o["metadata"].get("generation") or o["metadata"]["resourceVersion"]
+                for o in objs}
+
+    kubectl("create", "secret", "generic", "wrong-db-password", "-n", NAMESPACE,
+            "--from-literal=password=NotThePassword1")
+    before = versions()
+    spec = yaml.safe_load(cluster.spec_path.read_text())
+    spec["accounting"]["external_database"] = {"host": "mariadb", "user": "slurm", "database": "slurm_acct_db",
+                                               "password_secret": {"name": "wrong-db-password"}}
+    bad_db = tmp_path / "bad-db.yaml"
+    bad_db.write_text(yaml.safe_dump(spec))
+    t0 = time.monotonic()
+    proc = slurmk8s("up", "--spec", str(bad_db), "--state", str(cluster.state), log=cluster.log)
+    said = cluster.log.read_text().rsplit("$ slurmk8s up", 1)[-1]
+    print(f"wrong database password refused by `up` in {time.monotonic() - t0:.1f} s")
+    assert proc.returncode != 0, said[-3000:]
+    assert "the external accounting database is not usable (nothing was applied)" in said, said[-3000:]
+    assert "accounting.external_database: slurm@mariadb:3306/slurm_acct_db:" in said, said[-3000:]
+    assert "Access denied" in said and "Fix: check the user and the password" in said, said[-3000:]
+
+    spec = yaml.safe_load(cluster.spec_path.read_text())
+    spec["storage"]["database"]["storage_class"] = "no-such-class"
+    bad_sc = tmp_path / "bad-sc.yaml"
+    bad_sc.write_text(yaml.safe_dump(spec))
+    proc = slurmk8s("preview", "--spec", str(bad_sc), "--state", str(cluster.state), log=cluster.log)
+    said = cluster.log.read_text().rsplit("$ slurmk8s preview", 1)[-1]
+    assert proc.returncode != 0
+    assert "storage.database.storage_class: StorageClass 'no-such-class' does not exist in the cluster" in said, said
+    kubectl("delete", "secret", "wrong-db-password", "-n", NAMESPACE)
+    after = versions()
+    del before["Secret/wrong-db-password"]
+    assert after == before, "a refused `up` must not change the cluster"
+    assert not [p for p in kjson("get", "pods", "-n", NAMESPACE)["items"]
+                if p["metadata"]["name"].startswith("slurmk8s-db-check")], "the check pod must be gone"
+
+
 def test_down_leaves_only_the_volumes(cluster: Cluster):
     proc = slurmk8s("down", "--spec", str(cluster.spec_path), "--state", str(cluster.state), log=cluster.log)
     assert proc.returncode == 0, cluster.log.read_text()[-4000:]

@@ -291,8 +291,20 @@ def check_database(spec: ClusterSpec, api_client: Any, echo: Callable[[str], Any
                                    DB_FIXES.get(kind, "check the database settings")),
                              title="the external accounting database is not usable (nothing was applied)")
     finally:
-        try:
-            core.delete_namespaced_pod(name, ns, grace_period_seconds=0)
-        except ApiException as err:
-            if err.status != 404:
-                echo(f"warning: could not delete the database check pod {ns}/{name}: {err.status} {err.reason}")
+        _delete_pod(core, name, ns, echo)
+
+
+def _delete_pod(core: Any, name: str, ns: str, echo: Callable[[str], Any], timeout: float = 30.0) -> None:
+    """Delete the check pod and wait until it is gone (nothing of a refused `up` stays behind)."""
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        core.delete_namespaced_pod(name, ns, grace_period_seconds=0)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            core.read_namespaced_pod(name, ns)
+            time.sleep(0.5)
+        echo(f"warning: the database check pod {ns}/{name} is still terminating after {timeout:.0f}s")
+    except ApiException as err:
+        if err.status != 404:
+            echo(f"warning: could not delete the database check pod {ns}/{name}: {err.status} {err.reason}")
