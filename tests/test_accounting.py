@@ -207,7 +207,8 @@ def test_internal_database_objects_labels_and_where_the_secrets_go():
         if kind == "ConfigMap":
             assert "s3cretPassw0rd" not in json.dumps(obj) and "StoragePass" not in json.dumps(obj)
     conf = objs[("Secret", "slurmdbd-conf")]["stringData"]["slurmdbd.conf"]
-    assert "StorageHost=mariadb\n" in conf and "DbdHost=slurmdbd\n" in conf and "StoragePass=" not in conf
+    assert "StorageHost=mariadb.slurm-demo.svc.cluster.local\n" in conf and "DbdHost=slurmdbd\n" in conf
+    assert "StoragePass=" not in conf
     assert objs[("Secret", "accounting-db")]["stringData"] == {"password": "s3cretPassw0rd"}
     # the slurmctld pod keeps the database in step with the spec, as SlurmUser
     ctld = objs[("StatefulSet", "slurmctld")]["spec"]["template"]["spec"]["containers"]
@@ -401,3 +402,12 @@ def test_readwriteonce_home_is_the_single_node_fallback():
     assert err.value.fields == ("storage.home.access_mode",) and "ReadWriteMany" in err.value.render()
     rwx = parse_spec({"name": "demo", "pools": [{"name": "cpu", "node_selector": {"pool": "cpu"}}]})
     assert "affinity" not in m.worker_pod_template(rwx, rwx.pools[0])["spec"]
+
+
+def test_service_names_are_fully_qualified_in_the_program():
+    """slurm.conf and slurmdbd.conf name slurmdbd and MariaDB by FQDN: a bare name that does not resolve
+    yet falls through to the node's search domains (on the local cluster it reached an HTTP server)."""
+    spec = spec_of()
+    site = m.K8sSite(cluster_domain="corp.local")
+    assert m.slurmdbd_host(spec, site) == "slurmdbd.slurm-demo.svc.corp.local"
+    assert "StorageHost=mariadb.slurm-demo.svc.corp.local\n" in m.slurmdbd_conf(spec, site)

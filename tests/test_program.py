@@ -81,6 +81,9 @@ def test_components_parent_their_resources(pulumi_run, keys):
     retained = sorted(r.name for r in run.resources if r.retain_on_delete)
     assert retained == ["local-accounting-db", "local-home", "local-namespace", "local-slurmctld-state"]
     assert run.outputs["kept_volumes"] == ["home", "slurmctld-state", "accounting-db"]
+    conf = next(r for r in run.resources if r.name == "local-slurm-config").inputs["data"]["slurm.conf"]
+    assert "AccountingStorageHost=slurmdbd.slurm-local.svc.cluster.local\n" in conf
+    assert run.outputs["slurmdbd"] == "slurmdbd.slurm-local.svc.cluster.local:6819"
     assert ns_urn.retain_on_delete
 
 

@@ -157,15 +157,15 @@ class Accounting(_Component):
     host: pulumi.Output[str]
     database: pulumi.Output[str]
 
-    def __init__(self, name: str, spec: ClusterSpec, secrets: m.ClusterSecrets, *, wait: bool,
+    def __init__(self, name: str, spec: ClusterSpec, secrets: m.ClusterSecrets, site: m.K8sSite, *, wait: bool,
                  depends_on: Sequence[pulumi.Resource], opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("slurmk8s:index:Accounting", name, spec, wait, opts, depends_on)
         sec = m.ClusterSecrets(secrets.munge_key_b64, secrets.ssh_host_keys,
                                pulumi.Output.secret(secrets.db_password) if secrets.db_password is not None else None)
-        for obj in m.accounting_objects(spec, sec):
+        for obj in m.accounting_objects(spec, sec, site):
             self._add(obj, retain=obj["kind"] == "PersistentVolumeClaim")
-        host, port, _, db = m.db_endpoint(spec)
-        self.host = pulumi.Output.from_input(f"{m.SLURMDBD}:{m.SLURMDBD_PORT}")
+        host, port, _, db = m.db_endpoint(spec, site)
+        self.host = pulumi.Output.from_input(f"{m.slurmdbd_host(spec, site)}:{m.SLURMDBD_PORT}")
         self.database = pulumi.Output.from_input(f"{host}:{port}/{db}")
         self.register_outputs({"host": self.host, "database": self.database})
 
@@ -268,7 +268,7 @@ class SlurmCluster(pulumi.ComponentResource):
         self.storage = Storage(f"{name}-storage", spec, wait=wait, depends_on=[ns], opts=child)
         self.controller = Controller(f"{name}-controller", spec, gen, secrets, site, wait=wait,
                                      depends_on=[ns], opts=child)
-        self.accounting = (Accounting(f"{name}-accounting", spec, secrets, wait=wait, depends_on=[ns], opts=child)
+        self.accounting = (Accounting(f"{name}-accounting", spec, secrets, site, wait=wait, depends_on=[ns], opts=child)
                            if spec.accounting.enabled else None)
         self.workers = WorkerPools(f"{name}-workers", spec, gen, site, wait=wait, depends_on=[ns], opts=child)
         self.login = (Login(f"{name}-login", spec, gen, secrets, site, wait=wait,
@@ -338,9 +338,10 @@ def cluster_program(spec: ClusterSpec, k8s_nodes: Sequence[Mapping[str, Any]] | 
     if k8s_nodes is None:
         k8s_nodes = nodes_from_config(cfg)
     raw = list(k8s_nodes)
-    gen = generate(spec, nodes_from_api(raw), Site())
-    site = m.K8sSite(cluster_domain=cfg.get("clusterDomain") or "cluster.local",
-                     host_network_sources=host_network_sources(spec, gen, raw))
+    domain = cfg.get("clusterDomain") or "cluster.local"
+    gen = generate(spec, nodes_from_api(raw),
+                   Site(accounting_host=m.slurmdbd_host(spec, m.K8sSite(cluster_domain=domain))))
+    site = m.K8sSite(cluster_domain=domain, host_network_sources=host_network_sources(spec, gen, raw))
     if secrets is None:
         secrets = secrets_from_config(cfg)
     wait = cfg.get_bool("wait")
