@@ -352,6 +352,9 @@ def test_preflight_kept_claim_cannot_shrink_move_or_grow_without_expansion():
     moved = parse_spec({**LOCAL, "storage": {**LOCAL["storage"], "database": {"size": "2Gi", "storage_class": "other"}}})
     (issue,) = pf.storage_issues(moved, facts)
     assert issue.field == "storage.database.storage_class" and "cannot change class" in issue.message
+    missing = parse_spec({**LOCAL, "storage": {**LOCAL["storage"], "database": {"size": "2Gi", "storage_class": "nope"}}})
+    (issue,) = pf.storage_issues(missing, facts)  # a class that does not exist is named as such, kept claim or not
+    assert issue.message.startswith("StorageClass 'nope' does not exist in the cluster")
     same = parse_spec({**LOCAL, "storage": {**LOCAL["storage"], "database": {"size": "2Gi", "storage_class": "local"}}})
     assert pf.storage_issues(same, facts) == []
 

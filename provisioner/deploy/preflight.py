@@ -76,14 +76,14 @@ def storage_issues(spec: ClusterSpec, facts: ClusterFacts) -> list[Issue]:
     have = ", ".join(sorted(classes)) or "none"
     for fname, claim, vol in volumes_of(spec):
         where = f"storage.{fname}"
-        existing = claims.get(claim)
-        if existing is not None:
-            issues += _kept_claim_issues(where, claim, vol, existing, classes)
-            continue
         if vol.storage_class is not None and vol.storage_class not in classes:
             issues.append(Issue(f"{where}.storage_class",
                                 f"StorageClass {vol.storage_class!r} does not exist in the cluster (it has: {have})",
                                 "create it, pick one of those, or leave storage_class unset for the cluster's default"))
+            continue
+        existing = claims.get(claim)
+        if existing is not None:
+            issues += _kept_claim_issues(where, claim, vol, existing, classes)
             continue
         cls_name = vol.storage_class or (defaults[0] if defaults else None)
         if cls_name is None:
