@@ -129,10 +129,10 @@ def test_accounting_sync_against_a_real_slurmdbd_is_idempotent(daemons):
     applied = [line for line in first.stdout.splitlines() if " applied " in line]
     assert [line.split(" applied ", 1)[1].split(":", 1)[0] for line in applied] == [
         "cluster-missing", "account-missing", "account-missing", "user-missing", "user-missing"], first.stdout
-    assoc = docker("exec", daemons["dbd"], "bash", "-c",
-                   f"printf '%s\\n' {Path(daemons['work'], 'etc-slurm', 'slurm.conf').read_text()!r} "
-                   "> /tmp/slurm.conf; SLURM_CONF=/tmp/slurm.conf sacctmgr -n -P show assoc cluster=acct_it "
-                   "format=Account,User,Share").stdout.split()
+    conf = Path(daemons["work"], "etc-slurm", "slurm.conf").read_text()
+    docker("exec", "-i", daemons["dbd"], "bash", "-c", "cat > /tmp/slurm.conf", input=conf)
+    assoc = docker("exec", "-e", "SLURM_CONF=/tmp/slurm.conf", daemons["dbd"], "sacctmgr", "-n", "-P", "show",
+                   "assoc", "cluster=acct_it", "format=Account,User,Share").stdout.split()
     assert sorted(assoc) == sorted(["root||1", "root|root|1", "research||10", "research|alice|1",
                                     "teaching||2", "teaching|bob|1"]), assoc
     second = _sync(daemons)
