@@ -413,10 +413,9 @@ def preflight(session: Session, echo: Printer, *, database: bool) -> None:
     external database's Secret; with `database`, a connection test of the external database)."""
     from kubernetes.client.exceptions import ApiException
 
+    from .. import manifests as m
     from . import preflight as pf
     from .program import load_kubeconfig
-
-    from .. import manifests as m
 
     t0 = time.monotonic()
     if session.generated is not None:
@@ -473,7 +472,11 @@ def delete_leftovers(session: Session, echo: Printer, *, purge: bool) -> None:
         for pod in pods:
             core.delete_namespaced_pod(pod.metadata.name, ns, grace_period_seconds=m.WORKER_GRACE_SECONDS)
         echo(f"deleted {len(pods)} worker pod(s) left by the resume program")
-        claims = m.kept_claims(spec)
+        # the spec's claims, then any other claim of this cluster (e.g. the database's, after accounting
+        # was turned off in the spec)
+        labelled = [c.metadata.name for c in core.list_namespaced_persistent_volume_claim(
+            ns, label_selector=f"{m.L_CLUSTER}={spec.name}").items]
+        claims = m.kept_claims(spec) + sorted(set(labelled) - set(m.kept_claims(spec)))
         if purge:
             for claim in claims:
                 try:
