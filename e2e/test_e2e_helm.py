@@ -28,7 +28,7 @@ NAMESPACE = "slurm-helm"  # the release namespace is the cluster's namespace; th
 RELEASE = "slurm"
 CHART = ROOT / "charts" / "slurmk8s"
 VOLUMES = "/var/lib/slurmk8s/volumes/helm"  # hostPath of this test's static volumes
-PVS = ("slurmk8s-helm-home", "slurmk8s-helm-slurmctld-state")
+PVS = ("slurmk8s-helm-home", "slurmk8s-helm-slurmctld-state", "slurmk8s-helm-accounting-db")
 
 
 def helm(*args: str, timeout: float = 400) -> subprocess.CompletedProcess[str]:
@@ -101,7 +101,8 @@ def release(cluster_reachable, tmp_path_factory) -> Iterator[Release]:
     values["chart"] = {}
     _clean()  # from nothing: a release left by an earlier run goes first
     kubectl("apply", "-f", str(ROOT / "examples" / "localk8s" / "storage.yaml"))  # the StorageClass
-    for pv in (_pv(PVS[0], "home", "ReadWriteMany"), _pv(PVS[1], "slurmctld-state", "ReadWriteOnce")):
+    for pv in (_pv(PVS[0], "home", "ReadWriteMany"), _pv(PVS[1], "slurmctld-state", "ReadWriteOnce"),
+               _pv(PVS[2], "accounting-db", "ReadWriteOnce")):
         _apply(pv)
     # the namespace as `slurmk8s up` makes it (Pod Security labels), from the same builder
     _apply(m.namespace(parse_spec({k: v for k, v in values.items() if k != "chart"})))
