@@ -148,7 +148,10 @@ def job_state(login, job_id: str) -> dict:
 def wait_job(login, job_id: str, timeout: float) -> dict:
     def done():
         job = job_state(login, job_id)
-        return job if set(job["job_state"]) & {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"} else None
+        # COMPLETED+COMPLETING: the job ended but its nodes are still cleaning up (epilog, the
+        # accounting gather's last sample): wait for the final state
+        done_ = set(job["job_state"]) & {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"}
+        return job if done_ and "COMPLETING" not in job["job_state"] else None
 
     return wait_for(f"job {job_id} to finish", done, timeout, interval=1.0)
 

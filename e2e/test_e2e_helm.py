@@ -193,7 +193,8 @@ def test_uninstall_leaves_the_volumes(release: Release):
         assert items == [], f"`helm uninstall` left {kind}: {items}"
     assert kubectl("get", "clusterrole", f"slurmk8s-{NAMESPACE}-read-nodes", check=False).returncode != 0
     pvcs = sorted(i["metadata"]["name"] for i in kjson("get", "pvc", "-n", NAMESPACE)["items"])
-    assert pvcs == ["home", "slurmctld-state"], f"`helm uninstall` must keep the volumes, as `down` does: {pvcs}"
+    assert pvcs == ["accounting-db", "home", "slurmctld-state"], \
+        f"`helm uninstall` must keep the volumes, as `down` does: {pvcs}"
     # the generated keys stay too, so a reinstall keeps the host keys (as the Pulumi stack keeps them)
     secrets = sorted(i["metadata"]["name"] for i in kjson("get", "secrets", "-n", NAMESPACE)["items"])
-    assert secrets == ["slurm-auth", "ssh-host-keys"], secrets
+    assert secrets == ["accounting-db", "slurm-auth", "ssh-host-keys"], secrets
