@@ -23,7 +23,7 @@ export PATH="/var/cache/slurmk8s/toolchain/bin:$PATH" KUBECONFIG=/var/lib/slurmk
 step "local Kubernetes cluster"
 .venv/bin/slurmk8s cluster status >/dev/null 2>&1 || .venv/bin/slurmk8s cluster down >/dev/null 2>&1 || true
 .venv/bin/slurmk8s cluster up
-.venv/bin/slurmk8s cluster load-image slurmk8s/slurmctld:dev slurmk8s/slurmd:dev slurmk8s/login:dev
+.venv/bin/slurmk8s cluster load-image slurmk8s/slurmctld:dev slurmk8s/slurmd:dev slurmk8s/login:dev slurmk8s/slurmdbd:dev slurmk8s/mariadb:dev
 kubectl apply -f examples/localk8s/storage.yaml
 
 step "the researcher's SSH key and the cluster spec"

@@ -119,6 +119,8 @@ class Cluster:
 def e2e_spec(public_key: str) -> dict[str, Any]:
     spec = yaml.safe_load((ROOT / "examples" / "local.yaml").read_text())
     spec["users"][0]["ssh_keys"] = [public_key]
+    # a second researcher in another account (dropped from the spec before the second `up`)
+    spec["users"].append({"name": "bob", "uid": 2002, "account": "teaching", "ssh_keys": [public_key]})
     spec["elasticity"] = {"suspend_time": SUSPEND_TIME, "resume_timeout": 120}
     # health checks every 15 s (300 s by default), so a check made to fail drains within a test's patience
     spec["health"] = {"interval": HEALTH_INTERVAL}
@@ -146,7 +148,10 @@ def job_state(login, job_id: str) -> dict:
 def wait_job(login, job_id: str, timeout: float) -> dict:
     def done():
         job = job_state(login, job_id)
-        return job if set(job["job_state"]) & {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"} else None
+        # COMPLETED+COMPLETING: the job ended but its nodes are still cleaning up (epilog, the
+        # accounting gather's last sample): wait for the final state
+        done_ = set(job["job_state"]) & {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"}
+        return job if done_ and "COMPLETING" not in job["job_state"] else None
 
     return wait_for(f"job {job_id} to finish", done, timeout, interval=1.0)
 
@@ -155,3 +160,21 @@ def submit(login, script: str) -> str:
     out = login.run(f"cat > job.sh <<'EOF'\n{script}\nEOF\nsbatch --parsable job.sh").stdout.strip()
     assert re.fullmatch(r"\d+", out), f"sbatch printed {out!r}"
     return out
+
+
+# ---------------------------------------------------------------- accounting, as the researcher sees it
+
+
+def sacct_jobs(login, user_flag: str = "-a") -> dict[str, dict[str, str]]:
+    """Job records from slurmdbd: job id -> {user, account, state, nodes} (allocations only, last 2 days)."""
+    out = login.run(f"sacct {user_flag} -X -n -P -S now-2days -o JobID,User,Account,State,NodeList").stdout
+    jobs = {}
+    for line in out.splitlines():
+        if line.strip():
+            job, user, account, state, nodes = line.split("|")
+            jobs[job] = {"user": user, "account": account, "state": state, "nodes": nodes}
+    return jobs
+
+
+def accounting_log() -> str:
+    return kubectl("logs", "-n", NAMESPACE, "slurmctld-0", "-c", "accounting", check=False).stdout

@@ -1,5 +1,6 @@
 """The product, end to end on a real Kubernetes: up -> SSH -> sbatch -> worker pods -> COMPLETED ->
-pods gone -> down -> up again with /home kept. Tests run in file order and share one cluster."""
+accounts and fair share -> pods gone, jobs still in sacct -> down -> up again with /home and the job
+history kept. Tests run in file order and share one cluster."""
 
 from __future__ import annotations
 
@@ -9,10 +10,15 @@ import time
 import asyncssh
 import pytest
 
-from helpers import (NAMESPACE, SUSPEND_TIME, Cluster, job_state, kjson, kubectl, slurmk8s, submit, wait_for,
-                     wait_job, worker_pods)
+import yaml
+
+from helpers import (NAMESPACE, SUSPEND_TIME, Cluster, accounting_log, job_state, kjson, kubectl, sacct_jobs, slurmk8s,
+                     submit, wait_for, wait_job, worker_pods)
 
 pytestmark = pytest.mark.e2e
+
+# job id -> what the test expects sacct to say about it, across worker pods and `down`/`up`
+JOBS: dict[str, dict[str, str]] = {}
 
 ALLREDUCE_C = r"""
 #include <mpi.h>
@@ -75,6 +81,7 @@ def test_two_node_job_from_zero_workers(cluster: Cluster):
     final = wait_job(login, job, 180)
     print(f"2-node job from zero workers: submit -> COMPLETED {time.monotonic() - t0:.1f} s")
     assert final["job_state"] == ["COMPLETED"], final["job_state"]
+    JOBS[job] = {"user": "alice", "state": "COMPLETED", "nodes": alloc["nodes"]}
     output = login.run(f"cat ~/hosts-{job}.out").stdout.split()
     assert sorted(output) == nodes
 
@@ -90,6 +97,27 @@ def test_mpi_allreduce_across_two_worker_pods(cluster: Cluster):
     assert len(lines) == 2, out
     assert all(l.endswith("sum 3014") for l in lines), out  # (1*1000+7) + (2*1000+7)
     assert len({l.split()[5] for l in lines}) == 2, "the two ranks must run on two worker pods"
+
+
+def test_jobs_are_charged_to_each_users_account_with_fair_share(cluster: Cluster):
+    wait_for("the spec's accounts and users in the database",
+             lambda: "database matches the spec" in accounting_log(), 120, interval=2)
+    bob = cluster.login(user="bob")
+    job = submit(bob, "#!/bin/bash\n#SBATCH -N1 -o bob-%j.out\nhostname")
+    final = wait_job(bob, job, 120)
+    assert final["job_state"] == ["COMPLETED"]
+    assert final["account"] == "teaching", final["account"]
+    JOBS[job] = {"user": "bob", "account": "teaching", "state": "COMPLETED", "nodes": final["nodes"]}
+    login = cluster.login()
+    alice_job = submit(login, "#!/bin/bash\n#SBATCH -N1 -o alice-%j.out\nhostname")
+    assert wait_job(login, alice_job, 120)["account"] == "research"
+    JOBS[alice_job] = {"user": "alice", "account": "research", "state": "COMPLETED"}
+    # fair share: the accounts' shares as the spec gives them, users under them
+    rows = [line.split("|") for line in login.run("sshare -a -n -P -o Account,User,RawShares").stdout.splitlines()]
+    shares = {(a.strip(), u): s for a, u, s in rows}
+    assert shares[("research", "")] == "10" and shares[("teaching", "")] == "2", rows
+    assert ("research", "alice") in shares and ("teaching", "bob") in shares, rows
+    assert "priority/multifactor" in login.run("scontrol show config | grep ^PriorityType").stdout
 
 
 def test_busy_node_is_never_removed_while_its_job_runs(cluster: Cluster):
@@ -121,6 +149,62 @@ def test_idle_workers_are_suspended_to_zero_pods(cluster: Cluster):
     assert wait_for("sinfo to show every node powered down", powered_down, 60), states
 
 
+def test_sacct_lists_jobs_whose_worker_pods_are_gone(cluster: Cluster):
+    assert worker_pods() == {}
+    login = cluster.login()
+    jobs = wait_for("every job in sacct", lambda: (j := sacct_jobs(login)) and set(JOBS) <= set(j) and j, 60)
+    for job, want in JOBS.items():
+        for key, value in want.items():
+            assert jobs[job][key] == value, (job, jobs[job])
+    two_nodes = next(j for j, w in JOBS.items() if w["user"] == "alice" and "nodes" in w)
+    print(f"sacct after the worker pods are gone: {len(jobs)} jobs, e.g. {two_nodes}: {jobs[two_nodes]}")
+    # the same through the tools a workflow manager calls (sacct --json, one job)
+    record = login.json(f"sacct -j {two_nodes} --json")["jobs"][0]
+    assert record["state"]["current"] == ["COMPLETED"] and record["user"] == "alice"
+
+
+def test_bad_database_or_storage_fails_before_anything_is_applied(cluster: Cluster, tmp_path):
+    """A wrong database password and a storage class that does not exist: `up` / `preview` stop with the
+    field and the fix, and the running cluster is left exactly as it was."""
+    def versions() -> dict[str, str]:
+        objs = kjson("get", "deployments,statefulsets,secrets,configmaps", "-n", NAMESPACE)["items"]
+        # workloads: their generation (spec changes only; status updates do not count)
+        return {f"{o['kind']}/{o['metadata']['name']}": o["metadata"].get("generation") or o["metadata"]["resourceVersion"]
+                for o in objs}
+
+    kubectl("create", "secret", "generic", "wrong-db-password", "-n", NAMESPACE,
+            "--from-literal=password=NotThePassword1")
+    before = versions()
+    spec = yaml.safe_load(cluster.spec_path.read_text())
+    spec["accounting"]["external_database"] = {"host": "mariadb", "user": "slurm", "database": "slurm_acct_db",
+                                               "password_secret": {"name": "wrong-db-password"}}
+    bad_db = tmp_path / "bad-db.yaml"
+    bad_db.write_text(yaml.safe_dump(spec))
+    t0 = time.monotonic()
+    proc = slurmk8s("up", "--spec", str(bad_db), "--state", str(cluster.state), log=cluster.log)
+    said = cluster.log.read_text().rsplit("$ slurmk8s up", 1)[-1]
+    print(f"wrong database password refused by `up` in {time.monotonic() - t0:.1f} s")
+    assert proc.returncode != 0, said[-3000:]
+    assert "the external accounting database is not usable (nothing was applied)" in said, said[-3000:]
+    assert "accounting.external_database: slurm@mariadb:3306/slurm_acct_db:" in said, said[-3000:]
+    assert "Access denied" in said and "Fix: check the user and the password" in said, said[-3000:]
+
+    spec = yaml.safe_load(cluster.spec_path.read_text())
+    spec["storage"]["database"]["storage_class"] = "no-such-class"
+    bad_sc = tmp_path / "bad-sc.yaml"
+    bad_sc.write_text(yaml.safe_dump(spec))
+    proc = slurmk8s("preview", "--spec", str(bad_sc), "--state", str(cluster.state), log=cluster.log)
+    said = cluster.log.read_text().rsplit("$ slurmk8s preview", 1)[-1]
+    assert proc.returncode != 0
+    assert "storage.database.storage_class: StorageClass 'no-such-class' does not exist in the cluster" in said, said
+    kubectl("delete", "secret", "wrong-db-password", "-n", NAMESPACE)
+    after = versions()
+    del before["Secret/wrong-db-password"]
+    assert after == before, "a refused `up` must not change the cluster"
+    assert not [p for p in kjson("get", "pods", "-n", NAMESPACE)["items"]
+                if p["metadata"]["name"].startswith("slurmk8s-db-check")], "the check pod must be gone"
+
+
 def test_down_leaves_only_the_volumes(cluster: Cluster):
     proc = slurmk8s("down", "--spec", str(cluster.spec_path), "--state", str(cluster.state), log=cluster.log)
     assert proc.returncode == 0, cluster.log.read_text()[-4000:]
@@ -131,13 +215,38 @@ def test_down_leaves_only_the_volumes(cluster: Cluster):
                  and not (kind == "serviceaccounts" and i["metadata"]["name"] == "default")]
         assert items == [], f"`down` left {kind}: {items}"
     pvcs = sorted(i["metadata"]["name"] for i in kjson("get", "pvc", "-n", NAMESPACE)["items"])
-    assert "home" in pvcs, f"`down` must keep /home's volume: {pvcs}"
+    assert pvcs == ["accounting-db", "home", "slurmctld-state"], f"`down` must keep the volumes: {pvcs}"
+    said = cluster.log.read_text().rsplit("$ slurmk8s down", 1)[-1]
+    assert "kept namespace slurm-local and 3 volume(s): home (/home, " in said, said[-2000:]
+    assert "accounting-db (accounting database, " in said and "down --purge" in said, said[-2000:]
 
 
-def test_second_up_finds_home_again(cluster: Cluster):
+def test_second_up_finds_home_and_job_history_again(cluster: Cluster):
+    # the second `up` also drops bob from the spec: his association goes, his jobs stay in the history
+    spec = yaml.safe_load(cluster.spec_path.read_text())
+    spec["users"] = [u for u in spec["users"] if u["name"] != "bob"]
+    cluster.spec_path.write_text(yaml.safe_dump(spec))
     proc = slurmk8s("up", "--spec", str(cluster.spec_path), "--state", str(cluster.state), log=cluster.log)
     assert proc.returncode == 0, cluster.log.read_text()[-4000:]
     login = cluster.login()
     outputs = login.run("ls ~").stdout.split()
     assert any(name.startswith("hosts-") for name in outputs), outputs
     kubectl("get", "pvc", "-n", NAMESPACE, "home")
+    jobs = wait_for("the job records from before `down`", lambda: (j := sacct_jobs(login)) and set(JOBS) <= set(j) and j,
+                    90, interval=2)
+    for job, want in JOBS.items():
+        # bob is no longer a user of the login pod: sacct may show his uid where his name was
+        expected = {**want, "user": jobs[job]["user"]} if want["user"] == "bob" else want
+        assert jobs[job] == {**jobs[job], **expected}, (job, jobs[job], want)
+        assert jobs[job]["user"] in (want["user"], "2002")
+    wait_for("bob's association to be removed",
+             lambda: login.run("sacctmgr -n -P show assoc user=bob format=Account,User").stdout.strip() == "", 90,
+             interval=2)
+    # (sacct -u bob / -u 2002 refuses a user the login pod no longer knows: the full listing has them)
+    bob_jobs = [j for j, w in JOBS.items() if w["user"] == "bob"]
+    history = sacct_jobs(login)
+    assert bob_jobs and all(history[j]["account"] == "teaching" for j in bob_jobs), "bob's jobs stay in the history"
+    assert login.run("sacctmgr -n -P show assoc user=alice format=Account").stdout.split() == ["research"]
+    # idempotent: the database kept everything, so the only change applied is bob's removal
+    applied = [line for line in accounting_log().splitlines() if " applied " in line]
+    assert applied and all("user-removed-from-spec" in line for line in applied), applied

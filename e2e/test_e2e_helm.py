@@ -28,7 +28,7 @@ NAMESPACE = "slurm-helm"  # the release namespace is the cluster's namespace; th
 RELEASE = "slurm"
 CHART = ROOT / "charts" / "slurmk8s"
 VOLUMES = "/var/lib/slurmk8s/volumes/helm"  # hostPath of this test's static volumes
-PVS = ("slurmk8s-helm-home", "slurmk8s-helm-slurmctld-state")
+PVS = ("slurmk8s-helm-home", "slurmk8s-helm-slurmctld-state", "slurmk8s-helm-accounting-db")
 
 
 def helm(*args: str, timeout: float = 400) -> subprocess.CompletedProcess[str]:
@@ -101,7 +101,8 @@ def release(cluster_reachable, tmp_path_factory) -> Iterator[Release]:
     values["chart"] = {}
     _clean()  # from nothing: a release left by an earlier run goes first
     kubectl("apply", "-f", str(ROOT / "examples" / "localk8s" / "storage.yaml"))  # the StorageClass
-    for pv in (_pv(PVS[0], "home", "ReadWriteMany"), _pv(PVS[1], "slurmctld-state", "ReadWriteOnce")):
+    for pv in (_pv(PVS[0], "home", "ReadWriteMany"), _pv(PVS[1], "slurmctld-state", "ReadWriteOnce"),
+               _pv(PVS[2], "accounting-db", "ReadWriteOnce")):
         _apply(pv)
     # the namespace as `slurmk8s up` makes it (Pod Security labels), from the same builder
     _apply(m.namespace(parse_spec({k: v for k, v in values.items() if k != "chart"})))
@@ -192,7 +193,8 @@ def test_uninstall_leaves_the_volumes(release: Release):
         assert items == [], f"`helm uninstall` left {kind}: {items}"
     assert kubectl("get", "clusterrole", f"slurmk8s-{NAMESPACE}-read-nodes", check=False).returncode != 0
     pvcs = sorted(i["metadata"]["name"] for i in kjson("get", "pvc", "-n", NAMESPACE)["items"])
-    assert pvcs == ["home", "slurmctld-state"], f"`helm uninstall` must keep the volumes, as `down` does: {pvcs}"
+    assert pvcs == ["accounting-db", "home", "slurmctld-state"], \
+        f"`helm uninstall` must keep the volumes, as `down` does: {pvcs}"
     # the generated keys stay too, so a reinstall keeps the host keys (as the Pulumi stack keeps them)
     secrets = sorted(i["metadata"]["name"] for i in kjson("get", "secrets", "-n", NAMESPACE)["items"])
-    assert secrets == ["slurm-auth", "ssh-host-keys"], secrets
+    assert secrets == ["accounting-db", "slurm-auth", "ssh-host-keys"], secrets

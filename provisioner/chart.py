@@ -83,10 +83,12 @@ def needs_nodes(spec: ClusterSpec) -> bool:
     return any(p.mode == "pinned" for p in spec.pools)
 
 
-def render_files(spec: ClusterSpec, k8s_nodes: Sequence[Mapping[str, Any]]) -> tuple[dict[str, str], list[str]]:
+def render_files(spec: ClusterSpec, k8s_nodes: Sequence[Mapping[str, Any]],
+                 cluster_domain: str = "cluster.local") -> tuple[dict[str, str], list[str]]:
     """The files of the ``slurm-config`` ConfigMap, exactly as the Pulumi program builds them, and
     the Kubernetes nodes left out (with the reason)."""
-    gen = generate(spec, nodes_from_api(list(k8s_nodes)), Site())
+    site = Site(accounting_host=m.slurmdbd_host(spec, m.K8sSite(cluster_domain=cluster_domain)))
+    gen = generate(spec, nodes_from_api(list(k8s_nodes)), site)
     m.check_names(spec, gen.inventory)
     excluded = [f"{e.k8s_node} ({e.pool}): {e.reason}" for e in gen.inventory.excluded]
     return dict(m.slurm_config_map(spec, gen.files)["data"]), excluded
@@ -134,8 +136,15 @@ def render_main(argv: Sequence[str] | None = None) -> int:
         except Exception as err:  # noqa: BLE001 - any API failure: say which and let the kubelet retry
             _log(f"cannot list the Kubernetes nodes (the chart's ClusterRole grants get/list on nodes): {err}")
             return 1
+    domain = "cluster.local"
+    site_path = os.environ.get("SLURMK8S_SITE", f"{m.SPEC_DIR}/site.json")
     try:
-        files, excluded = render_files(spec, raw)
+        with open(site_path) as fh:
+            domain = json.load(fh).get("cluster_domain") or domain
+    except (OSError, ValueError) as err:
+        _log(f"cannot read {site_path} ({err}): assuming cluster domain {domain}")
+    try:
+        files, excluded = render_files(spec, raw, domain)
     except SlurmK8sError as err:
         _log(f"cannot build the cluster from the spec and the {len(raw)} Kubernetes nodes:\n{err}")
         return 2

@@ -59,6 +59,8 @@ MANAGED_SLURM_KEYS = frozenset(
         "NodeName", "PartitionName", "DownNodes", "GresTypes", "MailProg", "JobAcctGatherType", "ReconfigFlags", "TreeWidth",
         "CommunicationParameters", "TopologyParam",
         "HealthCheckProgram", "HealthCheckInterval", "HealthCheckNodeState",
+        "AccountingStorageType", "AccountingStorageHost", "AccountingStoragePort", "AccountingStoragePass",
+        "AccountingStorageUser", "PriorityType", "JobCompType",
     )
 )
 
@@ -147,6 +149,11 @@ class User(Model):
     )
     shell: str = Field(default="/bin/bash", description="Login shell.")
     groups: tuple[str, ...] = Field(default=(), description="Extra groups (names from `groups`).")
+    account: str | None = Field(
+        default=None,
+        description="Slurm account (a name from `accounting.accounts`) the user's jobs are charged to; "
+        "defaults to `accounting.default_account`.",
+    )
 
     @field_validator("name")
     @classmethod
@@ -193,6 +200,8 @@ class Images(Model):
     controller: str = Field(default="slurmk8s/slurmctld:dev", description="slurmctld image.")
     worker: str = Field(default="slurmk8s/slurmd:dev", description="slurmd image for worker pods.")
     login: str = Field(default="slurmk8s/login:dev", description="Login image (sshd + Slurm clients).")
+    slurmdbd: str = Field(default="slurmk8s/slurmdbd:dev", description="slurmdbd image (accounting).")
+    database: str = Field(default="slurmk8s/mariadb:dev", description="Internal accounting database image (MariaDB).")
     pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
         default="IfNotPresent", description="imagePullPolicy of every pod."
     )
@@ -210,14 +219,41 @@ def _home_default() -> Volume:
     return Volume(size="10Gi", access_mode="ReadWriteMany")
 
 
+# Below these a volume cannot hold what goes on it (an empty MariaDB data directory alone is ~200 MB).
+MIN_VOLUME_SIZE = {"home": "100Mi", "controller_state": "64Mi", "database": "512Mi"}
+
+
 class Storage(Model):
+    """Persistent volumes. `slurmk8s down` keeps them (and says so); `slurmk8s down --purge` deletes them."""
+
     home: Volume = Field(
         default_factory=_home_default,
-        description="Shared /home for login and workers (ReadWriteMany where the class offers it).",
+        description="Shared /home for login and workers: ReadWriteMany where the storage class offers it; "
+        "ReadWriteOnce is the single-node fallback (every worker then runs on the login pod's node).",
     )
     controller_state: Volume = Field(
         default_factory=lambda: Volume(size="1Gi"), description="slurmctld StateSaveLocation."
     )
+    database: Volume = Field(
+        default_factory=lambda: Volume(size="2Gi"),
+        description="Data of the internal accounting database (MariaDB); unused with an external database.",
+    )
+
+    @model_validator(mode="after")
+    def _sizes(self) -> "Storage":
+        issues = []
+        for name, least in MIN_VOLUME_SIZE.items():
+            vol = getattr(self, name)
+            if parse_quantity(vol.size) < parse_quantity(least):
+                issues.append((f"storage.{name}.size",
+                               f"{vol.size} is too small for {name.replace('_', ' ')} (at least {least}); "
+                               f"set storage.{name}.size to {least} or more"))
+        if self.home.access_mode == "ReadWriteOncePod":
+            issues.append(("storage.home.access_mode", "ReadWriteOncePod lets only one pod mount /home, but login and "
+                           "every worker mount it; use ReadWriteMany (or ReadWriteOnce on a single node)"))
+        if issues:
+            raise ValueError("; ".join(f"@{f}@ {m}" for f, m in issues))
+        return self
 
 
 class Login(Model):
@@ -623,6 +659,113 @@ class Pool(Model):
         return self.name_prefix if self.name_prefix is not None else f"{self.name}-"
 
 
+# ---------------------------------------------------------------- accounting
+
+SLURM_ACCOUNT = re.compile(r"^[a-z0-9_][a-z0-9_.-]{0,63}$")
+K8S_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+
+
+class Account(Model):
+    """A Slurm account; its fairshare is its share of the cluster against its sibling accounts."""
+
+    name: str = Field(description="Account name (lowercase; Slurm lowercases account names).")
+    fairshare: int = Field(default=1, ge=1, le=2**31 - 1, description="Fairshare (shares) of the account under root.")
+    description: str | None = Field(default=None, description="Free text shown by sacctmgr.")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not SLURM_ACCOUNT.match(v) or v == "root":
+            raise ValueError(f"{v!r} is not a valid account name; use lowercase letters, digits, '_', '.' or '-' "
+                             "(and not 'root', Slurm's own)")
+        return v
+
+    @field_validator("description")
+    @classmethod
+    def _description(cls, v: str | None) -> str | None:
+        if v is not None and (not v.strip() or any(c in v for c in "'\"\n=|")):
+            raise ValueError("description may not be empty or hold quotes, '=', '|' or newlines; shorten it")
+        return v
+
+
+class SecretRef(Model):
+    name: str = Field(description="Secret in the cluster's namespace (create it before `slurmk8s up`).")
+    key: str = Field(default="password", description="Key of the Secret holding the password.")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not K8S_NAME.match(v) or len(v) > 253:
+            raise ValueError(f"{v!r} is not a Kubernetes Secret name (lowercase letters, digits, '-' and '.')")
+        return v
+
+    @field_validator("key")
+    @classmethod
+    def _key(cls, v: str) -> str:
+        if not re.match(r"^[-._a-zA-Z0-9]+$", v):
+            raise ValueError(f"{v!r} is not a Secret key; use letters, digits, '-', '_' or '.'")
+        return v
+
+
+class ExternalDatabase(Model):
+    """An existing MySQL / MariaDB for slurmdbd instead of the internal one."""
+
+    host: str = Field(description="Host name or address, as the slurmdbd pod reaches it.")
+    port: int = Field(default=3306, ge=1, le=65535, description="TCP port.")
+    database: str = Field(default="slurm_acct_db", description="Database (StorageLoc); the user needs all privileges on it.")
+    user: str = Field(default="slurm", description="Database user (StorageUser).")
+    password_secret: SecretRef = Field(description="Secret holding the user's password.")
+
+    @field_validator("host")
+    @classmethod
+    def _host(cls, v: str) -> str:
+        if not re.match(r"^[A-Za-z0-9]([-A-Za-z0-9.:]*[A-Za-z0-9])?$", v):
+            raise ValueError(f"{v!r} is not a host name or address")
+        return v
+
+    @field_validator("database", "user")
+    @classmethod
+    def _ident(cls, v: str) -> str:
+        if not re.match(r"^[A-Za-z0-9_]{1,64}$", v):
+            raise ValueError(f"{v!r} may hold only letters, digits and '_'")
+        return v
+
+
+class Accounting(Model):
+    """Job accounting (slurmdbd) and fair-share scheduling. The cluster, accounts and users are kept in
+    the database to match the spec: a user dropped from the spec loses the association, not the history."""
+
+    enabled: bool = Field(default=True, description="Run slurmdbd (sacct, sshare, fair share); false: no accounting.")
+    external_database: ExternalDatabase | None = Field(
+        default=None, description="Use this MySQL/MariaDB; unset: an internal MariaDB on `storage.database`."
+    )
+    accounts: tuple[Account, ...] = Field(
+        default=(Account(name="default"),), description="Slurm accounts under root, with their fairshare."
+    )
+    default_account: str | None = Field(default=None, description="Account of users without one; defaults to the first.")
+    database_buffer_pool: Quantity = Field(
+        default="256Mi", description="Internal database: innodb_buffer_pool_size (SchedMD suggests 1Gi+ for big sites)."
+    )
+
+    @model_validator(mode="after")
+    def _accounts(self) -> "Accounting":
+        names = [a.name for a in self.accounts]
+        if self.enabled and not names:
+            raise ValueError("accounting.accounts is empty; add at least one account (e.g. {name: default})")
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"account {dupes[0]!r} is defined twice in accounting.accounts; merge the entries")
+        if self.default_account is not None and self.default_account not in names:
+            raise ValueError(f"default_account {self.default_account!r} is not in accounting.accounts; add it there")
+        if parse_quantity(self.database_buffer_pool) < 2**27:
+            raise ValueError("database_buffer_pool below 128Mi starves MariaDB; use e.g. 256Mi")
+        return self
+
+    @property
+    def default(self) -> str:
+        return self.default_account or self.accounts[0].name
+
+
 # ---------------------------------------------------------------- the cluster
 
 
@@ -641,6 +784,9 @@ class ClusterSpec(Model):
     images: Images = Field(default_factory=Images, description="Container images.")
     login: Login = Field(default_factory=Login, description="The login pod and how SSH reaches it.")
     health: Health = Field(default_factory=Health, description="Worker health checks that drain bad nodes.")
+    accounting: Accounting = Field(
+        default_factory=Accounting, description="Job accounting (slurmdbd + database), accounts and fair share."
+    )
 
     @field_validator("name")
     @classmethod
@@ -699,6 +845,14 @@ class ClusterSpec(Model):
             for g in user.groups:
                 if g not in {grp.name for grp in self.groups}:
                     issues.append((f"users[{i}].groups", f"group {g!r} is not defined in groups"))
+        accounts = {a.name for a in self.accounting.accounts}
+        for i, user in enumerate(self.users):
+            if user.account is not None and not self.accounting.enabled:
+                issues.append((f"users[{i}].account", "is set but accounting is disabled; "
+                               "enable accounting or remove the account"))
+            elif user.account is not None and user.account not in accounts:
+                issues.append((f"users[{i}].account", f"account {user.account!r} is not in accounting.accounts "
+                               f"({', '.join(sorted(accounts))}); add it there or pick one of those"))
         partitions = {p.partition_name for p in self.pools}
         if self.slurm.default_partition and self.slurm.default_partition not in partitions:
             issues.append(("slurm.default_partition",
@@ -728,6 +882,9 @@ class ClusterSpec(Model):
     @property
     def slurm_cluster_name(self) -> str:
         return self.slurm.cluster_name or self.name.replace("-", "_")
+
+    def user_account(self, user: User) -> str:
+        return user.account or self.accounting.default
 
     @property
     def default_partition(self) -> str:

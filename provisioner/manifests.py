@@ -25,7 +25,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
-from .config import ClusterSpec, Pool
+from .config import ClusterSpec, Pool, mib
 from .errors import Issue, Problem
 from .inventory import Inventory, SlurmNode
 
@@ -68,9 +68,20 @@ WORKER_ROLE = "slurmk8s-worker-pods"
 TEMPLATE_PREFIX = "worker-template-"
 TIER_ROLE = "slurmk8s-control-tier"  # the reconcile loop: sleep / record / wake the control tier
 LOGIN_AGENT = "login-agent"  # ServiceAccount, Role and container of the login pod's wake agent
+# accounting (spec.accounting): slurmdbd and the internal database
+SLURMDBD = "slurmdbd"  # Deployment, Service, pod hostname (= DbdHost), AccountingStorageHost
+MARIADB = "mariadb"  # StatefulSet and Service of the internal database
+DATABASE_PVC = "accounting-db"
+DB_SECRET = "accounting-db"  # generated password of the internal database (key "password")
+DB_SECRET_KEY = "password"
+SLURMDBD_CONF_SECRET = "slurmdbd-conf"  # slurmdbd.conf without StoragePass; only the slurmdbd pod mounts it
+DB_NAME = "slurm_acct_db"
+DB_USER = "slurm"
 
 SLURMCTLD_PORT = 6817
 SLURMD_PORT = 6818
+SLURMDBD_PORT = 6819
+MYSQL_PORT = 3306
 SSH_PORT = 22
 
 # Where the images expect things (images/README.md, "contract").
@@ -78,6 +89,8 @@ MUNGE_DIR = "/etc/slurmk8s/secret"
 USERS_DIR = "/etc/slurmk8s/users"
 AUTHORIZED_KEYS_DIR = "/etc/slurmk8s/authorized_keys"
 HOST_KEYS_DIR = "/etc/slurmk8s/ssh-host-keys"
+DB_PASSWORD_DIR = "/etc/slurmk8s/db"  # the entrypoints read <dir>/password
+SLURMDBD_CONF_DIR = "/etc/slurmk8s/slurmdbd"
 SPEC_DIR = "/etc/slurmk8s/spec"
 ELASTIC_ENV = "/etc/slurmk8s/elastic.env"  # read by the resume/suspend programs (provisioner.elastic)
 ELASTIC_ENV_KEY = "elastic.env"
@@ -97,6 +110,7 @@ LOGIN_CAPS = BASE_CAPS + ("SYS_CHROOT", "NET_BIND_SERVICE", "AUDIT_WRITE")
 
 WORKER_GRACE_SECONDS = 15
 SLURM_UID = 64030  # SlurmUser in every image (images/Dockerfile)
+MYSQL_UID = 64031  # the mysql user of the mariadb image (images/Dockerfile)
 MUNGE_SOCKET_DIR = "/run/munge"
 SLURMK8S_LOG_DIR = "/var/log/slurmk8s"
 BIN_DIR = "/opt/slurmk8s/bin"
@@ -333,6 +347,10 @@ def control_tier_workloads(spec: ClusterSpec) -> list[tuple[str, str]]:
     """(kind, name) of every workload labelled ``slurmk8s.io/tier=control``, in sleep order. The
     scale rights of the Roles below name exactly these."""
     out = [("StatefulSet", CONTROLLER)]
+    if spec.accounting.enabled:
+        out.append(("Deployment", SLURMDBD))
+        if spec.accounting.external_database is None:
+            out.append(("StatefulSet", MARIADB))
     if login_sleeps(spec):
         out.insert(0, ("Deployment", LOGIN))
     return out
@@ -527,7 +545,8 @@ def controller_statefulset(spec: ClusterSpec, files: Mapping[str, str], site: K8
                     # slurmctld saves its state on SIGTERM; when the idle teardown stops it, the
                     # reconcile container then scales slurmdbd and the database down in order
                     "terminationGracePeriodSeconds": CONTROLLER_GRACE_SECONDS,
-                    "containers": [container, reconcile],
+                    "containers": [container, reconcile] + (
+                        [accounting_container(spec)] if spec.accounting.enabled else []),
                     "volumes": [
                         _config_volume("slurm-config", SLURM_CONFIG),
                         _config_volume("spec", SPEC_CONFIG),
@@ -744,6 +763,10 @@ def worker_pod_template(spec: ClusterSpec, pool: Pool, site: K8sSite = K8sSite()
     }
     if net.host_network:
         pod_spec["hostNetwork"] = True
+    if home_on_one_node(spec) and spec.login.enabled:
+        # single-node fallback: a ReadWriteOnce /home mounts on one node only, the login pod's
+        pod_spec["affinity"] = {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
+            "labelSelector": {"matchLabels": selector(spec, LOGIN)}, "topologyKey": "kubernetes.io/hostname"}]}}
     if pool.node_selector:
         pod_spec["nodeSelector"] = dict(sorted(pool.node_selector.items()))
     if pool.tolerations:
@@ -803,7 +826,7 @@ def worker_pod(spec: ClusterSpec, node: SlurmNode, site: K8sSite = K8sSite()) ->
     pspec["hostname"] = node.name
     placement = _placement(pool, node)
     if placement:
-        pspec["affinity"] = placement
+        pspec["affinity"] = {**pspec.get("affinity", {}), **placement}
     container = pspec["containers"][0]
     container["env"].insert(1, {"name": "SLURMK8S_NODENAME", "value": node.name})
     container["resources"] = worker_resources(spec, node)
@@ -824,6 +847,239 @@ def worker_template_config_map(spec: ClusterSpec, pool: Pool, site: K8sSite = K8
     }
 
 
+# ---------------------------------------------------------------- accounting: slurmdbd and its database
+
+
+def db_password_ref(spec: ClusterSpec) -> tuple[str, str]:
+    """(Secret, key) holding the database password: generated for the internal database, the
+    operator's own for an external one."""
+    ext = spec.accounting.external_database
+    return (ext.password_secret.name, ext.password_secret.key) if ext else (DB_SECRET, DB_SECRET_KEY)
+
+
+def db_endpoint(spec: ClusterSpec, site: K8sSite = K8sSite()) -> tuple[str, int, str, str]:
+    """(host, port, user, database) that slurmdbd uses. Service names are fully qualified: a bare name
+    that does not resolve yet (Service still being created) falls through to the node's own search
+    domains, where it may reach something else entirely (seen on the local cluster)."""
+    ext = spec.accounting.external_database
+    if ext:
+        return ext.host, ext.port, ext.user, ext.database
+    return service_fqdn(spec, MARIADB, site), MYSQL_PORT, DB_USER, DB_NAME
+
+
+def slurmdbd_host(spec: ClusterSpec, site: K8sSite = K8sSite()) -> str:
+    """AccountingStorageHost in slurm.conf (fully qualified, see db_endpoint)."""
+    return service_fqdn(spec, SLURMDBD, site)
+
+
+def db_password_secret(spec: ClusterSpec, password: Any) -> dict[str, Any]:
+    """The internal database's generated password (a Pulumi secret in the program; never in a ConfigMap)."""
+    return {
+        "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+        "metadata": _meta(spec, DB_SECRET, MARIADB),
+        "stringData": {DB_SECRET_KEY: password},
+    }
+
+
+def slurmdbd_conf(spec: ClusterSpec, site: K8sSite = K8sSite()) -> str:
+    """slurmdbd.conf without StoragePass: the slurmdbd entrypoint appends it from the password Secret and
+    installs the file as SlurmUser, mode 0600."""
+    host, port, user, database = db_endpoint(spec, site)
+    return (
+        f"# slurmdbd.conf for cluster {spec.slurm_cluster_name} -- generated by slurmk8s; StoragePass is added "
+        "in the pod\n"
+        "AuthType=auth/munge\n"
+        f"DbdHost={SLURMDBD}\n"
+        f"DbdPort={SLURMDBD_PORT}\n"
+        "SlurmUser=slurm\n"
+        "PidFile=/run/slurmdbd/slurmdbd.pid\n"
+        "StorageType=accounting_storage/mysql\n"
+        f"StorageHost={host}\n"
+        f"StoragePort={port}\n"
+        f"StorageUser={user}\n"
+        f"StorageLoc={database}\n"
+    )
+
+
+def slurmdbd_conf_secret(spec: ClusterSpec, site: K8sSite = K8sSite()) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+        "metadata": _meta(spec, SLURMDBD_CONF_SECRET, SLURMDBD),
+        "stringData": {"slurmdbd.conf": slurmdbd_conf(spec, site)},
+    }
+
+
+def database_pvc(spec: ClusterSpec) -> dict[str, Any]:
+    return _pvc(spec, DATABASE_PVC, MARIADB, spec.storage.database)
+
+
+def _control_meta(spec: ClusterSpec, name: str, component: str) -> dict[str, Any]:
+    meta = _meta(spec, name, component)
+    meta["labels"][L_TIER] = TIER_CONTROL
+    return meta
+
+
+def mariadb_service(spec: ClusterSpec) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": _meta(spec, MARIADB, MARIADB),
+        "spec": {"selector": selector(spec, MARIADB),
+                 "ports": [{"name": "mysql", "port": MYSQL_PORT, "targetPort": MYSQL_PORT, "protocol": "TCP"}]},
+    }
+
+
+def mariadb_statefulset(spec: ClusterSpec) -> dict[str, Any]:
+    """The internal accounting database: one MariaDB pod, data on the `accounting-db` claim (kept by
+    `down`). The entrypoint ensures the database, the slurmdbd account and its password at every start."""
+    buffer = mib(spec.accounting.database_buffer_pool)
+    container = {
+        "name": "mariadb",
+        "image": spec.images.database,
+        "imagePullPolicy": spec.images.pull_policy,
+        "env": [{"name": "SLURMK8S_DB_NAME", "value": DB_NAME}, {"name": "SLURMK8S_DB_USER", "value": DB_USER},
+                {"name": "SLURMK8S_DB_BUFFER_POOL", "value": f"{buffer}M"}],
+        "ports": [{"name": "mysql", "containerPort": MYSQL_PORT, "protocol": "TCP"}],
+        # over the socket as root (unix_socket auth): no password in the probe, no log line per probe
+        "readinessProbe": {"exec": {"command": ["mariadb-admin", "--protocol=socket", "-u", "root", "ping"]},
+                           "periodSeconds": 3, "failureThreshold": 3},
+        "resources": {"requests": {"cpu": "100m", "memory": f"{buffer + 256}Mi"}},
+        "securityContext": _container_security(BASE_CAPS),
+        "volumeMounts": [
+            {"name": "data", "mountPath": "/var/lib/mysql"},
+            {"name": "password", "mountPath": DB_PASSWORD_DIR, "readOnly": True},
+        ],
+    }
+    return {
+        "apiVersion": "apps/v1", "kind": "StatefulSet",
+        "metadata": _control_meta(spec, MARIADB, MARIADB),
+        "spec": {
+            "serviceName": MARIADB,
+            "selector": {"matchLabels": selector(spec, MARIADB)},
+            "template": {
+                "metadata": {"labels": {**base_labels(spec, MARIADB), L_TIER: TIER_CONTROL}},
+                "spec": {
+                    "automountServiceAccountToken": False,
+                    "enableServiceLinks": False,
+                    "securityContext": _pod_security(),
+                    "terminationGracePeriodSeconds": 60,  # InnoDB flushes on SIGTERM
+                    "containers": [container],
+                    "volumes": [
+                        _pvc_volume("data", DATABASE_PVC),
+                        _secret_volume("password", DB_SECRET, items=[{"key": DB_SECRET_KEY, "path": "password"}]),
+                    ],
+                },
+            },
+        },
+    }
+
+
+def slurmdbd_service(spec: ClusterSpec) -> dict[str, Any]:
+    """slurmctld and the clients on the login pod (sacct, sacctmgr, sshare) reach slurmdbd here."""
+    return {
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": _meta(spec, SLURMDBD, SLURMDBD),
+        "spec": {"selector": selector(spec, SLURMDBD),
+                 "ports": [{"name": "slurmdbd", "port": SLURMDBD_PORT, "targetPort": SLURMDBD_PORT,
+                            "protocol": "TCP"}]},
+    }
+
+
+def slurmdbd_deployment(spec: ClusterSpec, site: K8sSite = K8sSite()) -> dict[str, Any]:
+    """slurmdbd: stateless (everything is in the database), hostname = DbdHost. slurmdbd.conf comes
+    from its own Secret that no other pod mounts."""
+    pw_secret, pw_key = db_password_ref(spec)
+    container = {
+        "name": "slurmdbd",
+        "image": spec.images.slurmdbd,
+        "imagePullPolicy": spec.images.pull_policy,
+        "ports": [{"name": "slurmdbd", "containerPort": SLURMDBD_PORT, "protocol": "TCP"}],
+        "readinessProbe": {"tcpSocket": {"port": SLURMDBD_PORT}, "periodSeconds": 3, "failureThreshold": 3},
+        "resources": {"requests": {"cpu": "50m", "memory": "128Mi"}},
+        "securityContext": _container_security(BASE_CAPS),
+        "volumeMounts": [
+            {"name": "munge-key", "mountPath": MUNGE_DIR, "readOnly": True},
+            {"name": "slurmdbd-conf", "mountPath": SLURMDBD_CONF_DIR, "readOnly": True},
+            {"name": "password", "mountPath": DB_PASSWORD_DIR, "readOnly": True},
+        ],
+    }
+    return {
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": _control_meta(spec, SLURMDBD, SLURMDBD),
+        "spec": {
+            "selector": {"matchLabels": selector(spec, SLURMDBD)},
+            "strategy": {"type": "Recreate"},
+            "template": {
+                "metadata": {"labels": {**base_labels(spec, SLURMDBD), L_TIER: TIER_CONTROL},
+                             "annotations": {A_CONFIG_HASH: content_hash(slurmdbd_conf(spec, site))}},
+                "spec": {
+                    "hostname": SLURMDBD,
+                    "automountServiceAccountToken": False,
+                    "enableServiceLinks": False,
+                    "securityContext": _pod_security(),
+                    "terminationGracePeriodSeconds": 30,
+                    "containers": [container],
+                    "volumes": [
+                        _secret_volume("munge-key", AUTH_SECRET),
+                        _secret_volume("slurmdbd-conf", SLURMDBD_CONF_SECRET),
+                        _secret_volume("password", pw_secret, items=[{"key": pw_key, "path": "password"}]),
+                    ],
+                },
+            },
+        },
+    }
+
+
+def accounting_container(spec: ClusterSpec) -> dict[str, Any]:
+    """The slurmctld pod's `accounting` container: keeps cluster, accounts and users in the database
+    in step with the spec (provisioner.accounting), as SlurmUser through slurmctld's munge socket."""
+    return {
+        "name": "accounting",
+        "image": spec.images.controller,
+        "imagePullPolicy": spec.images.pull_policy,
+        "command": [f"{BIN_DIR}/slurmk8s-accounting", "--spec", f"{SPEC_DIR}/spec.json", "--period", "30"],
+        "resources": {"requests": {"cpu": "10m", "memory": "64Mi"}},
+        "securityContext": {**_container_security(()), "runAsUser": SLURM_UID, "runAsGroup": SLURM_UID,
+                            "runAsNonRoot": True},
+        "volumeMounts": [
+            {"name": "slurm-config", "mountPath": SLURM_CONF_DIR, "readOnly": True},
+            {"name": "spec", "mountPath": SPEC_DIR, "readOnly": True},
+            {"name": "munge-socket", "mountPath": MUNGE_SOCKET_DIR},
+        ],
+    }
+
+
+def db_check_pod(spec: ClusterSpec, name: str) -> dict[str, Any]:
+    """A short-lived pod that tests the external database's address and credentials (`slurmk8s up`
+    runs it before applying anything): prints 'ok: ...' or 'error <kind>: ...'."""
+    host, port, user, database = db_endpoint(spec)
+    pw_secret, pw_key = db_password_ref(spec)
+    return {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": spec.namespace_name,
+                     "labels": {**base_labels(spec, "db-check"), L_MANAGED_BY: "slurmk8s"}},
+        "spec": {
+            "restartPolicy": "Never",
+            "automountServiceAccountToken": False,
+            "enableServiceLinks": False,
+            "securityContext": {**_pod_security(), "runAsUser": SLURM_UID, "runAsGroup": SLURM_UID,
+                                "runAsNonRoot": True, "fsGroup": SLURM_UID},
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{
+                "name": "check",
+                "image": spec.images.slurmdbd,
+                "imagePullPolicy": spec.images.pull_policy,
+                "args": ["check-db"],
+                "env": [{"name": "SLURMK8S_DB_HOST", "value": host}, {"name": "SLURMK8S_DB_PORT", "value": str(port)},
+                        {"name": "SLURMK8S_DB_USER", "value": user}, {"name": "SLURMK8S_DB_NAME", "value": database}],
+                "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}},
+                "securityContext": _container_security(()),
+                "volumeMounts": [{"name": "password", "mountPath": DB_PASSWORD_DIR, "readOnly": True}],
+            }],
+            "volumes": [_secret_volume("password", pw_secret, 0o440, items=[{"key": pw_key, "path": "password"}])],
+        },
+    }
+
+
 # ---------------------------------------------------------------- network policy
 
 
@@ -837,13 +1093,28 @@ def network_policies(spec: ClusterSpec, site: K8sSite = K8sSite()) -> list[dict[
     own = {"matchLabels": {L_CLUSTER: spec.name}}
     peers: list[dict[str, Any]] = [{"podSelector": own}]
     peers += [{"ipBlock": {"cidr": cidr}} for cidr in site.host_network_sources]
+    # the internal database is not among them: only slurmdbd reaches it (policy below)
+    targets = {"matchLabels": {L_CLUSTER: spec.name},
+               "matchExpressions": [{"key": L_COMPONENT, "operator": "NotIn", "values": [MARIADB]}]}
     intra = {
         "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
         "metadata": _meta(spec, "intra-cluster", "network"),
-        "spec": {"podSelector": own, "policyTypes": ["Ingress"], "ingress": [{"from": peers}]},
+        "spec": {"podSelector": targets, "policyTypes": ["Ingress"], "ingress": [{"from": peers}]},
     }
-    return [intra, _open_port(spec, "login-ssh", LOGIN, SSH_PORT),
-            _open_port(spec, "controller-metrics", CONTROLLER, METRICS_PORT)]
+    policies = [intra, _open_port(spec, "login-ssh", LOGIN, SSH_PORT),
+                _open_port(spec, "controller-metrics", CONTROLLER, METRICS_PORT)]
+    if spec.accounting.enabled and spec.accounting.external_database is None:
+        policies.append({
+            "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+            "metadata": _meta(spec, "database-from-slurmdbd", "network"),
+            "spec": {
+                "podSelector": {"matchLabels": selector(spec, MARIADB)},
+                "policyTypes": ["Ingress"],
+                "ingress": [{"from": [{"podSelector": {"matchLabels": selector(spec, SLURMDBD)}}],
+                             "ports": [{"protocol": "TCP", "port": MYSQL_PORT}]}],
+            },
+        })
+    return policies
 
 
 def _open_port(spec: ClusterSpec, name: str, component: str, port: int) -> dict[str, Any]:
@@ -860,6 +1131,25 @@ def _open_port(spec: ClusterSpec, name: str, component: str, port: int) -> dict[
 
 
 # ---------------------------------------------------------------- checks and the whole set
+
+
+def home_on_one_node(spec: ClusterSpec) -> bool:
+    """/home is not ReadWriteMany: login and every worker must share the node the volume is attached to."""
+    return spec.storage.home.access_mode != "ReadWriteMany"
+
+
+def check_home_access(spec: ClusterSpec, inventory: Inventory) -> None:
+    """A ReadWriteOnce /home cannot serve workers pinned to more than one Kubernetes node."""
+    if not home_on_one_node(spec):
+        return
+    pinned = sorted({n.k8s_node for n in inventory.nodes if n.k8s_node})
+    if len(pinned) > 1:
+        raise Problem(Issue("storage.home.access_mode",
+                            f"/home is {spec.storage.home.access_mode}, which mounts on one Kubernetes node only, but "
+                            f"the pinned pools span {len(pinned)} nodes ({', '.join(pinned[:4])}"
+                            f"{', ...' if len(pinned) > 4 else ''})",
+                            "use a storage class that offers ReadWriteMany (NFS, CephFS, EFS, Filestore, ...), or "
+                            "select a single node with the pools' node_selector"), title="invalid storage")
 
 
 def check_names(spec: ClusterSpec, inventory: Inventory) -> None:
@@ -881,12 +1171,36 @@ class ClusterSecrets:
 
     munge_key_b64: Any
     ssh_host_keys: Mapping[str, Any]
+    db_password: Any = None  # the internal accounting database's password
+
+
+def kept_claims(spec: ClusterSpec) -> list[str]:
+    """The PersistentVolumeClaims of the cluster (kept by `slurmk8s down`, deleted by `down --purge`)."""
+    claims = [HOME_PVC, CONTROLLER_STATE_PVC]
+    if spec.accounting.enabled and spec.accounting.external_database is None:
+        claims.append(DATABASE_PVC)
+    return claims
+
+
+def accounting_objects(spec: ClusterSpec, secrets: ClusterSecrets, site: K8sSite = K8sSite()) -> list[dict[str, Any]]:
+    """slurmdbd (and, unless an external database is named, MariaDB with its password and volume)."""
+    if not spec.accounting.enabled:
+        return []
+    objs: list[dict[str, Any]] = []
+    if spec.accounting.external_database is None:
+        if secrets.db_password is None:
+            raise ValueError("the internal accounting database needs ClusterSecrets.db_password")
+        objs += [db_password_secret(spec, secrets.db_password), database_pvc(spec), mariadb_service(spec),
+                 mariadb_statefulset(spec)]
+    objs += [slurmdbd_conf_secret(spec, site), slurmdbd_service(spec), slurmdbd_deployment(spec, site)]
+    return objs
 
 
 def all_objects(spec: ClusterSpec, inventory: Inventory, files: Mapping[str, str], secrets: ClusterSecrets,
                 site: K8sSite = K8sSite()) -> list[dict[str, Any]]:
     """Every object of the deployed set, in apply order (namespace first). Worker pods are not in it."""
     check_names(spec, inventory)
+    check_home_access(spec, inventory)
     objs: list[dict[str, Any]] = [namespace(spec), home_pvc(spec)]
     objs += [
         auth_secret(spec, secrets.munge_key_b64), slurm_config_map(spec, files), users_config_map(spec, files),
@@ -897,6 +1211,7 @@ def all_objects(spec: ClusterSpec, inventory: Inventory, files: Mapping[str, str
     if spec.login.enabled:
         objs += [ssh_host_keys_secret(spec, secrets.ssh_host_keys), authorized_keys_secret(spec),
                  login_deployment(spec, files, site), login_service(spec)]
+    objs += accounting_objects(spec, secrets, site)
     objs += [worker_template_config_map(spec, p, site) for p in spec.pools]
     objs += [workers_service(spec), workers_pdb(spec)]
     objs += network_policies(spec, site)

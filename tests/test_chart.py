@@ -175,6 +175,8 @@ def _expected_differences(spec, chart: dict[str, dict], pulumi: dict[str, dict],
     #    and the generated keys (Pulumi keeps those in the stack's configuration).
     kept = {f"PersistentVolumeClaim {ns}/home", f"PersistentVolumeClaim {ns}/slurmctld-state",
             f"Secret {ns}/slurm-auth"} | ({f"Secret {ns}/ssh-host-keys"} if spec.login.enabled else set())
+    if spec.accounting.enabled and spec.accounting.external_database is None:  # the internal database
+        kept |= {f"PersistentVolumeClaim {ns}/{m.DATABASE_PVC}", f"Secret {ns}/{m.DB_SECRET}"}
     for key, obj in chart.items():
         assert (_pop_annotation(obj, "helm.sh/resource-policy") == "keep") == (key in kept), key
 
@@ -185,7 +187,8 @@ def _expected_differences(spec, chart: dict[str, dict], pulumi: dict[str, dict],
     # 5. slurm-config: rendered in the slurmctld pod by the render-config init container, from the
     #    same spec and nodes with the same code: render_files() must give exactly this data.
     slurm_config = pulumi.pop(f"ConfigMap {ns}/slurm-config")
-    files, _ = render_files(parse_spec(spec.model_dump(mode="json")), nodes)
+    domain = json.loads(pulumi[f"ConfigMap {ns}/{m.SPEC_CONFIG}"]["data"]["site.json"])["cluster_domain"]
+    files, _ = render_files(parse_spec(spec.model_dump(mode="json")), nodes, domain)
     assert files == slurm_config["data"], "the in-cluster render differs from the Pulumi program's slurm-config"
     sts = chart[f"StatefulSet {ns}/slurmctld"]["spec"]["template"]
     psts = pulumi[f"StatefulSet {ns}/slurmctld"]["spec"]["template"]
@@ -245,6 +248,12 @@ def _expected_differences(spec, chart: dict[str, dict], pulumi: dict[str, dict],
     auth_p = pulumi[f"Secret {ns}/{m.AUTH_SECRET}"]["data"]
     assert len(base64.b64decode(auth_c["munge.key"])) == len(base64.b64decode(auth_p["munge.key"])) == 1024
     auth_c["munge.key"] = auth_p["munge.key"] = "<generated>"
+    if f"Secret {ns}/{m.DB_SECRET}" in pulumi:  # the internal database's password: 32 letters and digits
+        db_c, db_p = chart[f"Secret {ns}/{m.DB_SECRET}"], pulumi[f"Secret {ns}/{m.DB_SECRET}"]
+        generated = base64.b64decode(db_c.pop("data")["password"]).decode()
+        assert len(generated) == len(db_p["stringData"]["password"]) == 32 and generated.isalnum()
+        db_c["stringData"] = {"password": "<generated>"}
+        db_p["stringData"] = {"password": "<generated>"}
     if spec.login.enabled:
         from cryptography.hazmat.primitives import serialization
         from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa

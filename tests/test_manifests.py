@@ -326,10 +326,16 @@ def test_services_storage_and_disruption(fabric, local):
 
 def test_network_policy_admits_own_pods_and_ssh_only(fabric):
     spec, _ = fabric
-    intra, ssh, metrics = m.network_policies(spec, m.K8sSite(host_network_sources=("10.1.2.3/32",)))
+    intra, ssh, metrics, database = m.network_policies(spec, m.K8sSite(host_network_sources=("10.1.2.3/32",)))
     assert metrics["spec"]["ingress"] == [{"ports": [{"protocol": "TCP", "port": 9410}]}]
     assert metrics["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "slurmctld"
-    assert intra["spec"]["podSelector"] == {"matchLabels": {m.L_CLUSTER: "fab"}}
+    # every pod of the cluster but the internal database, which admits slurmdbd only
+    assert intra["spec"]["podSelector"] == {"matchLabels": {m.L_CLUSTER: "fab"}, "matchExpressions": [
+        {"key": m.L_COMPONENT, "operator": "NotIn", "values": ["mariadb"]}]}
+    assert database["spec"]["podSelector"] == {"matchLabels": {m.L_CLUSTER: "fab", m.L_COMPONENT: "mariadb"}}
+    assert database["spec"]["ingress"] == [{
+        "from": [{"podSelector": {"matchLabels": {m.L_CLUSTER: "fab", m.L_COMPONENT: "slurmdbd"}}}],
+        "ports": [{"protocol": "TCP", "port": 3306}]}]
     assert intra["spec"]["ingress"] == [{"from": [{"podSelector": {"matchLabels": {m.L_CLUSTER: "fab"}}},
                                                   {"ipBlock": {"cidr": "10.1.2.3/32"}}]}]
     assert ssh["spec"]["podSelector"] == {"matchLabels": {m.L_CLUSTER: "fab", m.L_COMPONENT: "login"}}

@@ -11,7 +11,7 @@ import pytest
 from factories import aws_fleet, node, node_list
 from provisioner.config import load_spec
 from provisioner.deploy import program as prog
-from provisioner.deploy.secrets import HOST_KEYS, MUNGE_KEY, generate
+from provisioner.deploy.secrets import DB_PASSWORD, HOST_KEYS, MUNGE_KEY, generate
 
 ROOT = Path(__file__).resolve().parents[1]
 LINUX = {"kubernetes.io/os": "linux"}
@@ -43,6 +43,7 @@ def test_components_parent_their_resources(pulumi_run, keys):
         "local": "slurmk8s:index:Cluster", "local-storage": "slurmk8s:index:Storage",
         "local-controller": "slurmk8s:index:Controller", "local-login": "slurmk8s:index:Login",
         "local-workers": "slurmk8s:index:WorkerPools", "local-network": "slurmk8s:index:NetworkPolicy",
+        "local-accounting": "slurmk8s:index:Accounting",
     }
     by_parent: dict[str, set[str]] = {}
     for r in run.resources:
@@ -60,7 +61,12 @@ def test_components_parent_their_resources(pulumi_run, keys):
     assert by_parent["local-workers"] == {"ConfigMap/local-worker-template-cpu", "Service/local-workers",
                                           "PodDisruptionBudget/local-workers"}
     assert by_parent["local-network"] == {"NetworkPolicy/local-intra-cluster", "NetworkPolicy/local-login-ssh",
-                                          "NetworkPolicy/local-controller-metrics"}
+                                          "NetworkPolicy/local-controller-metrics",
+                                          "NetworkPolicy/local-database-from-slurmdbd"}
+    assert by_parent["local-accounting"] == {
+        "Secret/local-accounting-db", "PersistentVolumeClaim/local-accounting-db", "Service/local-mariadb",
+        "StatefulSet/local-mariadb", "Secret/local-slurmdbd-conf", "Service/local-slurmdbd",
+        "Deployment/local-slurmdbd"}
     assert not run.of_type(":Pod"), "no worker pods at rest"
 
     # every Kubernetes object waits for the namespace; PVCs and the namespace survive `down`
@@ -73,7 +79,11 @@ def test_components_parent_their_resources(pulumi_run, keys):
             assert any(d.endswith("::local-namespace") for d in r.dependencies), r.name
             assert r.delete_before_replace, r.name
     retained = sorted(r.name for r in run.resources if r.retain_on_delete)
-    assert retained == ["local-home", "local-namespace", "local-slurmctld-state"]
+    assert retained == ["local-accounting-db", "local-home", "local-namespace", "local-slurmctld-state"]
+    assert run.outputs["kept_volumes"] == ["home", "slurmctld-state", "accounting-db"]
+    conf = next(r for r in run.resources if r.name == "local-slurm-config").inputs["data"]["slurm.conf"]
+    assert "AccountingStorageHost=slurmdbd.slurm-local.svc.cluster.local\n" in conf
+    assert run.outputs["slurmdbd"] == "slurmdbd.slurm-local.svc.cluster.local:6819"
     assert ns_urn.retain_on_delete
 
 
@@ -98,8 +108,14 @@ def test_secrets_travel_as_pulumi_secrets_and_never_leave_in_plain_text(pulumi_r
     assert host.secret_paths == ("stringData",)
     assert host.inputs["stringData"]["ssh_host_ed25519_key"] == keys[HOST_KEYS["ed25519"]]
 
-    needles = [keys[MUNGE_KEY], keys[MUNGE_KEY][:40]] + [v.splitlines()[1] for k, v in keys.items() if k != MUNGE_KEY]
-    for cm in run.of_type(":ConfigMap"):
+    db = next(r for r in run.resources if r.name == "local-accounting-db" and r.type.endswith(":Secret"))
+    assert db.secret_paths == ("stringData",) and db.inputs["stringData"]["password"] == keys[DB_PASSWORD]
+    dbd_conf = next(r for r in run.resources if r.name == "local-slurmdbd-conf")
+    assert "StoragePass=" not in json.dumps(dbd_conf.inputs)  # added in the slurmdbd pod from the password Secret
+    needles = [keys[MUNGE_KEY], keys[MUNGE_KEY][:40], keys[DB_PASSWORD]] + [
+        v.splitlines()[1] for k, v in keys.items() if k not in (MUNGE_KEY, DB_PASSWORD)]
+    for cm in run.of_type(":ConfigMap") + [dbd_conf] + [r for r in run.kubernetes()
+                                                        if r.type.split(":")[-1] in ("StatefulSet", "Deployment")]:
         text = json.dumps(cm.inputs)
         assert "PRIVATE KEY" not in text and not any(n in text for n in needles), cm.name
     exported = json.dumps(run.outputs, default=str)
@@ -129,7 +145,7 @@ def test_stack_main_and_automation_program_build_the_same_graph(pulumi_run, keys
     cfg, secret = _config(keys)
     via_auto = pulumi_run.run(prog.inline_program(load_spec(spec_path), _local_nodes()), cfg, secret)
     auto_graph = [(r.type, r.name, r.parent, json.dumps(r.inputs, sort_keys=True)) for r in via_auto.resources]
-    assert len(cli_graph) == 29 and len(via_cli.kubernetes()) == 22
+    assert len(cli_graph) == 38 and len(via_cli.kubernetes()) == 30
     assert sorted(cli_graph) == sorted(auto_graph)
     assert cli_outputs == via_auto.outputs
 

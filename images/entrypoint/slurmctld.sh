@@ -78,6 +78,31 @@ if [ -x /opt/slurmk8s/bin/slurmk8s-sync-nodes ] && [ -r "$CONF_DIR/inventory.jso
         /opt/slurmk8s/bin/slurmk8s-sync-nodes --wait 120 2>&1 | sed -u 's/^/[sync-nodes] /' ) & )
 fi
 
+# Accounting through slurmdbd: on its very first start slurmctld needs slurmdbd (it exits with "we
+# have no TRES from it ... database is down and you don't have any state files"). Later starts
+# run from the state files and queue job records while slurmdbd is away, so wait only while the
+# state directory has none (bounded by SLURMK8S_DBD_WAIT, default 300 s).
+case "$(slurm_conf_get "$CONF" AccountingStorageType)" in
+    *slurmdbd*)
+        if [ ! -e "$STATE_DIR/last_tres" ] && [ ! -e "$STATE_DIR/assoc_mgr_state" ]; then
+            dbd_host="$(slurm_conf_get "$CONF" AccountingStorageHost)"
+            dbd_port="$(slurm_conf_get "$CONF" AccountingStoragePort)"
+            dbd_port="${dbd_port:-6819}"
+            limit="${SLURMK8S_DBD_WAIT:-300}"
+            start="$(date +%s)"
+            log "accounting: first start (no state files): waiting for slurmdbd at $dbd_host:$dbd_port (up to ${limit}s)"
+            until timeout 3 bash -c 'exec 3<>"/dev/tcp/$1/$2"' _ "$dbd_host" "$dbd_port" 2>/dev/null; do
+                if [ $(( $(date +%s) - start )) -ge "$limit" ]; then
+                    log "accounting: slurmdbd not reachable after ${limit}s: starting anyway"
+                    break
+                fi
+                sleep 1
+            done
+            log "accounting: slurmdbd answers after $(( $(date +%s) - start ))s"
+        fi
+        ;;
+esac
+
 log "exec (as $SLURM_USER) slurmctld -D ${extra[*]} $*"
 exec setpriv --reuid "$SLURM_USER" --regid "$SLURM_USER" --init-groups -- \
     slurmctld -D "${extra[@]}" "$@"

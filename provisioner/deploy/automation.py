@@ -42,6 +42,7 @@ KUBECONFIG_KEY = "kubernetes:kubeconfig"
 WAIT_KEY = f"{keys.CONFIG_NAMESPACE}:wait"
 SPEC_KEY = f"{keys.CONFIG_NAMESPACE}:spec"
 NAMESPACE_GONE_TIMEOUT = 180.0
+CLAIM_PURPOSE = {"home": "/home", "slurmctld-state": "slurmctld state", "accounting-db": "accounting database"}
 
 Printer = Callable[[str], Any]
 
@@ -407,6 +408,29 @@ def repair(session: Session, echo: Printer) -> None:
     echo("repair: state refreshed from the cluster")
 
 
+def preflight(session: Session, echo: Printer, *, database: bool) -> None:
+    """Checks against the live cluster before anything is applied (storage classes, volumes, the
+    external database's Secret; with `database`, a connection test of the external database)."""
+    from kubernetes.client.exceptions import ApiException
+
+    from .. import manifests as m
+    from . import preflight as pf
+    from .program import load_kubeconfig
+
+    t0 = time.monotonic()
+    if session.generated is not None:
+        m.check_home_access(session.spec, session.generated.inventory)
+    api = load_kubeconfig(session.kubeconfig)
+    try:
+        pf.check(session.spec, pf.read_cluster(session.spec, api))
+        if database:
+            pf.check_database(session.spec, api, echo)
+    except ApiException as err:
+        raise DeployError(f"preflight checks could not read the cluster: {err.status} {err.reason}") from None
+    finally:
+        session.timings["preflight"] = time.monotonic() - t0
+
+
 def preview(session: Session, echo: Printer, *, diff: bool = False) -> Result:
     t0 = time.monotonic()
     res = _run(session, "preview", lambda: session.stack.preview(on_output=echo, color="never", diff=diff), t0)
@@ -448,8 +472,13 @@ def delete_leftovers(session: Session, echo: Printer, *, purge: bool) -> None:
         for pod in pods:
             core.delete_namespaced_pod(pod.metadata.name, ns, grace_period_seconds=m.WORKER_GRACE_SECONDS)
         echo(f"deleted {len(pods)} worker pod(s) left by the resume program")
+        # the spec's claims, then any other claim of this cluster (e.g. the database's, after accounting
+        # was turned off in the spec)
+        labelled = [c.metadata.name for c in core.list_namespaced_persistent_volume_claim(
+            ns, label_selector=f"{m.L_CLUSTER}={spec.name}").items]
+        claims = m.kept_claims(spec) + sorted(set(labelled) - set(m.kept_claims(spec)))
         if purge:
-            for claim in (m.HOME_PVC, m.CONTROLLER_STATE_PVC):
+            for claim in claims:
                 try:
                     core.delete_namespaced_persistent_volume_claim(claim, ns)
                     echo(f"deleted PersistentVolumeClaim {ns}/{claim}")
@@ -471,8 +500,19 @@ def delete_leftovers(session: Session, echo: Printer, *, purge: bool) -> None:
                                   f"see `kubectl get ns {ns} -o yaml` (finalizers)")
             echo(f"deleted namespace {ns} ({time.monotonic() - t0:.1f}s)")
         else:
-            echo(f"kept namespace {ns} with PersistentVolumeClaims {m.HOME_PVC} and {m.CONTROLLER_STATE_PVC} "
-                 "(`slurmk8s down --purge` deletes them)")
+            kept = []
+            for claim in claims:
+                try:
+                    pvc = core.read_namespaced_persistent_volume_claim(claim, ns)
+                except ApiException as err:
+                    if err.status != 404:
+                        raise
+                    continue
+                size = ((pvc.status.capacity or {}) if pvc.status else {}).get("storage") \
+                    or pvc.spec.resources.requests.get("storage", "?")
+                kept.append(f"{claim} ({CLAIM_PURPOSE.get(claim, claim)}, {size})")
+            echo(f"kept namespace {ns} and {len(kept)} volume(s): {', '.join(kept) or 'none'}; "
+                 "`slurmk8s down --purge` deletes them")
     except ApiException as err:
         if err.status == 404:
             echo(f"namespace {ns} is already gone")
@@ -515,6 +555,7 @@ def describe_versions(session: Session) -> str:
 
 
 __all__: Sequence[str] = (
-    "DeployError", "Toolchain", "find_toolchain", "open_session", "ensure_stack_config", "preview", "up", "down",
+    "DeployError", "Toolchain", "find_toolchain", "open_session", "ensure_stack_config", "preflight", "preview", "up",
+    "down",
     "delete_leftovers", "outputs", "repair", "stack_secrets", "describe_versions",
 )

@@ -78,6 +78,7 @@ def up(spec: SpecOpt, kubeconfig: KubeOpt = None, state: StateOpt = None, stack:
 
     session = _session(spec, state=state, stack=stack, kubeconfig=kubeconfig, need_cluster=True)
     try:
+        a.preflight(session, _echo_line, database=True)
         made = a.ensure_stack_config(session, wait=wait, spec_path=spec)
         if made:
             typer.echo(f"generated and stored (encrypted) in the stack config: {', '.join(made)}")
@@ -99,6 +100,7 @@ def preview(spec: SpecOpt, kubeconfig: KubeOpt = None, state: StateOpt = None, s
 
     session = _session(spec, state=state, stack=stack, kubeconfig=kubeconfig, need_cluster=True)
     try:
+        a.preflight(session, _echo_line, database=False)
         a.ensure_stack_config(session, wait=wait, spec_path=spec)
         result = a.preview(session, _echo_line, diff=diff)
     except SlurmK8sError as err:
@@ -107,7 +109,8 @@ def preview(spec: SpecOpt, kubeconfig: KubeOpt = None, state: StateOpt = None, s
 
 
 def down(spec: SpecOpt, kubeconfig: KubeOpt = None, state: StateOpt = None, stack: StackOpt = None,
-         purge: Annotated[bool, typer.Option("--purge", help="Also delete /home, slurmctld's state and the namespace.")]
+         purge: Annotated[bool, typer.Option("--purge", help="Also delete the volumes (/home, slurmctld's state, the "
+                                                          "accounting database) and the namespace.")]
          = False,
          yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask before --purge.")] = False,
          repair: RepairOpt = False) -> None:
@@ -118,8 +121,10 @@ def down(spec: SpecOpt, kubeconfig: KubeOpt = None, state: StateOpt = None, stac
     session = _session(spec, state=state, stack=stack, kubeconfig=kubeconfig, need_cluster=False)
     ns = session.spec.namespace_name
     if purge and not yes:
-        typer.confirm(f"--purge deletes /home and slurmctld's state (PVCs) and namespace {ns} for good. Continue?",
-                      abort=True)
+        from ..manifests import kept_claims
+
+        typer.confirm(f"--purge deletes the volumes {', '.join(kept_claims(session.spec))} (/home, slurmctld's state, "
+                      f"the job accounting database) and namespace {ns} for good. Continue?", abort=True)
     try:
         if repair:
             a.repair(session, _echo_line)

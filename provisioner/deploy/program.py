@@ -21,7 +21,8 @@ Stack configuration it reads (namespace ``slurmk8s``; see ``stacks/Pulumi.*.yaml
   program's own Kubernetes provider (ConfigMaps and Secrets mutable: updated in place) and for
   reading the nodes.
 
-Ownership: PVCs and the namespace are kept on ``destroy`` (``retainOnDelete``); ``slurmk8s down
+Ownership: PVCs (/home, slurmctld's state, the accounting database) and the namespace are kept on
+``destroy`` (``retainOnDelete``); ``slurmk8s down
 --purge`` removes them. Worker pods are never Pulumi resources (the resume/suspend programs own them).
 """
 
@@ -152,6 +153,27 @@ class Controller(_Component):
                                "service_account": self.service_account})
 
 
+class Accounting(_Component):
+    """slurmdbd (Deployment + Service, slurmdbd.conf in its own Secret) and, unless the spec names an
+    external database, MariaDB: its generated password (Secret), data volume (kept on destroy),
+    Service and StatefulSet."""
+
+    host: pulumi.Output[str]
+    database: pulumi.Output[str]
+
+    def __init__(self, name: str, spec: ClusterSpec, secrets: m.ClusterSecrets, site: m.K8sSite, *, wait: bool,
+                 depends_on: Sequence[pulumi.Resource], opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("slurmk8s:index:Accounting", name, spec, wait, opts, depends_on)
+        sec = m.ClusterSecrets(secrets.munge_key_b64, secrets.ssh_host_keys,
+                               pulumi.Output.secret(secrets.db_password) if secrets.db_password is not None else None)
+        for obj in m.accounting_objects(spec, sec, site):
+            self._add(obj, retain=obj["kind"] == "PersistentVolumeClaim")
+        host, port, _, db = m.db_endpoint(spec, site)
+        self.host = pulumi.Output.from_input(f"{m.slurmdbd_host(spec, site)}:{m.SLURMDBD_PORT}")
+        self.database = pulumi.Output.from_input(f"{host}:{port}/{db}")
+        self.register_outputs({"host": self.host, "database": self.database})
+
+
 class Login(_Component):
     """sshd + Slurm clients: host keys (Secret, stable), authorized keys, Deployment, Service."""
 
@@ -238,6 +260,7 @@ class SlurmCluster(pulumi.ComponentResource):
                  opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("slurmk8s:index:Cluster", name, None, opts)
         m.check_names(spec, gen.inventory)
+        m.check_home_access(spec, gen.inventory)
         # An explicit provider: ConfigMaps and Secrets are updated in place (server-side apply) when
         # the inventory, users or keys change, instead of the default delete-and-recreate.
         provider = k8s.Provider(
@@ -253,6 +276,8 @@ class SlurmCluster(pulumi.ComponentResource):
         self.storage = Storage(f"{name}-storage", spec, wait=wait, depends_on=[ns], opts=child)
         self.controller = Controller(f"{name}-controller", spec, gen, secrets, site, wait=wait,
                                      depends_on=[ns], opts=child)
+        self.accounting = (Accounting(f"{name}-accounting", spec, secrets, site, wait=wait, depends_on=[ns], opts=child)
+                           if spec.accounting.enabled else None)
         self.workers = WorkerPools(f"{name}-workers", spec, gen, site, wait=wait, depends_on=[ns], opts=child)
         self.login = (Login(f"{name}-login", spec, gen, secrets, site, wait=wait,
                             depends_on=[ns, self.storage, self.controller], opts=child)
@@ -321,9 +346,10 @@ def cluster_program(spec: ClusterSpec, k8s_nodes: Sequence[Mapping[str, Any]] | 
     if k8s_nodes is None:
         k8s_nodes = nodes_from_config(cfg)
     raw = list(k8s_nodes)
-    gen = generate(spec, nodes_from_api(raw), Site())
-    site = m.K8sSite(cluster_domain=cfg.get("clusterDomain") or "cluster.local",
-                     host_network_sources=host_network_sources(spec, gen, raw))
+    domain = cfg.get("clusterDomain") or "cluster.local"
+    gen = generate(spec, nodes_from_api(raw),
+                   Site(accounting_host=m.slurmdbd_host(spec, m.K8sSite(cluster_domain=domain))))
+    site = m.K8sSite(cluster_domain=domain, host_network_sources=host_network_sources(spec, gen, raw))
     if secrets is None:
         secrets = secrets_from_config(cfg)
     wait = cfg.get_bool("wait")
@@ -338,6 +364,10 @@ def cluster_program(spec: ClusterSpec, k8s_nodes: Sequence[Mapping[str, Any]] | 
     pulumi.export("slurm_nodes", cluster.workers.node_names)
     pulumi.export("partitions", cluster.workers.partitions)
     pulumi.export("excluded_k8s_nodes", [f"{e.k8s_node} ({e.pool}): {e.reason}" for e in gen.inventory.excluded])
+    if cluster.accounting is not None:
+        pulumi.export("slurmdbd", cluster.accounting.host)
+        pulumi.export("accounting_database", cluster.accounting.database)
+    pulumi.export("kept_volumes", kept_volumes(spec))
     if cluster.login is not None:
         pulumi.export("login_service", cluster.login.service)
         pulumi.export("login_service_type", cluster.login.service_type)
@@ -346,6 +376,11 @@ def cluster_program(spec: ClusterSpec, k8s_nodes: Sequence[Mapping[str, Any]] | 
         pulumi.export("ssh_host_public_keys", cluster.login.host_public_keys)
         pulumi.export("ssh_hint", ssh_hint(spec))
     return cluster
+
+
+def kept_volumes(spec: ClusterSpec) -> list[str]:
+    """The PersistentVolumeClaims `slurmk8s down` keeps (and `down --purge` deletes)."""
+    return m.kept_claims(spec)
 
 
 def nodes_from_config(cfg: pulumi.Config) -> list[dict[str, Any]]:

@@ -1,4 +1,5 @@
-"""The cluster's generated secrets: the Slurm (munge) auth key and the login pod's SSH host keys.
+"""The cluster's generated secrets: the Slurm (munge) auth key, the login pod's SSH host keys and the
+internal accounting database's password.
 
 Generated once per stack and kept in the stack's configuration as Pulumi secrets (encrypted with the
 stack's passphrase), so every ``up`` applies the same keys: the login pod's host key fingerprints
@@ -11,6 +12,8 @@ from __future__ import annotations
 
 import base64
 import os
+import secrets as pysecrets
+import string
 from typing import Any, Mapping
 
 from ..manifests import ClusterSecrets
@@ -18,7 +21,8 @@ from ..manifests import ClusterSecrets
 CONFIG_NAMESPACE = "slurmk8s"
 MUNGE_KEY = "mungeKey"
 HOST_KEYS = {"ed25519": "sshHostKeyEd25519", "ecdsa": "sshHostKeyEcdsa", "rsa": "sshHostKeyRsa"}
-SECRET_KEYS = (MUNGE_KEY, *HOST_KEYS.values())
+DB_PASSWORD = "accountingDbPassword"  # the internal accounting database's password
+SECRET_KEYS = (MUNGE_KEY, *HOST_KEYS.values(), DB_PASSWORD)
 MUNGE_KEY_BYTES = 1024  # what create-munge-key makes by default
 
 
@@ -52,6 +56,10 @@ def generate(missing_only: Mapping[str, Any] | None = None) -> dict[str, str]:
     for kind, key in HOST_KEYS.items():
         if key not in have:
             out[key] = generate_host_key(kind)
+    if DB_PASSWORD not in have:
+        # letters and digits only: it goes into SQL and slurmdbd.conf, neither of which may need quoting
+        alphabet = string.ascii_letters + string.digits
+        out[DB_PASSWORD] = "".join(pysecrets.choice(alphabet) for _ in range(32))
     return out
 
 
@@ -70,13 +78,14 @@ def secrets_from_config(config: Any) -> ClusterSecrets:
     try:
         munge = config.require_secret(MUNGE_KEY).apply(lambda v: v.strip())
         host = {kind: config.require_secret(key).apply(pem_text) for kind, key in HOST_KEYS.items()}
+        db_password = config.require_secret(DB_PASSWORD).apply(lambda v: v.strip())
     except pulumi.ConfigMissingError as err:
         raise pulumi.RunError(
             f"{err}\nThe cluster's generated keys are missing from this stack's configuration. "
             "`slurmk8s up` creates them; for a stack run by the Pulumi CLI run "
             "`slurmk8s stack-secrets --stack-dir stacks --stack <name>` once."
         ) from None
-    return ClusterSecrets(munge_key_b64=munge, ssh_host_keys=host)
+    return ClusterSecrets(munge_key_b64=munge, ssh_host_keys=host, db_password=db_password)
 
 
 def pem_text(value: str) -> str:
@@ -88,5 +97,6 @@ def pem_text(value: str) -> str:
 def secrets_from_values(values: Mapping[str, str]) -> ClusterSecrets:
     """Plain values (tests, or the Automation API before they reach the config)."""
     return ClusterSecrets(munge_key_b64=values[MUNGE_KEY].strip(),
-                          ssh_host_keys={kind: pem_text(values[key]) for kind, key in HOST_KEYS.items()})
+                          ssh_host_keys={kind: pem_text(values[key]) for kind, key in HOST_KEYS.items()},
+                          db_password=values[DB_PASSWORD].strip() if DB_PASSWORD in values else None)
 

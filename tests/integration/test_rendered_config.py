@@ -64,6 +64,7 @@ SPEC = {
     ],
     "users": [{"name": "alice", "uid": 2001}],
     "topology": {"preset": "aws"},
+    "accounting": {"enabled": False},  # no slurmdbd in this container (accounting: e2e/)
 }
 
 

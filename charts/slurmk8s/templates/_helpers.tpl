@@ -20,7 +20,14 @@ render-config init container, with the same Python code as `slurmk8s up`.
 {{- end -}}
 {{- $c := $v.chart | default dict -}}
 {{- $img := $v.images | default dict -}}
-{{- $images := dict "controller" ($img.controller | default "slurmk8s/slurmctld:dev") "worker" ($img.worker | default "slurmk8s/slurmd:dev") "login" ($img.login | default "slurmk8s/login:dev") "pull_policy" ($img.pull_policy | default "IfNotPresent") -}}
+{{- $images := dict "controller" ($img.controller | default "slurmk8s/slurmctld:dev") "worker" ($img.worker | default "slurmk8s/slurmd:dev") "login" ($img.login | default "slurmk8s/login:dev") "slurmdbd" ($img.slurmdbd | default "slurmk8s/slurmdbd:dev") "database" ($img.database | default "slurmk8s/mariadb:dev") "pull_policy" ($img.pull_policy | default "IfNotPresent") -}}
+{{- $a := $v.accounting | default dict -}}
+{{- $accounting := dict "enabled" (ternary $a.enabled true (hasKey $a "enabled")) "database_buffer_pool" (toString ($a.database_buffer_pool | default "256Mi")) -}}
+{{- if $a.external_database -}}
+{{- $e := $a.external_database -}}
+{{- $ps := $e.password_secret -}}
+{{- $_ := set $accounting "external_database" (dict "host" $e.host "port" (int64 ($e.port | default 3306)) "database" ($e.database | default "slurm_acct_db") "user" ($e.user | default "slurm") "password_secret" (dict "name" $ps.name "key" ($ps.key | default "password"))) -}}
+{{- end -}}
 {{- $l := $v.login | default dict -}}
 {{- $login := dict "enabled" (ternary $l.enabled true (hasKey $l "enabled")) "service_type" ($l.service_type | default "ClusterIP") -}}
 {{- /* idle teardown (manifests.sleeps / login_sleeps) */ -}}
@@ -45,7 +52,7 @@ render-config init container, with the same Python code as `slurmk8s up`.
 {{- /* storage: a section left out takes its default volume; a volume given takes access_mode ReadWriteOnce unless set (config.Volume) */ -}}
 {{- $st := $v.storage | default dict -}}
 {{- $storage := dict -}}
-{{- range $key, $dflt := dict "home" (dict "size" "10Gi" "access_mode" "ReadWriteMany") "controller_state" (dict "size" "1Gi" "access_mode" "ReadWriteOnce") -}}
+{{- range $key, $dflt := dict "home" (dict "size" "10Gi" "access_mode" "ReadWriteMany") "controller_state" (dict "size" "1Gi" "access_mode" "ReadWriteOnce") "database" (dict "size" "2Gi" "access_mode" "ReadWriteOnce") -}}
 {{- $vol := $dflt -}}
 {{- if hasKey $st $key -}}
 {{- $given := index $st $key | default dict -}}
@@ -62,7 +69,9 @@ render-config init container, with the same Python code as `slurmk8s up`.
 {{- end -}}
 {{- $site := dict "cluster_domain" ($c.clusterDomain | default "cluster.local") "host_network_sources" ($c.hostNetworkSources | default list) -}}
 {{- $chart := dict "createSecrets" (ternary $c.createSecrets true (hasKey $c "createSecrets")) -}}
-{{- toJson (dict "name" $v.name "namespace" $ns "sleeps" $sleeps "images" $images "login" $login "users" $users "groups" $groups "storage" $storage "pools" $pools "site" $site "chart" $chart) -}}
+{{- $cluster := $v.name | replace "-" "_" -}}
+{{- if and $v.slurm $v.slurm.cluster_name }}{{ $cluster = $v.slurm.cluster_name }}{{ end -}}
+{{- toJson (dict "name" $v.name "namespace" $ns "sleeps" $sleeps "cluster_name" $cluster "images" $images "login" $login "users" $users "groups" $groups "storage" $storage "pools" $pools "site" $site "chart" $chart "accounting" $accounting) -}}
 {{- end -}}
 
 {{/* slurmk8s.document: the spec as the in-cluster programs read it (spec.json): the values as

@@ -1,0 +1,333 @@
+"""Keep Slurm's accounting database in step with the spec: the cluster, its accounts (with fairshare)
+and one association per user.
+
+Runs in the slurmctld pod (container ``accounting``, as SlurmUser, who is a Slurm administrator)
+as ``slurmk8s-accounting``: every period it reads the associations with ``sacctmgr show``, plans
+the difference (:func:`plan`, pure) and applies it with ``sacctmgr -i``. Idempotent: a spec that
+matches the database plans nothing, so re-running ``slurmk8s up`` changes nothing.
+
+What a removal means: a user dropped from the spec loses their association (``sacctmgr delete
+user``); Slurm keeps the jobs they ran, so ``sacct`` still lists them. Accounts dropped from the
+spec go the same way once no spec user is in them. The ``root`` account and ``root`` user that
+Slurm makes with every cluster are never touched.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Mapping, Protocol, Sequence
+
+DEFAULT_PERIOD = 30.0
+RETRY_PERIOD = 2.0
+SACCTMGR = "sacctmgr"
+PROTECTED_ACCOUNTS = frozenset({"root"})
+PROTECTED_USERS = frozenset({"root"})
+
+
+class Cause(str, Enum):
+    CLUSTER_MISSING = "cluster-missing"
+    ACCOUNT_MISSING = "account-missing"
+    FAIRSHARE_CHANGED = "fairshare-changed"
+    USER_MISSING = "user-missing"
+    USER_MOVED = "user-moved"
+    USER_REMOVED_FROM_SPEC = "user-removed-from-spec"
+    ACCOUNT_REMOVED_FROM_SPEC = "account-removed-from-spec"
+
+
+@dataclass(frozen=True)
+class Desired:
+    """What the spec asks for: account -> (fairshare, description); user -> account."""
+
+    cluster: str
+    accounts: Mapping[str, tuple[int, str]]
+    users: Mapping[str, str]
+
+    @classmethod
+    def from_spec(cls, spec: Any) -> "Desired":
+        acc = spec.accounting
+        return cls(
+            cluster=spec.slurm_cluster_name,
+            accounts={a.name: (a.fairshare, a.description or a.name) for a in acc.accounts},
+            users={u.name: spec.user_account(u) for u in spec.users},
+        )
+
+
+@dataclass(frozen=True)
+class Association:
+    account: str
+    user: str  # "" for the account's own association
+    fairshare: int | None  # None: "parent" (or not a number)
+
+
+@dataclass(frozen=True)
+class Current:
+    cluster_exists: bool
+    associations: tuple[Association, ...] = ()
+
+    def accounts(self) -> dict[str, Association]:
+        return {a.account: a for a in self.associations if not a.user}
+
+    def users(self) -> dict[str, list[Association]]:
+        out: dict[str, list[Association]] = {}
+        for a in self.associations:
+            if a.user:
+                out.setdefault(a.user, []).append(a)
+        return out
+
+
+@dataclass(frozen=True)
+class Action:
+    argv: tuple[str, ...]  # sacctmgr arguments after `sacctmgr -i`
+    cause: Cause
+    detail: str
+
+    def describe(self) -> str:
+        return f"{self.cause.value}: {self.detail}"
+
+
+def plan(desired: Desired, current: Current) -> list[Action]:
+    """The sacctmgr commands that make the database match the spec, in a safe order: cluster, accounts,
+    users added or moved, then users and accounts removed."""
+    c = desired.cluster
+    actions: list[Action] = []
+    if not current.cluster_exists:
+        actions.append(Action(("add", "cluster", c), Cause.CLUSTER_MISSING, f"cluster {c}"))
+    have_accounts = current.accounts() if current.cluster_exists else {}
+    for name, (share, text) in sorted(desired.accounts.items()):
+        have = have_accounts.get(name)
+        if have is None:
+            actions.append(Action(("add", "account", name, f"cluster={c}", "parent=root", f"fairshare={share}",
+                                   f"description={text}", f"organization={name}"),
+                                  Cause.ACCOUNT_MISSING, f"account {name} (fairshare {share})"))
+        elif have.fairshare != share:
+            actions.append(Action(("modify", "account", "where", f"name={name}", f"cluster={c}", "set",
+                                   f"fairshare={share}"),
+                                  Cause.FAIRSHARE_CHANGED, f"account {name}: fairshare {have.fairshare} -> {share}"))
+    have_users = current.users() if current.cluster_exists else {}
+    removals: list[Action] = []
+    for user, account in sorted(desired.users.items()):
+        accounts = {a.account for a in have_users.get(user, [])}
+        if account not in accounts:
+            cause = Cause.USER_MOVED if accounts else Cause.USER_MISSING
+            actions.append(Action(("add", "user", user, f"account={account}", f"defaultaccount={account}",
+                                   f"cluster={c}"), cause, f"user {user} in account {account}"))
+            if accounts:  # a user's default association cannot be deleted: make the new one default first
+                actions.append(Action(("modify", "user", "where", f"name={user}", f"cluster={c}", "set",
+                                       f"defaultaccount={account}"), Cause.USER_MOVED,
+                                      f"user {user}: default account {account}"))
+        for old in sorted(accounts - {account}):
+            removals.append(Action(("delete", "user", "where", f"name={user}", f"account={old}", f"cluster={c}"),
+                                   Cause.USER_MOVED, f"user {user} leaves account {old}"))
+    for user in sorted(set(have_users) - set(desired.users) - PROTECTED_USERS):
+        removals.append(Action(("delete", "user", "where", f"name={user}", f"cluster={c}"),
+                               Cause.USER_REMOVED_FROM_SPEC, f"user {user} (their jobs stay in the history)"))
+    for name in sorted(set(have_accounts) - set(desired.accounts) - PROTECTED_ACCOUNTS):
+        removals.append(Action(("delete", "account", "where", f"name={name}", f"cluster={c}"),
+                               Cause.ACCOUNT_REMOVED_FROM_SPEC, f"account {name}"))
+    return actions + removals
+
+
+# ---------------------------------------------------------------- reading the database
+
+
+ASSOC_FORMAT = "Account,User,Share"
+
+
+def parse_associations(text: str) -> tuple[Association, ...]:
+    """`sacctmgr -n -P show associations cluster=C format=Account,User,Share` -> associations."""
+    out = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        parts = line.split("|")
+        if len(parts) < 3:
+            raise ValueError(f"unexpected sacctmgr line {line!r} (want Account|User|Share)")
+        account, user, share = parts[0].strip(), parts[1].strip(), parts[2].strip()
+        out.append(Association(account, user, int(share) if share.isdigit() else None))
+    return tuple(sorted(out, key=lambda a: (a.account, a.user)))
+
+
+def parse_clusters(text: str) -> set[str]:
+    """`sacctmgr -n -P show clusters format=Cluster` -> cluster names."""
+    return {line.strip() for line in text.splitlines() if line.strip()}
+
+
+class SacctmgrError(Exception):
+    pass
+
+
+class Database(Protocol):
+    def read(self, cluster: str) -> Current: ...
+
+    def apply(self, action: Action) -> str: ...
+
+
+@dataclass
+class Sacctmgr:
+    """The real database, through sacctmgr (argv lists, parsable output with named columns, bounded by a
+    timeout)."""
+
+    exe: str = SACCTMGR
+    timeout: float = 30.0
+
+    def _run(self, argv: Sequence[str]) -> str:
+        try:
+            proc = subprocess.run([self.exe, *argv], capture_output=True, text=True, timeout=self.timeout, check=False)
+        except (OSError, subprocess.TimeoutExpired) as err:
+            raise SacctmgrError(f"sacctmgr {' '.join(argv)}: {err}") from None
+        if proc.returncode != 0:
+            msg = (proc.stderr.strip() or proc.stdout.strip()).splitlines()
+            raise SacctmgrError(f"sacctmgr {' '.join(argv)}: exit {proc.returncode}: {' '.join(msg[-3:])}")
+        return proc.stdout
+
+    def read(self, cluster: str) -> Current:
+        if cluster not in parse_clusters(self._run(["-n", "-P", "show", "clusters", "format=Cluster"])):
+            return Current(cluster_exists=False)
+        text = self._run(["-n", "-P", "show", "associations", f"cluster={cluster}", f"format={ASSOC_FORMAT}"])
+        return Current(cluster_exists=True, associations=parse_associations(text))
+
+    def apply(self, action: Action) -> str:
+        return self._run(["-i", *action.argv]).strip()
+
+
+@dataclass
+class FakeDatabase:
+    """An in-memory accounting database that understands the commands :func:`plan` makes (tests)."""
+
+    clusters: set[str] = field(default_factory=set)
+    assocs: dict[tuple[str, str, str], Association] = field(default_factory=dict)  # (cluster, account, user)
+    applied: list[tuple[str, ...]] = field(default_factory=list)
+    running_jobs: set[str] = field(default_factory=set)  # users whose deletion Slurm refuses
+    defaults: dict[str, str] = field(default_factory=dict)  # user -> default account
+
+    def read(self, cluster: str) -> Current:
+        if cluster not in self.clusters:
+            return Current(False)
+        return Current(True, tuple(sorted((a for (c, _, _), a in self.assocs.items() if c == cluster),
+                                          key=lambda a: (a.account, a.user))))
+
+    def apply(self, action: Action) -> str:
+        argv = action.argv
+        kv = dict(a.split("=", 1) for a in argv if "=" in a)
+        self.applied.append(argv)
+        if argv[:2] == ("add", "cluster"):
+            self.clusters.add(argv[2])
+            self.assocs[(argv[2], "root", "")] = Association("root", "", 1)
+            self.assocs[(argv[2], "root", "root")] = Association("root", "root", 1)
+        elif argv[:2] == ("add", "account"):
+            self.assocs[(kv["cluster"], argv[2], "")] = Association(argv[2], "", int(kv["fairshare"]))
+        elif argv[:2] == ("modify", "account"):
+            key = (kv["cluster"], kv["name"], "")
+            self.assocs[key] = Association(kv["name"], "", int(kv["fairshare"]))
+        elif argv[:2] == ("add", "user"):
+            self.assocs[(kv["cluster"], kv["account"], argv[2])] = Association(kv["account"], argv[2], 1)
+            self.defaults.setdefault(argv[2], kv["defaultaccount"])
+        elif argv[:2] == ("modify", "user"):
+            self.defaults[kv["name"]] = kv["defaultaccount"]
+        elif argv[:2] == ("delete", "user"):
+            if kv["name"] in self.running_jobs:
+                raise SacctmgrError(f"sacctmgr: Job(s) active, cancel job(s) before remove: {kv['name']}")
+            if kv.get("account") and self.defaults.get(kv["name"]) == kv["account"]:
+                raise SacctmgrError("sacctmgr: cannot remove the default account of a user")
+            for key in [k for k in self.assocs if k[0] == kv["cluster"] and k[2] == kv["name"]
+                        and ("account" not in kv or k[1] == kv["account"])]:
+                del self.assocs[key]
+        elif argv[:2] == ("delete", "account"):
+            for key in [k for k in self.assocs if k[0] == kv["cluster"] and k[1] == kv["name"]]:
+                del self.assocs[key]
+        else:
+            raise SacctmgrError(f"fake: unknown command {argv}")
+        return ""
+
+
+@dataclass(frozen=True)
+class SyncResult:
+    applied: tuple[Action, ...]
+    failed: tuple[tuple[Action, str], ...]
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed
+
+
+def sync(desired: Desired, db: Database) -> SyncResult:
+    """One pass: read, plan, apply each action (a failed one is reported and retried next pass)."""
+    applied: list[Action] = []
+    failed: list[tuple[Action, str]] = []
+    for action in plan(desired, db.read(desired.cluster)):
+        if failed and action.argv[0] == "delete":
+            break  # removals come last, users before their accounts: after a refused one, wait a pass
+        try:
+            db.apply(action)
+            applied.append(action)
+        except SacctmgrError as err:
+            failed.append((action, str(err)))
+    return SyncResult(tuple(applied), tuple(failed))
+
+
+# ---------------------------------------------------------------- entry point
+
+
+def _log(msg: str) -> None:
+    print(f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} [slurmk8s-accounting] {msg}", flush=True)
+
+
+def load_desired(spec_path: str) -> Desired:
+    from .config import parse_spec
+
+    with open(spec_path) as fh:
+        return Desired.from_spec(parse_spec(json.load(fh), source=spec_path))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="slurmk8s-accounting", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--spec", default="/etc/slurmk8s/spec/spec.json", help="the cluster spec (JSON)")
+    parser.add_argument("--period", type=float, default=DEFAULT_PERIOD, help="seconds between passes")
+    parser.add_argument("--once", action="store_true", help="one pass; exit 1 if slurmdbd is away or a change failed")
+    args = parser.parse_args(argv)
+    db = Sacctmgr()
+    waiting_since: float | None = None
+    in_step = False
+    synced_once = False
+    while True:
+        try:
+            desired = load_desired(args.spec)
+            result = sync(desired, db)
+        except (OSError, ValueError) as err:
+            _log(f"cannot read the spec {args.spec}: {err}")
+            result = None
+        except SacctmgrError as err:
+            # slurmdbd is not answering (starting, or the control tier is waking): slurmctld queues
+            # job records meanwhile; try again next period
+            if waiting_since is None:
+                waiting_since = time.monotonic()
+                _log(f"waiting for slurmdbd: {err}")
+            result = None
+        if result is not None:
+            if waiting_since is not None:
+                _log(f"slurmdbd answers after {time.monotonic() - waiting_since:.0f}s")
+                waiting_since = None
+            for action in result.applied:
+                _log(f"applied {action.describe()}: sacctmgr -i {' '.join(action.argv)}")
+            for action, err in result.failed:
+                _log(f"FAILED {action.describe()} (retried next pass): {err}")
+            if result.ok and (result.applied or not in_step):
+                _log(f"database matches the spec (cluster {desired.cluster}, {len(desired.accounts)} account(s), "
+                     f"{len(desired.users)} user(s))")
+            in_step = result.ok
+            synced_once = synced_once or result.ok
+        if args.once:
+            return 0 if result is not None and result.ok else 1
+        # until the database first matches the spec, try again soon: jobs submitted before a user's
+        # association exists are charged to no account
+        time.sleep(args.period if synced_once else min(args.period, RETRY_PERIOD))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,310 @@
+"""Checks against the live cluster before `slurmk8s up` / `preview` change anything.
+
+A storage class that does not exist, a volume that no static PersistentVolume can hold, a kept claim
+the spec would shrink or move, a missing password Secret, an external database that refuses the
+credentials: each would otherwise surface as a pod Pending or crash-looping ten minutes into `up`,
+with half the objects applied. Here they become one error naming the spec field and the fix, before
+Pulumi runs.
+
+:func:`storage_issues` and :func:`secret_issues` are pure (lists of API objects in, issues out);
+:func:`read_cluster` gathers those objects; :func:`check_database` runs a short-lived pod that
+tests the external database (only `up` runs it: `preview` creates nothing).
+"""
+
+from __future__ import annotations
+
+import base64
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+from .. import manifests as m
+from ..config import ClusterSpec, Volume, parse_quantity
+from ..errors import Issue, Problem
+
+DEFAULT_CLASS_ANNOTATIONS = ("storageclass.kubernetes.io/is-default-class",
+                             "storageclass.beta.kubernetes.io/is-default-class")
+STATIC_PROVISIONER = "kubernetes.io/no-provisioner"
+DB_CHECK_TIMEOUT = 120.0
+
+
+class PreflightError(Problem):
+    """The live cluster cannot take the spec as it is; nothing was applied."""
+
+
+@dataclass(frozen=True)
+class ClusterFacts:
+    """What the checks read from the API server (plain dicts as `kubectl get -o json` shows them)."""
+
+    storage_classes: Sequence[Mapping[str, Any]] = ()
+    claims: Sequence[Mapping[str, Any]] = ()  # PVCs in the cluster's namespace
+    volumes: Sequence[Mapping[str, Any]] = ()  # PersistentVolumes
+    namespace_exists: bool = True
+    secrets: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # name -> Secret, namespace only
+
+
+def volumes_of(spec: ClusterSpec) -> list[tuple[str, str, Volume]]:
+    """(spec field, claim name, volume) of every claim the spec makes."""
+    out = [("home", m.HOME_PVC, spec.storage.home), ("controller_state", m.CONTROLLER_STATE_PVC,
+                                                      spec.storage.controller_state)]
+    if spec.accounting.enabled and spec.accounting.external_database is None:
+        out.append(("database", m.DATABASE_PVC, spec.storage.database))
+    return out
+
+
+def _name(obj: Mapping[str, Any]) -> str:
+    return (obj.get("metadata") or {}).get("name", "")
+
+
+def _is_default(sc: Mapping[str, Any]) -> bool:
+    ann = (sc.get("metadata") or {}).get("annotations") or {}
+    return any(ann.get(a) == "true" for a in DEFAULT_CLASS_ANNOTATIONS)
+
+
+def _bytes(q: Any) -> float:
+    try:
+        return parse_quantity(q)
+    except ValueError:
+        return 0.0
+
+
+def storage_issues(spec: ClusterSpec, facts: ClusterFacts) -> list[Issue]:
+    issues: list[Issue] = []
+    classes = {_name(sc): sc for sc in facts.storage_classes}
+    defaults = [n for n, sc in classes.items() if _is_default(sc)]
+    claims = {_name(c): c for c in facts.claims}
+    have = ", ".join(sorted(classes)) or "none"
+    for fname, claim, vol in volumes_of(spec):
+        where = f"storage.{fname}"
+        if vol.storage_class is not None and vol.storage_class not in classes:
+            issues.append(Issue(f"{where}.storage_class",
+                                f"StorageClass {vol.storage_class!r} does not exist in the cluster (it has: {have})",
+                                "create it, pick one of those, or leave storage_class unset for the cluster's default"))
+            continue
+        existing = claims.get(claim)
+        if existing is not None:
+            issues += _kept_claim_issues(where, claim, vol, existing, classes)
+            continue
+        cls_name = vol.storage_class or (defaults[0] if defaults else None)
+        if cls_name is None:
+            issues.append(Issue(f"{where}.storage_class",
+                                f"no storage_class given and the cluster has no default StorageClass (it has: {have})",
+                                "set storage_class to one of those"))
+            continue
+        sc = classes.get(cls_name) or {}
+        if sc.get("provisioner") == STATIC_PROVISIONER:
+            issues += _static_issues(where, claim, vol, cls_name, spec.namespace_name, facts.volumes)
+    return issues
+
+
+def _kept_claim_issues(where: str, claim: str, vol: Volume, pvc: Mapping[str, Any],
+                       classes: Mapping[str, Mapping[str, Any]]) -> list[Issue]:
+    """A claim kept by `down`: Kubernetes refuses to shrink it, move it to another class or change its
+    access mode; growing it needs a class that allows expansion."""
+    issues = []
+    pspec = pvc.get("spec") or {}
+    current = ((pspec.get("resources") or {}).get("requests") or {}).get("storage")
+    cls = pspec.get("storageClassName")
+    if vol.storage_class is not None and cls is not None and vol.storage_class != cls:
+        issues.append(Issue(f"{where}.storage_class",
+                            f"the kept volume {claim} is of class {cls!r}, not {vol.storage_class!r} (a claim cannot "
+                            "change class)", f"set storage_class: {cls}, or delete the volume with "
+                            "`slurmk8s down --purge` (its data is lost)"))
+    if vol.access_mode not in (pspec.get("accessModes") or [vol.access_mode]):
+        issues.append(Issue(f"{where}.access_mode",
+                            f"the kept volume {claim} is {', '.join(pspec.get('accessModes') or [])}, not "
+                            f"{vol.access_mode}", "keep the volume's access mode, or `slurmk8s down --purge` first"))
+    if current is not None and _bytes(vol.size) < _bytes(current):
+        issues.append(Issue(f"{where}.size",
+                            f"the kept volume {claim} is {current}; Kubernetes cannot shrink it to {vol.size}",
+                            f"set {where}.size: {current} (or more)"))
+    elif current is not None and _bytes(vol.size) > _bytes(current):
+        sc = classes.get(cls or "") or {}
+        if not sc.get("allowVolumeExpansion"):
+            issues.append(Issue(f"{where}.size",
+                                f"the kept volume {claim} is {current} and its StorageClass {cls!r} does not allow "
+                                f"expansion to {vol.size}", f"set {where}.size: {current}, or use a class with "
+                                "allowVolumeExpansion: true"))
+    return issues
+
+
+def _static_issues(where: str, claim: str, vol: Volume, cls: str, namespace: str,
+                   volumes: Sequence[Mapping[str, Any]]) -> list[Issue]:
+    """A class without a provisioner binds only to PersistentVolumes made beforehand: one of them must
+    be free (or reserved for this claim), hold the size and offer the access mode."""
+    candidates = []
+    for pv in volumes:
+        ps = pv.get("spec") or {}
+        if ps.get("storageClassName") != cls:
+            continue
+        ref = ps.get("claimRef") or {}
+        free = (pv.get("status") or {}).get("phase") == "Available"
+        mine = ref.get("name") == claim and ref.get("namespace") == namespace
+        if not ref or mine or (free and not ref.get("name")):
+            candidates.append(pv)
+    if not candidates:
+        return [Issue(f"{where}.storage_class",
+                      f"StorageClass {cls!r} has no provisioner and no free PersistentVolume for claim "
+                      f"{namespace}/{claim}", "create a PersistentVolume of that class (see "
+                      "examples/localk8s/storage.yaml), or use a class with a provisioner")]
+    fits = [pv for pv in candidates
+            if _bytes(((pv.get("spec") or {}).get("capacity") or {}).get("storage")) >= _bytes(vol.size)
+            and vol.access_mode in ((pv.get("spec") or {}).get("accessModes") or [])]
+    if fits:
+        return []
+    offered = ", ".join(f"{_name(pv)} ({((pv.get('spec') or {}).get('capacity') or {}).get('storage', '?')}, "
+                        f"{'/'.join((pv.get('spec') or {}).get('accessModes') or [])})" for pv in candidates)
+    return [Issue(f"{where}.size",
+                  f"{vol.size} {vol.access_mode} does not fit any PersistentVolume of class {cls!r} for "
+                  f"{namespace}/{claim}: {offered}",
+                  "lower the size (or change the access mode) to what a volume offers, or create a larger volume")]
+
+
+def secret_issues(spec: ClusterSpec, facts: ClusterFacts) -> list[Issue]:
+    ext = spec.accounting.external_database if spec.accounting.enabled else None
+    if ext is None:
+        return []
+    ref = ext.password_secret
+    ns = spec.namespace_name
+    create = (f"kubectl create namespace {ns}; kubectl -n {ns} create secret generic {ref.name} "
+              f"--from-literal={ref.key}=<password>")
+    if not facts.namespace_exists:
+        return [Issue("accounting.external_database.password_secret.name",
+                      f"namespace {ns} does not exist yet, so neither does Secret {ref.name}",
+                      f"create both before `slurmk8s up`: {create}")]
+    secret = facts.secrets.get(ref.name)
+    if secret is None:
+        return [Issue("accounting.external_database.password_secret.name",
+                      f"Secret {ref.name} not found in namespace {ns}", f"create it: {create.split('; ', 1)[1]}")]
+    data = secret.get("data") or {}
+    if ref.key not in data:
+        return [Issue("accounting.external_database.password_secret.key",
+                      f"Secret {ns}/{ref.name} has no key {ref.key!r} (it has: {', '.join(sorted(data)) or 'none'})",
+                      "set password_secret.key to the key holding the password")]
+    value = base64.b64decode(data[ref.key] or "").decode(errors="replace")
+    if not value or any(c.isspace() or c in "#\"'\\" for c in value):
+        return [Issue("accounting.external_database.password_secret.key",
+                      f"the password in Secret {ns}/{ref.name} is empty or holds whitespace, '#', a quote or a "
+                      "backslash, which slurmdbd.conf cannot carry", "give the database user another password")]
+    return []
+
+
+# ---------------------------------------------------------------- the live cluster
+
+
+def read_cluster(spec: ClusterSpec, api_client: Any) -> ClusterFacts:
+    """Read what the checks need (storage classes, PVs, the namespace's PVCs and the password Secret)."""
+    import json
+
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    core = client.CoreV1Api(api_client)
+    storage = client.StorageV1Api(api_client)
+    ns = spec.namespace_name
+
+    def items(resp: Any) -> list[dict[str, Any]]:
+        return json.loads(resp.data)["items"]
+
+    classes = items(storage.list_storage_class(_preload_content=False))
+    volumes = items(core.list_persistent_volume(_preload_content=False))
+    try:
+        core.read_namespace(ns)
+        exists = True
+    except ApiException as err:
+        if err.status != 404:
+            raise
+        exists = False
+    claims = items(core.list_namespaced_persistent_volume_claim(ns, _preload_content=False)) if exists else []
+    secrets: dict[str, Any] = {}
+    ext = spec.accounting.external_database if spec.accounting.enabled else None
+    if exists and ext is not None:
+        try:
+            resp = core.read_namespaced_secret(ext.password_secret.name, ns, _preload_content=False)
+            secrets[ext.password_secret.name] = json.loads(resp.data)
+        except ApiException as err:
+            if err.status != 404:
+                raise
+    return ClusterFacts(classes, claims, volumes, exists, secrets)
+
+
+def check(spec: ClusterSpec, facts: ClusterFacts) -> None:
+    issues = storage_issues(spec, facts) + secret_issues(spec, facts)
+    if issues:
+        raise PreflightError(issues, title="the cluster cannot take this spec (nothing was applied)")
+
+
+DB_FIXES = {
+    "credentials": "check the user and the password in the Secret (the database answered 'access denied')",
+    "database": "create the database and grant the user all privileges on it "
+                "(GRANT ALL ON <database>.* TO '<user>'@'%')",
+    "host": "check accounting.external_database.host: the name does not resolve from the cluster's pods",
+    "unreachable": "check host and port, and that the database admits connections from the cluster's pods",
+    "secret": "fix the password in the Secret",
+}
+
+
+def check_database(spec: ClusterSpec, api_client: Any, echo: Callable[[str], Any],
+                   timeout: float = DB_CHECK_TIMEOUT) -> None:
+    """Test the external database from inside the namespace with the spec's address and the Secret's
+    password (a pod from the slurmdbd image, deleted afterwards). Raises PreflightError."""
+    ext = spec.accounting.external_database if spec.accounting.enabled else None
+    if ext is None:
+        return
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    core = client.CoreV1Api(api_client)
+    ns = spec.namespace_name
+    name = f"slurmk8s-db-check-{int(time.time())}"
+    field_ = "accounting.external_database"
+    t0 = time.monotonic()
+    core.create_namespaced_pod(ns, m.db_check_pod(spec, name))
+    try:
+        phase, reason = "Pending", ""
+        while time.monotonic() - t0 < timeout:
+            pod = core.read_namespaced_pod(name, ns)
+            phase = pod.status.phase or "Pending"
+            if phase in ("Succeeded", "Failed"):
+                break
+            for cs in pod.status.container_statuses or []:
+                waiting = cs.state.waiting if cs.state else None
+                if waiting and waiting.reason in ("ErrImagePull", "ImagePullBackOff", "InvalidImageName",
+                                                  "CreateContainerConfigError"):
+                    raise PreflightError(Issue("images.slurmdbd", f"the database check pod cannot start: "
+                                               f"{waiting.reason}: {waiting.message or ''}".strip(),
+                                               "make the slurmdbd image pullable from the cluster"),
+                                         title="cannot test the external database (nothing was applied)")
+            time.sleep(0.5)
+        else:
+            raise PreflightError(Issue(field_, f"the database check pod did not finish within {timeout:.0f}s "
+                                       f"(phase {phase})", f"see `kubectl -n {ns} describe pod {name}`"),
+                                 title="cannot test the external database (nothing was applied)")
+        out = core.read_namespaced_pod_log(name, ns).strip().splitlines()
+        line = out[-1] if out else ""
+        if phase == "Succeeded" and line.startswith("ok"):
+            echo(f"database check: {line} ({time.monotonic() - t0:.1f}s)")
+            return
+        kind = line.split(":", 1)[0].removeprefix("error ").strip() if line.startswith("error") else "other"
+        reason = line.split(":", 1)[1].strip() if ":" in line else (line or f"check pod {phase}")
+        raise PreflightError(Issue(field_, f"{ext.user}@{ext.host}:{ext.port}/{ext.database}: {reason}",
+                                   DB_FIXES.get(kind, "check the database settings")),
+                             title="the external accounting database is not usable (nothing was applied)")
+    finally:
+        _delete_pod(core, name, ns, echo)
+
+
+def _delete_pod(core: Any, name: str, ns: str, echo: Callable[[str], Any], timeout: float = 30.0) -> None:
+    """Delete the check pod and wait until it is gone (nothing of a refused `up` stays behind)."""
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        core.delete_namespaced_pod(name, ns, grace_period_seconds=0)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            core.read_namespaced_pod(name, ns)
+            time.sleep(0.5)
+        echo(f"warning: the database check pod {ns}/{name} is still terminating after {timeout:.0f}s")
+    except ApiException as err:
+        if err.status != 404:
+            echo(f"warning: could not delete the database check pod {ns}/{name}: {err.status} {err.reason}")
