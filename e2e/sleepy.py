@@ -30,9 +30,10 @@ CLASS = "slurmk8s-local"
 
 
 def volumes() -> list[dict[str, Any]]:
-    """Static hostPath volumes bound to this cluster's two claims (no dynamic provisioner here)."""
+    """Static hostPath volumes bound to this cluster's three claims (no dynamic provisioner here)."""
     out = []
-    for claim, mode in (("home", "ReadWriteMany"), ("slurmctld-state", "ReadWriteOnce")):
+    for claim, mode in (("home", "ReadWriteMany"), ("slurmctld-state", "ReadWriteOnce"),
+                        ("accounting-db", "ReadWriteOnce")):
         out.append({
             "apiVersion": "v1", "kind": "PersistentVolume",
             "metadata": {"name": f"{CLASS}-{NAME}-{claim}", "labels": {"slurmk8s.io/volume": claim,
