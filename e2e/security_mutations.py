@@ -47,7 +47,7 @@ MUTATIONS = {
     "test_password_login_refused_even_with_a_real_password": lambda: None,  # the one above stays
     "test_root_login_refused_even_with_an_authorized_key": lambda: _sshd_set("PermitRootLogin", "prohibit-password"),
     "test_user_cannot_read_another_home_or_any_secret_on_the_login_pod":
-        lambda: _in_login("chmod 0444 /etc/munge/munge.key"),
+        lambda: _in_login("chmod 0644 /etc/ssh/ssh_host_ed25519_key"),  # (/etc/munge is 0700: a key mode alone is not enough)
     "test_no_api_token_in_login_or_worker_containers": _token_on_login,
     "test_rbac_controller_manages_pods_in_its_own_namespace_only":
         lambda: kubectl("create", "rolebinding", "-n", NAMESPACE, "mutation-edit", "--clusterrole=edit",

@@ -77,10 +77,7 @@ def _attack_pod(name: str, image: str, pod_extra: dict[str, Any] | None = None,
 
 
 def test_pod_security_admission_refuses_host_and_privileged_pods(cluster: Cluster):
-    spec = _spec(cluster)
-    labels = kjson("get", "namespace", NAMESPACE)["metadata"]["labels"]
-    assert labels.get("pod-security.kubernetes.io/enforce") == "baseline", labels
-    image = spec.images.login
+    image = _spec(cluster).images.login
     attacks = {
         "privileged": _attack_pod("attack-privileged", image, container_extra={"securityContext": {"privileged": True}}),
         "hostPath": _attack_pod("attack-hostpath", image,
@@ -101,6 +98,8 @@ def test_pod_security_admission_refuses_host_and_privileged_pods(cluster: Cluste
     # control: the same pod without the forbidden field is admitted (the refusals above are PSA's)
     plain = kubectl("apply", "--dry-run=server", "-f", "-", input=json.dumps(_attack_pod("plain", image)), check=False)
     assert plain.returncode == 0, plain.stderr
+    labels = kjson("get", "namespace", NAMESPACE)["metadata"]["labels"]
+    assert labels.get("pod-security.kubernetes.io/enforce") == "baseline", labels
 
 
 # ---------------------------------------------------------------- SSH
@@ -428,7 +427,7 @@ def test_pod_in_another_namespace_cannot_submit_or_register_a_node(cluster: Clus
         return logs if re.search(r"authentication|Invalid credential|not reachable", logs, re.I) else None
 
     logs = wait_for("the fake worker's slurmd to be refused", refused, 90, interval=2)
-    print("forged sbatch:", (forged.stdout + forged.stderr).strip().splitlines()[0])
+    print("forged sbatch:", " | ".join((forged.stderr + forged.stdout).strip().splitlines()))
     print("fake worker:", next(line for line in logs.splitlines()
                                if re.search(r"authentication|Invalid credential|not reachable", line, re.I)))
     if not enforced:
