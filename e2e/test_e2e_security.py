@@ -231,14 +231,19 @@ def test_no_api_token_in_login_or_worker_containers(cluster: Cluster, log_archiv
              'grep -q -e serviceaccount -e kube-api-access /proc/self/mountinfo && echo "$h TOKEN-MOUNT"; '
              f'ls {TOKEN_DIR} >/dev/null 2>&1 && echo "$h TOKEN-DIR"; echo "$h checked"; sleep 5')
     job = submit(alice, f"#!/bin/bash\n#SBATCH -N2 -o sec-%j.out\nsrun bash -c '{check}'")
+    # RUNNING without CONFIGURING: the nodes booted (PrologSlurmctld waits for that), containers run
     running = wait_for(f"job {job} running on two workers",
-                       lambda: len(worker_pods()) >= 2 and set(_job(alice, job)["job_state"]) & {"RUNNING", "COMPLETED"},
-                       180)
+                       lambda: len(worker_pods()) >= 2 and "CONFIGURING" not in (st := _job(alice, job)["job_state"])
+                       and set(st) & {"RUNNING", "COMPLETED"}, 180)
     assert running
     for name, wpod in worker_pods().items():
         _assert_no_token(wpod, wpod["spec"]["containers"])
         for container in wpod["spec"]["containers"]:
-            out = _exec(name, container["name"], TOKEN_PROBE).stdout
+            def probe(pod=name, c=container["name"]):
+                proc = _exec(pod, c, TOKEN_PROBE, check=False)
+                return proc if proc.returncode == 0 else None
+
+            out = wait_for(f"kubectl exec into {name}/{container['name']}", probe, 60, interval=1).stdout
             assert out.split() == ["0", "absent"], f"{name}/{container['name']}: {out}"
     final = wait_job(alice, job, 180)
     out = alice.run(f"cat ~/sec-{job}.out").stdout
