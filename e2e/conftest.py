@@ -11,6 +11,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import time
+from pathlib import Path
 from typing import Iterator
 
 import asyncssh
@@ -52,6 +53,25 @@ def cluster(cluster_reachable, tmp_path_factory) -> Iterator[Cluster]:
         pytest.fail(f"`slurmk8s up` failed (exit {proc.returncode}):\n{log.read_text()[-6000:]}")
     yield Cluster(spec_path, state, log, key, elapsed)
     slurmk8s("down", "--spec", str(spec_path), "--state", str(state), "--yes", log=log)
+
+
+@pytest.fixture(scope="session")
+def log_archive(tmp_path_factory) -> Path:
+    """Logs of pods that are gone before the session ends (suspended workers), kept for the secret
+    scan that runs last (e2e/test_e2e_security.py)."""
+    return tmp_path_factory.mktemp("pod-logs")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "e2e_last: runs after every other test of the session "
+                                       "(the scan of all logs the e2e run produced)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked e2e_last go to the very end, whatever their file is called."""
+    last = [item for item in items if item.get_closest_marker("e2e_last")]
+    if last:
+        items[:] = [item for item in items if not item.get_closest_marker("e2e_last")] + last
 
 
 @pytest.hookimpl(hookwrapper=True)

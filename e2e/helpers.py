@@ -44,9 +44,10 @@ def kubectl_exe() -> str:
     return str(built) if built.exists() else (shutil.which("kubectl") or "kubectl")
 
 
-def kubectl(*args: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def kubectl(*args: str, check: bool = True, timeout: float = 60,
+            input: str | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([kubectl_exe(), "--kubeconfig", kubeconfig(), *args], capture_output=True, text=True,
-                          check=check, timeout=timeout)
+                          check=check, timeout=timeout, input=input)
 
 
 def kjson(*args: str) -> Any:
@@ -86,13 +87,14 @@ class Login:
     user: str
     key: asyncssh.SSHKey
 
-    def run(self, command: str, timeout: float = 120, check: bool = True) -> asyncssh.SSHCompletedProcess:
+    def run(self, command: str, timeout: float = 120, check: bool = True,
+            input: str | None = None) -> asyncssh.SSHCompletedProcess:
         """Run one command as the researcher would type it in their SSH session."""
 
         async def go() -> asyncssh.SSHCompletedProcess:
             async with asyncssh.connect(self.host, port=self.port, username=self.user, client_keys=[self.key],
                                         known_hosts=None, connect_timeout=15) as conn:
-                return await conn.run(command, check=False, timeout=timeout)
+                return await conn.run(command, check=False, timeout=timeout, input=input)
 
         result = asyncio.run(go())
         if check and result.exit_status != 0:

@@ -613,7 +613,7 @@ def login_deployment(spec: ClusterSpec, files: Mapping[str, str], site: K8sSite 
         "containers": [container],
         "volumes": [
             _config_volume("users", USERS_CONFIG),
-            _secret_volume("authorized-keys", AUTHORIZED_KEYS_SECRET, 0o444),
+            _secret_volume("authorized-keys", AUTHORIZED_KEYS_SECRET),  # root copies them for sshd
             _secret_volume("ssh-host-keys", SSH_HOST_KEYS_SECRET),
             _secret_volume("munge-key", AUTH_SECRET),
             _pvc_volume("home", HOME_PVC),

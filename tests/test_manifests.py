@@ -290,6 +290,12 @@ def test_controller_and_login_shape(local, secrets, tmp_path):
     lmounts = {v["mountPath"] for v in lps["containers"][0]["volumeMounts"]}
     assert lmounts == {"/etc/slurmk8s/users", "/etc/slurmk8s/authorized_keys", "/etc/slurmk8s/ssh-host-keys",
                        "/etc/slurmk8s/secret", "/home"}
+    # every Secret a pod mounts is root-only inside it (users on login and workers read none of them)
+    wpod = m.worker_pod_template(spec, spec.pools[0])
+    for pod_spec in (ps, lps, wpod["spec"]):
+        for vol in pod_spec["volumes"]:
+            if "secret" in vol:
+                assert vol["secret"]["defaultMode"] == 0o400, vol
     # a users change rolls slurmctld and login (their entrypoints merge passwd at start)
     other = parse_spec({**spec.model_dump(mode="json"),
                         "users": [*spec.model_dump(mode="json")["users"], {"name": "carol", "uid": 2003}]})
