@@ -42,7 +42,9 @@ def test_the_login_pod_sleeps_with_the_tier_and_slurmk8s_submit_wakes_both(sleep
     proc, wall, seconds = c.submit(script)
     assert proc.returncode == 0, f"slurmk8s submit failed:\n{proc.stdout}\n{proc.stderr}"
     order = [line.split("scaling ", 1)[1] for line in proc.stderr.splitlines() if "scaling " in line]
-    assert order == ["statefulset/slurmctld to 1", "deployment/login to 1"], proc.stderr
+    # wake order: the database, slurmdbd, slurmctld, then the login pod (accounting is on by default)
+    assert order == ["statefulset/mariadb to 1", "deployment/slurmdbd to 1", "statefulset/slurmctld to 1",
+                     "deployment/login to 1"], proc.stderr
     job = sleepy.job_id(proc.stdout)
     login = c.login()
     started = wait_for(f"job {job} to start", lambda: sleepy.running_at(login, job), 120, interval=0.5)
