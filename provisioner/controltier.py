@@ -239,19 +239,9 @@ class ClientTierApi:
         self._timeout = timeout
 
     def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        from kubernetes.client.exceptions import ApiException
-        from urllib3.exceptions import HTTPError
+        from .kube import raw_call
 
-        from .kube import api_error_from, transport_error
-
-        try:
-            resp = fn(*args, _preload_content=False, _request_timeout=self._timeout, **kwargs)
-        except ApiException as exc:
-            raise api_error_from(exc) from None
-        except (HTTPError, OSError) as exc:
-            raise transport_error(exc) from None
-        data = resp.data
-        return json.loads(data) if data else {}
+        return raw_call(fn, self._timeout, *args, **kwargs)
 
     def list_workloads(self, namespace: str) -> list[dict[str, Any]]:
         out = []

@@ -95,6 +95,22 @@ def transport_error(exc: Exception) -> ApiError:
     return ApiError(0, "Unreachable", f"{type(exc).__name__}: {text[:MAX_REASON]}")
 
 
+def raw_call(fn: Callable[..., Any], timeout: tuple[float, float], *args: Any, **kwargs: Any) -> Any:
+    """Call a kubernetes-client API method for its raw JSON (no model objects), with a request
+    timeout; refusals become ApiError with the API's words, transport failures an 'Unreachable' one."""
+    from kubernetes.client.exceptions import ApiException
+    from urllib3.exceptions import HTTPError
+
+    try:
+        resp = fn(*args, _preload_content=False, _request_timeout=timeout, **kwargs)
+    except ApiException as exc:
+        raise api_error_from(exc) from None
+    except (HTTPError, OSError) as exc:
+        raise transport_error(exc) from None
+    data = resp.data
+    return json.loads(data) if data else {}
+
+
 class ClientPodApi:
     """PodApi over the official client (raw JSON, no model objects), with request timeouts."""
 
@@ -105,17 +121,7 @@ class ClientPodApi:
         self._timeout = timeout
 
     def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        from kubernetes.client.exceptions import ApiException
-        from urllib3.exceptions import HTTPError
-
-        try:
-            resp = fn(*args, _preload_content=False, _request_timeout=self._timeout, **kwargs)
-        except ApiException as exc:
-            raise api_error_from(exc) from None
-        except (HTTPError, OSError) as exc:
-            raise transport_error(exc) from None
-        data = resp.data
-        return json.loads(data) if data else {}
+        return raw_call(fn, self._timeout, *args, **kwargs)
 
     def create(self, namespace: str, body: Mapping[str, Any]) -> dict[str, Any]:
         return self._call(self._core.create_namespaced_pod, namespace, dict(body),
