@@ -223,7 +223,8 @@ def test_down_leaves_only_the_volumes(cluster: Cluster):
 
 def test_second_up_finds_home_and_job_history_again(cluster: Cluster):
     # the second `up` also drops bob from the spec: his association goes, his jobs stay in the history
-    spec = yaml.safe_load(cluster.spec_path.read_text())
+    original = cluster.spec_path.read_text()
+    spec = yaml.safe_load(original)
     spec["users"] = [u for u in spec["users"] if u["name"] != "bob"]
     cluster.spec_path.write_text(yaml.safe_dump(spec))
     proc = slurmk8s("up", "--spec", str(cluster.spec_path), "--state", str(cluster.state), log=cluster.log)
@@ -250,3 +251,16 @@ def test_second_up_finds_home_and_job_history_again(cluster: Cluster):
     # idempotent: the database kept everything, so the only change applied is bob's removal
     applied = [line for line in accounting_log().splitlines() if " applied " in line]
     assert applied and all("user-removed-from-spec" in line for line in applied), applied
+
+    # restore the e2e spec for the tests that follow (bob is the second user of the security tests)
+    cluster.spec_path.write_text(original)
+    proc = slurmk8s("up", "--spec", str(cluster.spec_path), "--state", str(cluster.state), log=cluster.log)
+    assert proc.returncode == 0, cluster.log.read_text()[-4000:]
+    wait_for("bob to log in again", lambda: _logs_in(cluster, "bob"), 120, interval=2)
+
+
+def _logs_in(cluster: Cluster, user: str) -> bool:
+    try:
+        return cluster.login(user=user).run("id -un", check=False).stdout.strip() == user
+    except (OSError, asyncssh.Error):
+        return False
