@@ -65,13 +65,18 @@ def log_archive(tmp_path_factory) -> Path:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "e2e_last: runs after every other test of the session "
                                        "(the scan of all logs the e2e run produced)")
+    config.addinivalue_line("markers", "e2e_destroys: removes the session cluster for good (`down --purge`); "
+                                       "runs after the e2e_last tests, which still need its Secrets")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked e2e_last go to the very end, whatever their file is called."""
+    """Tests marked e2e_last go to the end, whatever their file is called; those marked e2e_destroys
+    (they delete the session cluster's Secrets and volumes) after them."""
     last = [item for item in items if item.get_closest_marker("e2e_last")]
-    if last:
-        items[:] = [item for item in items if not item.get_closest_marker("e2e_last")] + last
+    destroys = [item for item in items if item.get_closest_marker("e2e_destroys")]
+    if last or destroys:
+        rest = [item for item in items if item not in last and item not in destroys]
+        items[:] = rest + last + destroys
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -11,7 +11,7 @@ import pytest
 
 from helpers import NAMESPACE, SLURMK8S, TOOLCHAIN_BIN, Cluster, kjson, kubeconfig, kubectl, slurmk8s
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.e2e_destroys]
 
 
 def test_down_purge_asks_then_deletes_every_volume(cluster: Cluster):
