@@ -464,7 +464,7 @@ def _needles(cluster: Cluster) -> dict[str, bytes]:
                 public = public_key(raw.decode()).encode()
                 body = [l.strip() for l in raw.splitlines() if l.strip() and b"-----" not in l]
                 out.update({f"{label} line {i}": l for i, l in enumerate(body) if len(l) >= 16 and l not in public})
-            elif raw.isascii() and raw.strip().isprintable():  # a password
+            elif raw.isascii() and raw.strip().decode().isprintable():  # a password
                 out[label] = raw.strip()
             else:  # binary (the munge key): raw, hex and base64 pieces
                 out[f"{label} (raw)"] = raw[:32]
