@@ -40,7 +40,9 @@ TOKEN_PROBE = (f"grep -c -e serviceaccount -e kube-api-access /proc/self/mountin
 # Secrets the user-facing login container may mount, each root-only (0400) inside it.
 LOGIN_SECRETS = {m.AUTH_SECRET, m.SSH_HOST_KEYS_SECRET, m.AUTHORIZED_KEYS_SECRET}
 # Public keys: not secret, and they legitimately appear in the spec ConfigMap and the Pulumi state.
-PUBLIC_SECRETS = {m.AUTHORIZED_KEYS_SECRET}
+# Secrets whose values are not secret: public keys, and slurmdbd.conf without StoragePass (the
+# slurmdbd entrypoint adds the password from Secret accounting-db, which is scanned)
+PUBLIC_SECRETS = {m.AUTHORIZED_KEYS_SECRET, m.SLURMDBD_CONF_SECRET}
 
 
 def _spec(cluster: Cluster):
