@@ -114,8 +114,13 @@ class Cluster:
     up_seconds: float
 
     def login(self, user: str = "alice") -> Login:
-        svc = kjson("get", "service", "-n", NAMESPACE, "login")
-        return Login(svc["spec"]["clusterIP"], 22, user, self.key)
+        return login_in(NAMESPACE, user, self.key)
+
+
+def login_in(namespace: str, user: str, key: asyncssh.SSHKey) -> Login:
+    """An SSH session target on the login Service of the cluster in `namespace`."""
+    svc = kjson("get", "service", "-n", namespace, "login")
+    return Login(svc["spec"]["clusterIP"], 22, user, key)
 
 
 def e2e_spec(public_key: str) -> dict[str, Any]:

@@ -19,7 +19,7 @@ import asyncssh
 import pytest
 import yaml
 
-from helpers import LOCAL_KUBECONFIG, SLURMK8S, TOOLCHAIN_BIN, Login, e2e_spec, kjson, kubeconfig, kubectl, slurmk8s, wait_for
+from helpers import LOCAL_KUBECONFIG, SLURMK8S, TOOLCHAIN_BIN, Login, e2e_spec, kjson, login_in, kubeconfig, kubectl, slurmk8s, wait_for
 
 NAME = "sleepy"
 NS = f"slurm-{NAME}"
@@ -63,8 +63,7 @@ class Sleepy:
     key_path: Path
 
     def login(self, user: str = "alice") -> Login:
-        svc = kjson("get", "service", "-n", NS, "login")
-        return Login(svc["spec"]["clusterIP"], 22, user, self.key)
+        return login_in(NS, user, self.key)
 
     def submit(self, script: Path, *sbatch: str) -> tuple[subprocess.CompletedProcess[str], float, float]:
         """`slurmk8s submit` as a researcher runs it; (process, wall-clock start, seconds it took)."""
