@@ -19,13 +19,17 @@ import time
 import pytest
 
 from faultkit import controller_log, nodes, pool_pods, queue, since, submit_many, wait_final, wait_pool_at_rest
-from helpers import NAMESPACE, Cluster, kubeconfig, kubectl, kubectl_exe, wait_for
+from helpers import NAMESPACE, SUSPEND_TIME, Cluster, kubeconfig, kubectl, kubectl_exe, wait_for
 
 pytestmark = pytest.mark.e2e
 
 POOL = "ctl"
 GRACE = 20  # reconcile.Policy.grace
 PERIOD = 10  # manifests.RECONCILE_PERIOD
+# slurmctld requeues a batch job missing from its node's registration by itself only when the job
+# started more than BatchStartTimeout + MessageTimeout (10 + 10 s) before it (job_mgr.c
+# _purge_missing_jobs); less the ~5 s the container takes to restart and register
+SLURM_OWN_REQUEUE_AGE = 15
 
 
 def _stray_pod(name: str, pool: str | None) -> dict:
@@ -120,9 +124,11 @@ def test_reconcile_fixes_orphan_and_stale_pods_and_a_vanished_busy_pod(cluster: 
 
 def test_killed_worker_container_sets_its_node_down_and_requeues_the_job(cluster: Cluster):
     """slurmd's container is killed under a job and restarted in the same pod (restartPolicy Always):
-    the job's processes are gone, but Slurm would keep it RUNNING until slurmd's next registration
-    check. The loop sees the container's death during the job, sets the node DOWN naming the pod
-    (Slurm requeues the job) and powers it down, so the next resume gets a fresh pod."""
+    the job's processes are gone. When the restarted slurmd registers without the job, Slurm itself
+    requeues it only if it started over 20 s before, and would otherwise keep a young job RUNNING
+    with nothing running (until a later registration). The loop sees the container's
+    death during the job, sets the node DOWN naming the pod (Slurm requeues the job) and powers it
+    down, so the next resume gets a fresh pod."""
     login = cluster.login()
     wait_pool_at_rest(login, POOL)
     t0 = time.time()
@@ -130,27 +136,46 @@ def test_killed_worker_container_sets_its_node_down_and_requeues_the_job(cluster
     try:
         node = _running_on(login, job)
         uid = pool_pods(POOL)[node]["metadata"]["uid"]
+        started = queue(login, [job])[job]["start_time"]["number"]
         killed = kubectl("exec", "-n", NAMESPACE, node, "-c", "slurmd", "--", "sh", "-c",
                          "kill -9 $(cat /run/slurmd.pid)", check=False)
         assert killed.returncode == 0, killed.stderr
-        t_kill = time.monotonic()
+        t_kill, age_at_kill = time.monotonic(), time.time() - started
 
-        def down_and_requeued():
-            n = nodes(login, POOL)[node]
-            j = queue(login, [job])[job]
-            named = f"pod {node} container died under job {job}" in (n.get("reason") or "")
-            return (n, j) if named and j["restart_cnt"] >= 1 else None
+        finding = re.compile(rf"{node} worker-restarted \[{POOL}\]: pod {node} container died under job {job} "
+                             rf"\(slurmd .*exit 137.*\) -> set-down ok, power-down ok")
+        seen: dict[str, object] = {}
 
-        n, j = wait_for(f"{node} DOWN naming its pod, job {job} requeued", down_and_requeued,
-                        10 + 2 * PERIOD + 20, interval=1)
-        print(f"container killed -> DOWN + requeued after {time.monotonic() - t_kill:.1f} s: {n['reason']!r}; "
-              f"job {j['job_state']} restart_cnt {j['restart_cnt']}")
-        # the pod with the dead job is removed (powered down), not reused
+        def requeued():
+            # durable evidence only: the job's restart count and the loop's log line. The node's
+            # DOWN reason lasts only until the loop returns the powered-down node to service (one
+            # period), too short a window to poll for over SSH on a loaded machine.
+            seen["job"] = queue(login, [job]).get(job, {})
+            seen["node"] = nodes(login, POOL).get(node, {})
+            seen["log"] = "\n".join(since(controller_log("reconcile.log"), t0))
+            return (seen["job"].get("restart_cnt") or 0) >= 1
+
+        try:
+            wait_for(f"job {job} requeued after its node's container died", requeued, 10 + 2 * PERIOD + 40, interval=1)
+            line = finding.search(str(seen["log"]))
+            # on a loaded machine the job may be old enough at the kill for Slurm's own rule to win
+            # the race; a younger job is requeued only by the loop
+            slurm_own = f"Batch JobId={job} missing from batch node {node}" in kubectl(
+                "logs", "-n", NAMESPACE, "slurmctld-0", "-c", "slurmctld", check=False).stdout
+            assert line or (slurm_own and age_at_kill > SLURM_OWN_REQUEUE_AGE), (
+                f"job {job} ({age_at_kill:.1f} s old at the kill) was requeued, but not by the loop "
+                f"(Slurm's own requeue logged: {slurm_own})")
+        except BaseException:
+            n, j = seen.get("node") or {}, seen.get("job") or {}
+            print(f"job {job} was {age_at_kill:.1f} s old at the kill; node {node}: state {n.get('state')} "
+                  f"reason {n.get('reason')!r}; job: {j.get('job_state')} restart_cnt {j.get('restart_cnt')}\n"
+                  f"reconcile.log since the submit:\n{seen.get('log')}")
+            raise
+        how = repr(line.group(0)) if line else f"by Slurm itself: the job was {age_at_kill:.1f} s old at the kill"
+        print(f"container killed -> job requeued within {time.monotonic() - t_kill:.1f} s, {how}")
+        # the pod with the dead job is removed (powered down by the loop, or idle-suspended), not reused
         wait_for(f"pod {node} removed", lambda: pool_pods(POOL, include_terminating=True).get(node, {})
-                 .get("metadata", {}).get("uid") != uid, 60, interval=1)
+                 .get("metadata", {}).get("uid") != uid, 60 if line else SUSPEND_TIME + 60, interval=1)
     finally:
         login.run(f"scancel {job}", check=False)
-    text = "\n".join(since(controller_log("reconcile.log"), t0))
-    assert re.search(rf"{node} worker-restarted \[{POOL}\]: pod {node} container died under job {job} "
-                     rf"\(slurmd .*exit 137.*\) -> set-down ok, power-down ok", text), text
     wait_pool_at_rest(login, POOL)

@@ -30,6 +30,8 @@ from typing import Any, Iterator
 
 import pytest
 
+from provisioner.reconcile import dashboard_queries
+
 from helpers import (NAMESPACE, ROOT, SLURMK8S, Cluster, job_state, kjson, kubeconfig, submit, wait_for,
                      wait_job, worker_pods)
 
@@ -228,20 +230,7 @@ def test_failing_health_check_drains_the_node_and_the_next_resume_gets_a_fresh_p
 
 
 def test_every_dashboard_query_runs_on_prometheus(prometheus: Prometheus):
-    doc = json.loads(DASHBOARD.read_text())
-    exprs: list[str] = []
-
-    def walk(obj: Any) -> None:
-        if isinstance(obj, dict):
-            if isinstance(obj.get("expr"), str):
-                exprs.append(obj["expr"])
-            for v in obj.values():
-                walk(v)
-        elif isinstance(obj, list):
-            for v in obj:
-                walk(v)
-
-    walk(doc)
+    exprs = dashboard_queries(json.loads(DASHBOARD.read_text()))
     names = set(prometheus.api("label/__name__/values"))
     empty = []
     for expr in exprs:

@@ -1111,6 +1111,17 @@ def metrics_markdown(metrics: "Metrics | None" = None) -> str:
     return "\n".join(rows) + "\n"
 
 
+def dashboard_queries(dashboard: Any) -> list[str]:
+    """Every PromQL expression (`expr`) of a Grafana dashboard document, in document order: the
+    unit tests check them against the exported names, the e2e tier runs them on Prometheus."""
+    if isinstance(dashboard, dict):
+        own = [dashboard["expr"]] if isinstance(dashboard.get("expr"), str) else []
+        return own + [e for v in dashboard.values() for e in dashboard_queries(v)]
+    if isinstance(dashboard, list):
+        return [e for v in dashboard for e in dashboard_queries(v)]
+    return []
+
+
 def exported_names(registry: Any) -> set[str]:
     """Every sample name the registry can export (counter _total, histogram _bucket/_sum/_count...),
     whether or not a labelled child exists yet."""

@@ -537,21 +537,7 @@ def test_metrics_move_with_a_pass():
 
 
 def dashboard_queries() -> list[str]:
-    doc = json.loads(DASHBOARD.read_text())
-    exprs: list[str] = []
-
-    def walk(obj):
-        if isinstance(obj, dict):
-            if isinstance(obj.get("expr"), str):
-                exprs.append(obj["expr"])
-            for v in obj.values():
-                walk(v)
-        elif isinstance(obj, list):
-            for v in obj:
-                walk(v)
-
-    walk(doc)
-    return exprs
+    return rc.dashboard_queries(json.loads(DASHBOARD.read_text()))
 
 
 PROMQL_KEYWORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and", "or", "unless",
