@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import re
 import shutil
 import sys
@@ -43,10 +42,10 @@ from helpers import (LOCAL_KUBECONFIG, LOCAL_VOLUMES, NAMESPACE, e2e_spec, kjson
 POOL = "load"
 CONTROLLER = "slurmctld-0"
 
-# $1 arrays spec file (one line: "<size> <sbatch args>"), $2 singles count, $3 tag
+# $1 arrays spec file (one line: "<size> <sbatch args>"), $2 singles count, $3 tag, $4 jobs in all
 BURST = r"""
 set -u
-arrays=$1; singles=$2; tag=$3
+arrays=$1; singles=$2; tag=$3; total=$4
 now_ms() { date +%s%3N; }
 stop=~/.load-$tag.stop; rm -f "$stop"
 ( while [ ! -e "$stop" ]; do
@@ -69,6 +68,10 @@ while [ "$(squeue -h -t PD,R,CG,CF,RQ,RS,S -p load -o %i 2>/dev/null | wc -l)" !
 echo "drained $(now_ms)"
 touch "$stop"; wait "$prober"
 echo "states $(squeue -h -p load -t all -o %T | sort | uniq -c | tr '\n' ' ')"
+# every job's final state from accounting (slurmdbd gets the records asynchronously: wait for all)
+final() { sacct -a -X -n -P -r load -S "$(date -d @$(( $(now_ms) / 1000 - 7200 )) +%FT%T)" -o State 2>/dev/null; }
+for _ in $(seq 90); do [ "$(final | wc -l)" -ge "$total" ] && break; sleep 2; done
+echo "sacct $(final | cut -d' ' -f1 | sort | uniq -c | tr '\n' ' ')"
 """
 
 
@@ -178,7 +181,7 @@ def main() -> None:
             await conn.run(f"cat > load-burst.sh <<'EOF'\n{BURST}\nEOF", check=True)
             spec_lines = "\n".join(f"{size} {shape}" for size, shape in arrays) + "\n"
             await conn.run(f"cat > load-arrays.txt <<'EOF'\n{spec_lines}EOF", check=True)
-            res = await conn.run(f"bash load-burst.sh load-arrays.txt {singles} {tag}", check=True, timeout=7200)
+            res = await conn.run(f"bash load-burst.sh load-arrays.txt {singles} {tag} {args.jobs}", check=True, timeout=7200)
             return res.stdout
 
     out = asyncio.run(burst())
@@ -201,6 +204,8 @@ def main() -> None:
     sq = [int(l[1]) / 1000 for l in lines if l[0] == "q"]
     peak_queue = max((int(l[2]) for l in lines if l[0] == "q"), default=0)
     states = next((" ".join(l[1:]) for l in lines if l[0] == "states"), "")
+    accounted = next((l[1:] for l in lines if l[0] == "sacct"), [])
+    final = {state: int(count) for count, state in zip(accounted[::2], accounted[1::2])}
     elastic = kubectl("exec", "-n", NAMESPACE, CONTROLLER, "-c", "slurmctld", "--", "cat",
                       "/var/log/slurmk8s/elastic.log", check=False).stdout.splitlines()[elastic0:]
     runs = {p: [float(m.group(1)) for l in elastic if (m := re.search(rf" {p}\[\d+\] done in ([0-9.]+)s", l))]
@@ -226,10 +231,15 @@ def main() -> None:
         print(f"slurmctld container CPU (slurmctld + programs): {cpu1 - cpu0:.1f} s = "
               f"{(cpu1 - cpu0) / total * 1000:.1f} ms per job")
     print(f"final states still listed (MinJobAge): {states}")
+    ok = final.get("COMPLETED", 0) == total and sum(final.values()) == total
+    print(f"final states in accounting (sacct, every job): {final or 'none'}"
+          + ("" if ok else f"  <-- expected {total} COMPLETED"))
     if failed:
         print("failed sbatch calls:", *[" ".join(l) for l in failed[:5]], sep="\n  ")
     if not args.keep:
         slurmk8s("down", "--spec", str(work / "spec.yaml"), "--state", str(work / "state"), log=log)
+    if failed or not ok:
+        sys.exit("not every job was submitted and COMPLETED: see above")
 
 
 if __name__ == "__main__":
