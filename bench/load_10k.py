@@ -144,9 +144,10 @@ def main() -> None:
     spec["pools"].append({"name": POOL, "mode": "slots", "cpus": args.cpus, "memory": "2Gi",
                           "pod_cpu_request": "10m", "pod_memory_request": "64Mi",
                           "domains": [{"name": "local", "count": args.nodes}]})
-    # room for the whole burst plus finished jobs kept for MinJobAge
-    spec.setdefault("slurm", {})["extra_conf"] = {"MaxJobCount": str(max(10000, 3 * args.jobs)),
-                                                  "MaxArraySize": "10001"}
+    # the burst runs under the product's own limits (MaxJobCount 50000, MaxArraySize 10001);
+    # a bigger burst raises them the way a user would
+    if args.jobs > 15000:
+        spec.setdefault("slurm", {})["extra_conf"] = {"MaxJobCount": str(3 * args.jobs)}
     (work / "spec.yaml").write_text(yaml.safe_dump(spec))
     log = work / "slurmk8s.log"
     from_nothing()

@@ -59,6 +59,22 @@ PRIORITY_DEFAULTS = {
 }
 
 
+# Slurm's defaults (10000 live job records, finished ones included for MinJobAge; arrays of at most
+# 1001 tasks) refuse a burst that an ephemeral cluster exists to absorb; bench/load_10k.py measured
+# 10,000 jobs queued at once. Each can be overridden in slurm.extra_conf.
+THROUGHPUT_DEFAULTS = {
+    "MaxJobCount": "50000",
+    "MaxArraySize": "10001",
+}
+
+
+def _add_defaults(conf: dict[str, str], defaults: dict[str, str]) -> None:
+    """Set each default the user's extra_conf does not set (under any spelling of the key)."""
+    for key, value in defaults.items():
+        if not any(k.lower() == key.lower() for k in conf):
+            conf[key] = value
+
+
 def compress(names: Iterable[str]) -> str:
     """Node names -> a Slurm hostlist expression (sorted, e.g. 'gpu-[0-7],login')."""
     return hostlist.collect_hostlist(list(names))
@@ -101,6 +117,7 @@ def render_slurm_conf(spec: ClusterSpec, inventory: Inventory, topology: Topolog
         partitions[node.partition].append(node.name)
     ctld_params = ["enable_configless", "idle_on_node_suspend"]
     extra_conf = dict(spec.slurm.extra_conf)
+    _add_defaults(extra_conf, THROUGHPUT_DEFAULTS)
     if spec.elasticity.fast_start:
         # look for nodes to resume every second instead of every 10 s (with PrologSlurmctld below)
         ctld_params += ["power_save_interval=1", "power_save_min_interval=0"]
@@ -109,9 +126,7 @@ def render_slurm_conf(spec: ClusterSpec, inventory: Inventory, topology: Topolog
     accounting = None
     if spec.accounting.enabled:
         accounting = {"host": site.accounting_host, "port": SLURMDBD_PORT}
-        for key, value in PRIORITY_DEFAULTS.items():
-            if not any(k.lower() == key.lower() for k in extra_conf):
-                extra_conf[key] = value
+        _add_defaults(extra_conf, PRIORITY_DEFAULTS)
     return _ENV.get_template("slurm.conf.j2").render(
         version=__version__,
         accounting=accounting,

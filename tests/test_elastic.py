@@ -452,3 +452,10 @@ def test_fast_start_merges_into_the_users_scheduler_parameters():
     assert merged["SchedulerParameters"] == "bf_continue,bf_interval=60,batch_sched_delay=0"
     own = _conf(True, {"SchedulerParameters": "batch_sched_delay=5"})
     assert own["SchedulerParameters"] == "batch_sched_delay=5"  # the user's choice wins
+
+
+def test_burst_sized_job_limits_by_default_and_the_users_own_win():
+    conf = _conf(True)
+    assert (conf["MaxJobCount"], conf["MaxArraySize"]) == ("50000", "10001")
+    own = _conf(True, {"maxjobcount": "200000"})  # any spelling of the key: Slurm's keys are case-insensitive
+    assert own["maxjobcount"] == "200000" and "MaxJobCount" not in own and own["MaxArraySize"] == "10001"
