@@ -78,6 +78,27 @@ def _node_summary(ns: dict[str, dict[str, Any]]) -> dict[str, str]:
     return {k: "+".join(v["state"]) + (f" ({v['reason']})" if v.get("reason") else "") for k, v in ns.items()}
 
 
+def slurm_down_reasons(node: str) -> list[str]:
+    """Every reason slurmctld logged when it set `node` DOWN, oldest first (`update_node: node X reason
+    set to: R`, then `... state set to DOWN`). Durable, unlike the node's current reason: the loop
+    returns a node it set DOWN to service one period after the node powered down, too short a
+    window to poll for over SSH on a loaded machine."""
+    text = kubectl("logs", "-n", NAMESPACE, CONTROLLER_POD, "-c", "slurmctld", check=False).stdout
+    reasons, pending = [], None
+    for line in text.splitlines():
+        if m := re.search(rf"update_node: node {re.escape(node)} reason set to: (.*)$", line):
+            pending = m.group(1)
+        elif pending is not None and re.search(rf"update_node: node {re.escape(node)} state set to DOWN$", line):
+            reasons.append(pending)
+            pending = None
+    return reasons
+
+
+def new_down_reason(node: str, contains: str, seen_before: int) -> str | None:
+    """The first DOWN reason of `node` logged after the first `seen_before` ones that contains `contains`."""
+    return next((r for r in slurm_down_reasons(node)[seen_before:] if contains in r), None)
+
+
 def controller_log(name: str) -> str:
     """A slurmk8s log of the running slurmctld pod (elastic.log, reconcile.log), '' if unreadable."""
     proc = kubectl("exec", "-n", NAMESPACE, CONTROLLER_POD, "-c", "slurmctld", "--", "cat",

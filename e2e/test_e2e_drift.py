@@ -18,7 +18,8 @@ import time
 
 import pytest
 
-from faultkit import controller_log, nodes, pool_pods, queue, since, submit_many, wait_final, wait_pool_at_rest
+from faultkit import (controller_log, new_down_reason, nodes, pool_pods, queue, since, slurm_down_reasons, submit_many,
+                      wait_final, wait_pool_at_rest)
 from helpers import NAMESPACE, SUSPEND_TIME, Cluster, kubeconfig, kubectl, kubectl_exe, wait_for
 
 pytestmark = pytest.mark.e2e
@@ -82,6 +83,7 @@ def test_reconcile_fixes_orphan_and_stale_pods_and_a_vanished_busy_pod(cluster: 
     # a busy node whose pod will vanish; the user asked for no requeue
     victim = submit_many(login, 1, f"-p {POOL} -N1 --no-requeue -o ~/norequeue-%j.out --wrap 'sleep 300'")[0]
     node = _running_on(login, victim)
+    downs_before = len(slurm_down_reasons(node))
     stale = next(n for n in sorted(nodes(login, POOL)) if n != node)  # powered down: no job asks for it
     created = time.monotonic()
     for pod in (_stray_pod("stray-0", None), _stray_pod(stale, POOL)):
@@ -96,15 +98,19 @@ def test_reconcile_fixes_orphan_and_stale_pods_and_a_vanished_busy_pod(cluster: 
             for name in ("stray-0", stale):
                 if name not in fixed and not _exists(name):
                     fixed[name] = time.monotonic() - created
-            n = nodes(login, POOL)[node]
-            if node not in fixed and "DOWN" in n["state"] and f"pod {node} is gone" in (n.get("reason") or ""):
+            if node not in fixed and (reason := new_down_reason(node, f"pod {node} is gone", downs_before)):
                 fixed[node] = time.monotonic() - created
-                fixed["reason"] = n["reason"]
+                fixed["reason"] = reason
             return len(fixed) == 4
 
         # grace + one period, + a period of slack for a loaded machine
-        wait_for("the loop to remove both stray pods and set the vanished pod's node DOWN", all_fixed,
-                 GRACE + 2 * PERIOD + 15, interval=1)
+        try:
+            wait_for("the loop to remove both stray pods and set the vanished pod's node DOWN", all_fixed,
+                     GRACE + 2 * PERIOD + 15, interval=1)
+        except BaseException:
+            print(f"fixed so far: {fixed}; {node} DOWN reasons in slurmctld's log: {slurm_down_reasons(node)}\n"
+                  f"reconcile.log since the submit:\n" + "\n".join(since(controller_log("reconcile.log"), t0)))
+            raise
     finally:
         for name in ("stray-0", stale):
             kubectl("delete", "pod", "-n", NAMESPACE, name, "--ignore-not-found", "--wait=false", check=False)

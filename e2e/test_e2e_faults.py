@@ -8,6 +8,7 @@ import urllib.request
 
 import pytest
 
+from faultkit import new_down_reason, slurm_down_reasons
 from helpers import NAMESPACE, Cluster, job_state, kjson, kubectl, submit, wait_for, wait_job, worker_pods
 
 pytestmark = pytest.mark.e2e
@@ -26,18 +27,16 @@ def test_deleted_busy_worker_pod_requeues_its_job_which_then_completes(cluster: 
         return state if state and not state.endswith(("#", "~", "%")) else None
 
     wait_for(f"node {node} to finish booting", booted, 60)
+    downs_before = len(slurm_down_reasons(node))
     deleted = kubectl("delete", "pod", "-n", NAMESPACE, node, "--wait=false", check=False)
     assert deleted.returncode == 0, f"deleting pod {node}: {deleted.stderr} (pods: {sorted(worker_pods())})"
 
-    def down_with_reason():  # set DOWN (requeues the job), then powered down at once so it can be resumed
-        nodes = login.json(f"scontrol show node {node} --json")["nodes"]
-        reason = nodes[0].get("reason") or "" if nodes else ""
-        return nodes[0] if f"pod {node} is gone" in reason else None
-
-    # the pod terminates (grace period), then the next reconcile pass (10 s period) acts
-    seen = wait_for(f"node {node} set DOWN with a reason naming its pod", down_with_reason, 120)
-    assert "ALLOCATED" not in seen["state"], seen["state"]
-    print(f"node {node}: {seen['state']} reason {seen['reason']!r}")
+    # the pod terminates (grace period), then the next reconcile pass (10 s period) sets the node DOWN
+    # (Slurm requeues the job) and powers it down at once so it can be resumed; slurmctld's own log
+    # keeps the reason after the loop has returned the node to service
+    reason = wait_for(f"node {node} set DOWN with a reason naming its pod",
+                      lambda: new_down_reason(node, f"pod {node} is gone", downs_before), 120, interval=1)
+    print(f"node {node} set DOWN, reason {reason!r}")
     requeued = wait_for("the job requeued", lambda: (s := job_state(login, job))["restart_cnt"] >= 1 and s, 60)
     assert "COMPLETED" not in requeued["job_state"]
     final = wait_job(login, job, 300)

@@ -18,18 +18,14 @@ import time
 
 import pytest
 
-from faultkit import controller_log, nodes, pool_pods, queue, since, submit_many, wait_pool_at_rest
+from faultkit import (controller_log, new_down_reason, nodes, pool_pods, queue, since, slurm_down_reasons, submit_many,
+                      wait_pool_at_rest)
 from helpers import NAMESPACE, Cluster, kjson, kubectl, wait_for
 
 pytestmark = pytest.mark.e2e
 
 ROLE = "slurmk8s-worker-pods"  # provisioner.manifests.WORKER_ROLE
 RESUME_TIMEOUT = 120  # e2e_spec()'s elasticity.resume_timeout
-
-
-def _reason(login, pool: str, node: str) -> tuple[list[str], str]:
-    n = nodes(login, pool)[node]
-    return n["state"], n.get("reason") or ""
 
 
 def _requeued(login, jobs: list[str]) -> dict | None:
@@ -51,6 +47,8 @@ def test_unsatisfiable_resumes_end_down_with_reason_no_pod_left_job_requeued(clu
         wait_pool_at_rest(login, pool)
     t0 = time.time()
     start = time.monotonic()
+    ctl_nodes = sorted(nodes(login, "ctl"))
+    downs_before = {k: len(slurm_down_reasons(k)) for k in ctl_nodes + ["noimage-0", "noimage-1", "noimage-2"]}
     huge = submit_many(login, 1, "-p huge -N1 -o /dev/null --wrap hostname")
     noimage = submit_many(login, 3, "-p noimage -N1 -o /dev/null --wrap hostname")
 
@@ -69,30 +67,30 @@ def test_unsatisfiable_resumes_end_down_with_reason_no_pod_left_job_requeued(clu
     try:
         refused = submit_many(login, 1, "-p ctl -N1 -o ~/rbac-%j.out --wrap hostname")
 
+        # durable evidence (slurmctld's log, the job's restart count): the DOWN reason itself lasts
+        # only until the loop returns the node to service
         def down_forbidden():
             job = queue(login, refused)[refused[0]]
-            n = nodes(login, "ctl")
-            hit = {k: v for k, v in n.items() if "RBAC: not allowed to create pods" in (v.get("reason") or "")}
+            hit = {k: r for k in ctl_nodes
+                   if (r := new_down_reason(k, "RBAC: not allowed to create pods", downs_before[k]))}
             return (hit, job) if hit and job["restart_cnt"] >= 1 else None
 
-        hit, job = wait_for("a ctl node DOWN with the 403 as its reason, its job requeued", down_forbidden, 60)
+        hit, job = wait_for("a ctl node set DOWN with the 403 as its reason, its job requeued", down_forbidden, 60)
     finally:
         _set_create_allowed(True)
     rbac_node = next(iter(hit))
-    print(f"403: {rbac_node} {hit[rbac_node]['state']} reason {hit[rbac_node]['reason']!r}; job {refused[0]} "
+    print(f"403: {rbac_node} set DOWN, reason {hit[rbac_node]!r}; job {refused[0]} "
           f"{job['job_state']} restart_cnt {job['restart_cnt']}")
-    assert "DOWN" in hit[rbac_node]["state"]
     assert rbac_node not in pool_pods("ctl", include_terminating=True), "a pod was made despite the 403"
 
     # missing image: the reconcile loop removes the pod after 60 s Pending, sets the node DOWN naming
     # the pod and the cause, and Slurm requeues the job (well before ResumeTimeout)
     def noimage_down():
-        n = nodes(login, "noimage")
-        return n if all("DOWN" in v["state"] and "ErrImageNeverPull" in (v.get("reason") or "")
-                        and f"pod {k}" in v["reason"] for k, v in n.items()) else None
+        reasons = {k: new_down_reason(k, f"pod {k}", downs_before[k]) for k in ("noimage-0", "noimage-1", "noimage-2")}
+        return reasons if all(r and "ErrImageNeverPull" in r for r in reasons.values()) else None
 
-    n = wait_for("every noimage node DOWN naming its pod and ErrImageNeverPull", noimage_down, 60 + 40)
-    print(f"missing image -> DOWN after {time.monotonic() - start:.0f} s: {n['noimage-0']['reason']!r}")
+    n = wait_for("every noimage node set DOWN naming its pod and ErrImageNeverPull", noimage_down, 60 + 40, interval=1)
+    print(f"missing image -> DOWN after {time.monotonic() - start:.0f} s: {n['noimage-0']!r}")
     wait_for("the noimage pods removed", lambda: not pool_pods("noimage", include_terminating=True), 40)
     wait_for("the noimage jobs requeued", lambda: _requeued(login, noimage), 30)
 
