@@ -1036,7 +1036,10 @@ def accounting_container(spec: ClusterSpec) -> dict[str, Any]:
         "name": "accounting",
         "image": spec.images.controller,
         "imagePullPolicy": spec.images.pull_policy,
-        "command": [f"{BIN_DIR}/slurmk8s-accounting", "--spec", f"{SPEC_DIR}/spec.json", "--period", "30"],
+        # under tini, not PID 1 (which the kernel shields from SIGTERM): a pod deletion stops it at
+        # once instead of after the pod's whole termination grace period
+        "command": ["/usr/bin/tini", "--", f"{BIN_DIR}/slurmk8s-accounting", "--spec", f"{SPEC_DIR}/spec.json",
+                    "--period", "30"],
         "resources": {"requests": {"cpu": "10m", "memory": "64Mi"}},
         "securityContext": {**_container_security(()), "runAsUser": SLURM_UID, "runAsGroup": SLURM_UID,
                             "runAsNonRoot": True},

@@ -138,3 +138,27 @@ def test_accounting_sync_against_a_real_slurmdbd_is_idempotent(daemons):
     second = _sync(daemons)
     assert second.returncode == 0 and " applied " not in second.stdout, second.stdout
     assert "database matches the spec (cluster acct_it, 2 account(s), 2 user(s))" in second.stdout
+
+
+def test_accounting_container_stops_at_once_on_sigterm(daemons):
+    """The container exactly as the manifest builds it (command, SlurmUser), waiting for a slurmdbd
+    it cannot reach (no munged): `docker stop` (SIGTERM, as a pod deletion sends) must end it at
+    once. A Python PID 1 ignores SIGTERM and would hold the slurmctld pod for its whole grace period."""
+    work = daemons["work"]
+    container = m.accounting_container(parse_spec(SPEC))
+    name = f"acct-loop-{uuid.uuid4().hex[:8]}"
+    uid = container["securityContext"]["runAsUser"]
+    docker("run", "-d", "--name", name, "--network", daemons["net"], "--user", f"{uid}:{uid}",
+           "--entrypoint", container["command"][0], "-v", f"{work}/etc-slurm:/etc/slurm:ro",
+           "-v", f"{work}/spec:/etc/slurmk8s/spec:ro", IMAGES["ctld"], *container["command"][1:])
+    try:
+        deadline = time.monotonic() + 60
+        while "waiting for slurmdbd" not in (logs := docker("logs", name, check=False)).stdout + logs.stderr:
+            assert time.monotonic() < deadline, f"the loop never started:\n{logs.stdout}{logs.stderr}"
+            time.sleep(0.5)
+        t0 = time.monotonic()
+        docker("stop", "-t", "30", name, timeout=60)
+        took = time.monotonic() - t0
+        assert took < 5, f"the accounting container took {took:.1f} s to stop on SIGTERM (PID 1 ignores it)"
+    finally:
+        docker("rm", "-f", name, check=False)
