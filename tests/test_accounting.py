@@ -213,7 +213,8 @@ def test_internal_database_objects_labels_and_where_the_secrets_go():
     # the slurmctld pod keeps the database in step with the spec, as SlurmUser
     ctld = objs[("StatefulSet", "slurmctld")]["spec"]["template"]["spec"]["containers"]
     acct = next(c for c in ctld if c["name"] == "accounting")
-    assert acct["securityContext"]["runAsUser"] == m.SLURM_UID and "slurmk8s-accounting" in acct["command"][0]
+    assert acct["securityContext"]["runAsUser"] == m.SLURM_UID
+    assert acct["command"][:3] == ["/usr/bin/tini", "--", f"{m.BIN_DIR}/slurmk8s-accounting"]  # not PID 1
     slurm_conf = objs[("ConfigMap", "slurm-config")]["data"]["slurm.conf"]
     for line in ("AccountingStorageType=accounting_storage/slurmdbd", "AccountingStorageHost=slurmdbd",
                  "JobAcctGatherType=jobacct_gather/linux", "PriorityType=priority/multifactor",
