@@ -78,14 +78,18 @@ def _node_summary(ns: dict[str, dict[str, Any]]) -> dict[str, str]:
     return {k: "+".join(v["state"]) + (f" ({v['reason']})" if v.get("reason") else "") for k, v in ns.items()}
 
 
-def slurm_down_reasons(node: str) -> list[str]:
+def slurmctld_log() -> str:
+    """slurmctld's own log (its container's output)."""
+    return kubectl("logs", "-n", NAMESPACE, CONTROLLER_POD, "-c", "slurmctld", check=False).stdout
+
+
+def slurm_down_reasons(node: str, log: str | None = None) -> list[str]:
     """Every reason slurmctld logged when it set `node` DOWN, oldest first (`update_node: node X reason
-    set to: R`, then `... state set to DOWN`). Durable, unlike the node's current reason: the loop
-    returns a node it set DOWN to service one period after the node powered down, too short a
-    window to poll for over SSH on a loaded machine."""
-    text = kubectl("logs", "-n", NAMESPACE, CONTROLLER_POD, "-c", "slurmctld", check=False).stdout
+    set to: R`, then `... state set to DOWN`), from `log` or a fresh read of slurmctld's log. Durable,
+    unlike the node's state: Slurm marks a node the loop set DOWN IDLE as soon as the suspend program
+    runs (idle_on_node_suspend), about a second later, too short a window to poll for over SSH."""
     reasons, pending = [], None
-    for line in text.splitlines():
+    for line in (slurmctld_log() if log is None else log).splitlines():
         if m := re.search(rf"update_node: node {re.escape(node)} reason set to: (.*)$", line):
             pending = m.group(1)
         elif pending is not None and re.search(rf"update_node: node {re.escape(node)} state set to DOWN$", line):
@@ -94,9 +98,9 @@ def slurm_down_reasons(node: str) -> list[str]:
     return reasons
 
 
-def new_down_reason(node: str, contains: str, seen_before: int) -> str | None:
+def new_down_reason(node: str, contains: str, seen_before: int, log: str | None = None) -> str | None:
     """The first DOWN reason of `node` logged after the first `seen_before` ones that contains `contains`."""
-    return next((r for r in slurm_down_reasons(node)[seen_before:] if contains in r), None)
+    return next((r for r in slurm_down_reasons(node, log)[seen_before:] if contains in r), None)
 
 
 def controller_log(name: str) -> str:

@@ -18,8 +18,8 @@ import time
 
 import pytest
 
-from faultkit import (controller_log, new_down_reason, nodes, pool_pods, queue, since, slurm_down_reasons, submit_many,
-                      wait_pool_at_rest)
+from faultkit import (controller_log, new_down_reason, nodes, pool_pods, queue, since, slurm_down_reasons,
+                      slurmctld_log, submit_many, wait_pool_at_rest)
 from helpers import NAMESPACE, Cluster, kjson, kubectl, wait_for
 
 pytestmark = pytest.mark.e2e
@@ -48,7 +48,8 @@ def test_unsatisfiable_resumes_end_down_with_reason_no_pod_left_job_requeued(clu
     t0 = time.time()
     start = time.monotonic()
     ctl_nodes = sorted(nodes(login, "ctl"))
-    downs_before = {k: len(slurm_down_reasons(k)) for k in ctl_nodes + ["noimage-0", "noimage-1", "noimage-2"]}
+    log = slurmctld_log()
+    downs_before = {k: len(slurm_down_reasons(k, log)) for k in ctl_nodes + ["noimage-0", "noimage-1", "noimage-2"]}
     huge = submit_many(login, 1, "-p huge -N1 -o /dev/null --wrap hostname")
     noimage = submit_many(login, 3, "-p noimage -N1 -o /dev/null --wrap hostname")
 
@@ -71,8 +72,9 @@ def test_unsatisfiable_resumes_end_down_with_reason_no_pod_left_job_requeued(clu
         # only until the loop returns the node to service
         def down_forbidden():
             job = queue(login, refused)[refused[0]]
+            log = slurmctld_log()
             hit = {k: r for k in ctl_nodes
-                   if (r := new_down_reason(k, "RBAC: not allowed to create pods", downs_before[k]))}
+                   if (r := new_down_reason(k, "RBAC: not allowed to create pods", downs_before[k], log))}
             return (hit, job) if hit and job["restart_cnt"] >= 1 else None
 
         hit, job = wait_for("a ctl node set DOWN with the 403 as its reason, its job requeued", down_forbidden, 60)
@@ -86,7 +88,8 @@ def test_unsatisfiable_resumes_end_down_with_reason_no_pod_left_job_requeued(clu
     # missing image: the reconcile loop removes the pod after 60 s Pending, sets the node DOWN naming
     # the pod and the cause, and Slurm requeues the job (well before ResumeTimeout)
     def noimage_down():
-        reasons = {k: new_down_reason(k, f"pod {k}", downs_before[k]) for k in ("noimage-0", "noimage-1", "noimage-2")}
+        log = slurmctld_log()
+        reasons = {k: new_down_reason(k, f"pod {k}", downs_before[k], log) for k in ("noimage-0", "noimage-1", "noimage-2")}
         return reasons if all(r and "ErrImageNeverPull" in r for r in reasons.values()) else None
 
     n = wait_for("every noimage node set DOWN naming its pod and ErrImageNeverPull", noimage_down, 60 + 40, interval=1)
