@@ -32,8 +32,8 @@ def test_deleted_busy_worker_pod_requeues_its_job_which_then_completes(cluster: 
     assert deleted.returncode == 0, f"deleting pod {node}: {deleted.stderr} (pods: {sorted(worker_pods())})"
 
     # the pod terminates (grace period), then the next reconcile pass (10 s period) sets the node DOWN
-    # (Slurm requeues the job) and powers it down at once so it can be resumed; slurmctld's own log
-    # keeps the reason after the loop has returned the node to service
+    # (Slurm requeues the job) and powers it down at once so it can be resumed; the DOWN state lasts
+    # about a second, slurmctld's own log keeps it (faultkit.slurm_down_reasons)
     reason = wait_for(f"node {node} set DOWN with a reason naming its pod",
                       lambda: new_down_reason(node, f"pod {node} is gone", downs_before), 120, interval=1)
     print(f"node {node} set DOWN, reason {reason!r}")

@@ -68,8 +68,8 @@ def test_unsatisfiable_resumes_end_down_with_reason_no_pod_left_job_requeued(clu
     try:
         refused = submit_many(login, 1, "-p ctl -N1 -o ~/rbac-%j.out --wrap hostname")
 
-        # durable evidence (slurmctld's log, the job's restart count): the DOWN reason itself lasts
-        # only until the loop returns the node to service
+        # durable evidence (slurmctld's log, the job's restart count), not the node's DOWN state,
+        # which lasts about a second (see faultkit.slurm_down_reasons)
         def down_forbidden():
             job = queue(login, refused)[refused[0]]
             log = slurmctld_log()
