@@ -15,7 +15,7 @@ Run with `pytest -m integration tests/integration/test_reconcile_testbed.py` (ab
 from __future__ import annotations
 
 import re
-from typing import Iterator
+from typing import Callable, Iterator
 
 import pytest
 
@@ -123,20 +123,27 @@ def test_metrics_move_when_a_job_runs(bed: Testbed):
            "/opt/slurmk8s/bin/python -m provisioner.reconcile --period 1 --metrics-port 9410 >/tmp/reconcile.out 2>&1")
     url = f"http://{bed.ip(bed.ctld)}:9410/metrics"
     try:
-        first = wait_for("the metrics endpoint", lambda: _try_scrape(url), 30)
-        assert total(first, "slurmk8s_reconcile_passes_total") >= 1
+        # the endpoint answers before the first pass has finished (slow on a busy machine): wait for
+        # the pass, not for the endpoint
+        scrape_until(url, "the loop's first pass", 60,
+                     lambda s: total(s, "slurmk8s_reconcile_passes_total") >= 1, "slurmk8s_reconcile_passes_total")
         bed.wait_all_powered_down(timeout=60)
-        job = bed.sbatch("-N1", "-o", "/dev/null", "--wrap", "sleep 4")
+        job = bed.sbatch("-N1", "-o", "/dev/null", "--wrap", "sleep 12")  # long enough for a slow pass to see it run
         bed.wait_job(job, {"RUNNING"}, 90)
-        running = wait_for("the running job in the metrics",
-                           lambda: (lambda s: s if total(s, "slurmk8s_jobs", state="running") >= 1 else None)(scrape(url)),
-                           15)
-        assert total(running, "slurmk8s_nodes", state="allocated") + total(running, "slurmk8s_nodes", state="mixed") >= 1
-        assert total(running, "slurmk8s_workers", phase="Running") >= 1
+        # one pass must see the job running, its node busy and its worker Running, together
+        scrape_until(url, "the running job, its busy node and its Running worker", 30,
+                     lambda s: total(s, "slurmk8s_jobs", state="running") >= 1
+                     and total(s, "slurmk8s_nodes", state="allocated") + total(s, "slurmk8s_nodes", state="mixed") >= 1
+                     and total(s, "slurmk8s_workers", phase="Running") >= 1,
+                     "slurmk8s_jobs", "slurmk8s_nodes", "slurmk8s_workers")
         bed.wait_job(job, {"COMPLETED"}, 60)
-        s = wait_for("the finished job's numbers",
-                     lambda: (lambda s: s if total(s, "slurmk8s_elastic_requests_total", program="resume",
-                                                   outcome="ok") >= 1 else None)(scrape(url)), 15)
+        s = scrape_until(url, "the finished job's numbers", 30,
+                         lambda s: total(s, "slurmk8s_elastic_requests_total", program="resume", outcome="ok") >= 1
+                         and total(s, "slurmk8s_job_submit_to_running_seconds_count") >= 1
+                         and total(s, "slurmk8s_worker_start_seconds_count") >= 1
+                         and total(s, "slurmk8s_controller_rpc_seconds_count", command="show_nodes") >= 3,
+                         "slurmk8s_elastic_requests_total", "slurmk8s_job_submit_to_running_seconds_count",
+                         "slurmk8s_worker_start_seconds_count", "slurmk8s_controller_rpc_seconds_count")
         assert total(s, "slurmk8s_job_submit_to_running_seconds_count") >= 1
         assert 0 < total(s, "slurmk8s_job_submit_to_running_seconds_sum") < 30
         assert total(s, "slurmk8s_worker_start_seconds_count") >= 1
@@ -151,11 +158,25 @@ def test_metrics_move_when_a_job_runs(bed: Testbed):
         bed.exec(bed.ctld, ["sh", "-c", "kill $(cat /tmp/reconcile.pid)"], check=False)
 
 
-def _try_scrape(url: str) -> dict[str, float] | None:
+def scrape_until(url: str, what: str, timeout: float, done: Callable[[dict[str, float]], bool],
+                 *shown: str) -> dict[str, float]:
+    """Scrape until `done(samples)` holds; on timeout say what the last scrape showed of the
+    `shown` metric families (or why the endpoint did not answer)."""
+    last: list[object] = ["no scrape yet"]
+
+    def probe() -> dict[str, float] | None:
+        try:
+            samples = scrape(url)
+        except OSError as e:
+            last[0] = f"endpoint not answering: {e}"
+            return None
+        last[0] = {k: v for k, v in samples.items() if any(k.startswith(p) for p in shown)}
+        return samples if done(samples) else None
+
     try:
-        return scrape(url)
-    except OSError:
-        return None
+        return wait_for(what, probe, timeout)
+    except TimeoutError as e:
+        raise AssertionError(f"{e}; last seen: {last[0]}") from None
 
 
 def test_resume_refuses_a_backed_off_pool_at_once(bed: Testbed):
