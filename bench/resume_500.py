@@ -20,14 +20,15 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "e2e"))
+sys.path.insert(0, str(ROOT / "tests"))  # the fakes package
 
 from helpers import kjson, kubectl, kubectl_exe, kubeconfig  # noqa: E402
 
 from provisioner.config import parse_spec  # noqa: E402
 from provisioner.elastic.programs import Context, Log, run_resume, run_suspend  # noqa: E402
-from provisioner.elastic.slurmcmd import FakeSlurm  # noqa: E402
+from fakes.slurm import FakeSlurm  # noqa: E402
 from provisioner.generate import generate  # noqa: E402
-from provisioner.kube import from_env  # noqa: E402
+from provisioner.elastic.k8s_backend import from_env  # noqa: E402
 from provisioner.render import compress  # noqa: E402
 
 NS = "slurm-p4b"

@@ -29,11 +29,21 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
+from helpers import (
+    NAMESPACE,
+    ROOT,
+    SLURMK8S,
+    Cluster,
+    job_state,
+    kjson,
+    kubeconfig,
+    submit,
+    wait_for,
+    wait_job,
+    worker_pods,
+)
 
-from provisioner.reconcile import dashboard_queries
-
-from helpers import (NAMESPACE, ROOT, SLURMK8S, Cluster, job_state, kjson, kubeconfig, submit, wait_for,
-                     wait_job, worker_pods)
+from provisioner.reconcile.metrics import dashboard_queries
 
 pytestmark = pytest.mark.e2e
 

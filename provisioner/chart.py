@@ -98,9 +98,9 @@ def read_nodes(env: Mapping[str, str]) -> list[dict[str, Any]]:
     """The Node objects as the API returns them (in-cluster credentials, else KUBECONFIG)."""
     from kubernetes import client
 
-    from .kube import _api_client
+    from .kubeapi import api_client
 
-    resp = client.CoreV1Api(_api_client(env)).list_node(_preload_content=False, _request_timeout=(5.0, 60.0))
+    resp = client.CoreV1Api(api_client(env=env)).list_node(_preload_content=False, _request_timeout=(5.0, 60.0))
     return json.loads(resp.data)["items"]
 
 
@@ -165,14 +165,15 @@ def delete_workers_main(argv: Sequence[str] | None = None) -> int:
     leave them running without a slurmctld; `slurmk8s down` deletes them the same way after destroy.
     Reads SLURMK8S_SPEC (the cluster name) and SLURMK8S_NAMESPACE.
     """
-    from .kube import ClientPodApi, _api_client
+    from .elastic.k8s_backend import ClientPodApi
+    from .kubeapi import api_client
 
     path = os.environ.get("SLURMK8S_SPEC", f"{m.SPEC_DIR}/spec.json")
     try:
         with open(path) as fh:
             name = json.load(fh)["name"]
         ns = os.environ["SLURMK8S_NAMESPACE"]
-        api = ClientPodApi(_api_client(os.environ))
+        api = ClientPodApi(api_client())
         selector = f"{m.L_CLUSTER}={name},{m.L_COMPONENT}=worker"
         pods = api.list(ns, selector)
         for pod in pods:

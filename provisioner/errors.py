@@ -1,6 +1,8 @@
-"""Errors that tell the user which field is wrong and how to fix it.
+"""One family of errors: every error slurmk8s raises on purpose is a :class:`SlurmK8sError`, with a
+short machine-readable ``reason`` and whether retrying the same call may succeed (``retryable``).
+Anything else that escapes is a bug.
 
-Every error the core raises is a :class:`Problem` (or a :class:`ProblemList` of several), carrying
+Errors that tell the user which field is wrong and how to fix it: every error the core raises is a :class:`Problem` (or a :class:`ProblemList` of several), carrying
 the dotted path of the offending field, what is wrong, and how to fix it. The CLI prints them as
 ``<field>: <what>. Fix: <how>`` and exits non-zero; nothing is written when one is raised.
 """
@@ -24,11 +26,28 @@ class Issue:
 
 
 class SlurmK8sError(Exception):
-    """Base class of every error slurmk8s raises on purpose (as opposed to bugs)."""
+    """Base class of every error slurmk8s raises on purpose (as opposed to bugs).
+
+    ``reason``: a short word for logs, metrics and Kubernetes events (a subclass sets a default, an
+    instance may override it); ``retryable``: whether the same call may succeed later without
+    anyone changing anything (an unreachable API server: yes; an invalid spec or a 403: no).
+    """
+
+    reason: str = "Error"
+    retryable: bool = False
+
+    def __init__(self, *args: object, reason: str | None = None, retryable: bool | None = None) -> None:
+        super().__init__(*args)
+        if reason is not None:
+            self.reason = reason
+        if retryable is not None:
+            self.retryable = retryable
 
 
 class Problem(SlurmK8sError):
     """One or more problems with the user's input, each naming its field and a fix."""
+
+    reason = "InvalidInput"
 
     def __init__(self, issues: list[Issue] | Issue, *, title: str = "invalid input") -> None:
         self.issues: tuple[Issue, ...] = (issues,) if isinstance(issues, Issue) else tuple(issues)

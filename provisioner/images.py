@@ -13,6 +13,8 @@ from typing import List, Optional
 
 import typer
 
+from .errors import SlurmK8sError
+
 IMAGE_NAMES = ("slurmd", "login", "slurmctld")
 
 images_app = typer.Typer(
@@ -21,7 +23,7 @@ images_app = typer.Typer(
 )
 
 
-class ImagesError(RuntimeError):
+class ImagesError(SlurmK8sError, RuntimeError):
     pass
 
 

@@ -20,7 +20,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import hostlist
 
-from .elastic.slurmcmd import Scontrol, SlurmCommandError
+from .slurm.commands import Scontrol, SlurmCommandError
 from .inventory import Inventory
 
 OUR_PREFIX = "kubernetes node "  # every reason slurmk8s sets here starts with it

@@ -26,7 +26,8 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Mapping, Protocol, Sequence
 
-from .reconcile import NodeStatus, parse_jobs, parse_nodes
+from .errors import SlurmK8sError
+from .slurm.state import NodeStatus, parse_jobs, parse_nodes
 
 A_STATE = "slurmk8s.io/state"  # awake | asleep (written by the idle sleep / wake logic)
 A_STATE_REASON = "slurmk8s.io/state-reason"
@@ -49,7 +50,7 @@ CATEGORIES = ("powered_down", "powering_up", "idle", "allocated", "mixed", "comp
               "down", "powering_down", "other")
 
 
-class StatusError(Exception):
+class StatusError(SlurmK8sError):
     """Nothing useful can be shown (no namespace, no API); the message names the fix."""
 
 
@@ -164,7 +165,7 @@ class WorkerRow:
 
 
 def worker_rows(pods: Sequence[Mapping[str, Any]], now: float) -> list[WorkerRow]:
-    from .kube import worker_from_pod
+    from .elastic.k8s_backend import worker_from_pod
     from .manifests import L_POOL
 
     rows = []
@@ -467,7 +468,7 @@ class KubeReader:
         from kubernetes.client.exceptions import ApiException
         from urllib3.exceptions import HTTPError
 
-        from .kube import api_error_from, transport_error
+        from .kubeapi import api_error_from, transport_error
 
         try:
             resp = fn(*args, _preload_content=False, _request_timeout=self._timeout, **kwargs)

@@ -25,6 +25,8 @@ from typing import Annotated, Any, NoReturn, Optional
 
 import typer
 
+from .errors import SlurmK8sError
+
 SpecOpt = Annotated[Optional[Path], typer.Option("--spec", help="Cluster spec YAML (gives the namespace).")]
 NsOpt = Annotated[Optional[str], typer.Option("--namespace", "-n", help="The cluster's namespace (slurm-<name>).")]
 KubeOpt = Annotated[Optional[str], typer.Option("--kubeconfig", help="kubeconfig (default $KUBECONFIG, ~/.kube/config).")]
@@ -36,7 +38,7 @@ InsecureOpt = Annotated[bool, typer.Option("--insecure-host-key", help="Do not c
 TimeoutOpt = Annotated[float, typer.Option("--timeout", help="Seconds to wait for the wake and the controller.")]
 
 
-class UserError(Exception):
+class UserError(SlurmK8sError):
     pass
 
 
@@ -118,7 +120,9 @@ def progress(line: str) -> None:
 
 
 def wake(api_client: Any, namespace: str, why: str, timeout: float) -> bool:
-    from .controltier import ClientTierApi, Tier, TierError
+    from .controltier.api import ClientTierApi
+    from .controltier.decision import TierError
+    from .controltier.tier import Tier
 
     tier = Tier(ClientTierApi(api_client), namespace, "slurmk8s-cli", log=lambda line: typer.echo(line, err=True))
     try:

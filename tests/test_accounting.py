@@ -9,11 +9,11 @@ import json
 from typing import Any
 
 import pytest
-
 from factories import node
+from fakes.accounting import FakeDatabase
+
 from provisioner import manifests as m
-from provisioner.accounting import (Association, Cause, Current, Desired, FakeDatabase, parse_associations,
-                                    parse_clusters, plan, sync)
+from provisioner.accounting import Association, Cause, Current, Desired, parse_associations, parse_clusters, plan, sync
 from provisioner.config import parse_spec
 from provisioner.deploy import preflight as pf
 from provisioner.errors import SpecError
@@ -259,7 +259,8 @@ def test_priority_weights_can_be_overridden():
 
 
 def test_generated_database_password_is_letters_and_digits():
-    from provisioner.deploy.secrets import DB_PASSWORD, generate as gen_secrets
+    from provisioner.deploy.secrets import DB_PASSWORD
+    from provisioner.deploy.secrets import generate as gen_secrets
 
     pw = gen_secrets()[DB_PASSWORD]
     assert len(pw) == 32 and pw.isalnum()

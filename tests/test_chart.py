@@ -23,8 +23,8 @@ from typing import Any, Callable
 
 import pytest
 import yaml
-
 from factories import aws_fleet, node
+
 from provisioner import manifests as m
 from provisioner.chart import needs_nodes, render_files, values_schema_text
 from provisioner.config import load_spec, parse_spec
@@ -386,8 +386,8 @@ def test_delete_workers_hook_deletes_only_this_clusters_workers(tmp_path, monkey
     spec_json.write_text(json.dumps({"name": "mini", "pools": []}))
     monkeypatch.setenv("SLURMK8S_SPEC", str(spec_json))
     monkeypatch.setenv("SLURMK8S_NAMESPACE", "slurm-mini")
-    monkeypatch.setattr("provisioner.kube.ClientPodApi", Api)
-    monkeypatch.setattr("provisioner.kube._api_client", lambda env: None)
+    monkeypatch.setattr("provisioner.elastic.k8s_backend.ClientPodApi", Api)
+    monkeypatch.setattr("provisioner.kubeapi.api_client", lambda *a, **k: None)
     assert chart_mod.delete_workers_main([]) == 0
     assert calls == [("list", "slurm-mini", "slurmk8s.io/cluster=mini,app.kubernetes.io/component=worker"),
                      ("delete", "slurm-mini", "cpu-0"), ("delete", "slurm-mini", "cpu-1")]

@@ -15,15 +15,19 @@ from pathlib import Path
 
 import kubernetes_validate
 import pytest
-
 from factories import node
-from provisioner import controltier as ct
+from fakes.tier import FakeTierApi
+
 from provisioner import manifests as m
 from provisioner.config import SpecError, parse_spec
+from provisioner.controltier.activity import activity_doc, activity_from_doc, read_activity_file
+from provisioner.controltier.agent import Agent
+from provisioner.controltier.decision import A_REASON, A_SINCE, A_STATE, Activity, IdleTracker, TierError, active_jobs
+from provisioner.controltier.tier import Tier
 from provisioner.deploy.secrets import generate, secrets_from_values
 from provisioner.generate import generate as run_pipeline
 from provisioner.inventory import nodes_from_api
-from provisioner.reconcile import IdleWatch
+from provisioner.reconcile.idle import IdleWatch
 
 ROOT = Path(__file__).resolve().parents[1]
 IMAGES = ROOT / "images" / "login"
@@ -53,11 +57,11 @@ def _tier(api, clock=None):
         t[0] += s
 
     lines = []
-    return ct.Tier(api, "slurm-zz", "test", log=lines.append, clock=clock or now, sleep=sleep, poll=1.0), lines
+    return Tier(api, "slurm-zz", "test", log=lines.append, clock=clock or now, sleep=sleep, poll=1.0), lines
 
 
 def _full_tier(**kw):
-    api = ct.FakeTierApi(**kw)
+    api = FakeTierApi(**kw)
     api.add("StatefulSet", "mariadb", "database")
     api.add("StatefulSet", "slurmdbd", "slurmdbd")
     api.add("StatefulSet", "slurmctld", "slurmctld")
@@ -70,32 +74,32 @@ def _full_tier(**kw):
 
 
 def test_idle_tracker_sleeps_only_after_a_full_quiet_period():
-    tr = ct.IdleTracker(teardown=60)
-    quiet = ct.Activity(jobs=0, workers=0, sessions=0)
+    tr = IdleTracker(teardown=60)
+    quiet = Activity(jobs=0, workers=0, sessions=0)
     assert tr.update(quiet, 100) is None and tr.idle_since == 100
     assert tr.update(quiet, 159) is None
     reason = tr.update(quiet, 160)
     assert reason and "idle for 60s" in reason and "idle_teardown 60s" in reason
     # anything active restarts the clock
-    for busy, words in ((ct.Activity(1, 0, 0), "1 unfinished job"), (ct.Activity(0, 2, 0), "2 worker pod"),
-                        (ct.Activity(0, 0, 1, users=("alice",)), "1 SSH session(s) on the login pod (alice)"),
-                        (ct.Activity(0, 0, None, unknown="login agent down"), "activity unknown (login agent down)"),
-                        (ct.Activity(None, 0, 0), "activity unknown")):
-        tr = ct.IdleTracker(teardown=60, idle_since=0)
+    for busy, words in ((Activity(1, 0, 0), "1 unfinished job"), (Activity(0, 2, 0), "2 worker pod"),
+                        (Activity(0, 0, 1, users=("alice",)), "1 SSH session(s) on the login pod (alice)"),
+                        (Activity(0, 0, None, unknown="login agent down"), "activity unknown (login agent down)"),
+                        (Activity(None, 0, 0), "activity unknown")):
+        tr = IdleTracker(teardown=60, idle_since=0)
         assert tr.update(busy, 1000) is None and tr.idle_since is None
         assert words in tr.why_awake(busy, 1000)
     # a Slurm command / SSH login on the login pod counts as activity at its time
-    tr = ct.IdleTracker(teardown=60, idle_since=0)
-    assert tr.update(ct.Activity(0, 0, 0, last_request=950), 1000) is None and tr.idle_since == 950
-    assert tr.update(ct.Activity(0, 0, 0, last_request=950), 1010) is not None
+    tr = IdleTracker(teardown=60, idle_since=0)
+    assert tr.update(Activity(0, 0, 0, last_request=950), 1000) is None and tr.idle_since == 950
+    assert tr.update(Activity(0, 0, 0, last_request=950), 1010) is not None
 
 
 def test_active_jobs_counts_unfinished_ones():
     doc = {"jobs": [{"job_state": ["PENDING"]}, {"job_state": ["RUNNING"]}, {"job_state": ["COMPLETED"]},
                     {"job_state": ["CANCELLED"]}, {"job_state": ["COMPLETING"]}, {"job_state": ["FAILED"]},
                     {"job_state": ["PENDING", "REQUEUED"]}, {"job_state": ["SUSPENDED"]}]}
-    assert ct.active_jobs(doc) == 5
-    assert ct.active_jobs({}) == 0
+    assert active_jobs(doc) == 5
+    assert active_jobs({}) == 0
 
 
 # ---------------------------------------------------------------- wake and sleep
@@ -122,15 +126,15 @@ def test_wake_scales_database_first_login_last_each_ready_before_the_next():
 
 
 def test_wake_errors_name_the_workload_and_the_fix():
-    api = ct.FakeTierApi(ready_after=10**6)
+    api = FakeTierApi(ready_after=10**6)
     api.add("StatefulSet", "slurmctld", "slurmctld", replicas=0)
     tier, _ = _tier(api)
-    with pytest.raises(ct.TierError, match=r"statefulset/slurmctld not ready after 30s.*describe statefulset/slurmctld"):
+    with pytest.raises(TierError, match=r"statefulset/slurmctld not ready after 30s.*describe statefulset/slurmctld"):
         tier.wake("x", timeout=30)
-    with pytest.raises(ct.TierError, match="no statefulset/slurmctld labelled slurmk8s.io/tier=control"):
-        _tier(ct.FakeTierApi())[0].wake("x")
-    api = ct.FakeTierApi(forbidden={"list"})
-    with pytest.raises(ct.TierError, match="RBAC"):
+    with pytest.raises(TierError, match="no statefulset/slurmctld labelled slurmk8s.io/tier=control"):
+        _tier(FakeTierApi())[0].wake("x")
+    api = FakeTierApi(forbidden={"list"})
+    with pytest.raises(TierError, match="RBAC"):
         _tier(api)[0].wake("x")
 
 
@@ -141,7 +145,7 @@ def test_sleep_goes_login_first_database_last_and_records_why():
     assert tier.sleep_tier("idle for 60s", recheck=lambda: "", controller_stopped=lambda: next(stopped))
     assert [c[2] for c in api.calls if c[0] == "scale"] == ["login", "slurmctld", "slurmdbd", "mariadb"]
     ann = api.workloads[("StatefulSet", "slurmctld")]["metadata"]["annotations"]
-    assert ann[ct.A_STATE] == "asleep" and ann[ct.A_REASON] == "idle for 60s" and ann[ct.A_SINCE].endswith("Z")
+    assert ann[A_STATE] == "asleep" and ann[A_REASON] == "idle for 60s" and ann[A_SINCE].endswith("Z")
     assert api.events[0]["reason"] == "ControlTierSleep" and api.events[0]["involvedObject"]["name"] == "slurmctld"
     assert "control tier asleep: idle for 60s" in lines
     assert all(api.workloads[k]["spec"]["replicas"] == 0 for k in api.workloads if k[1] != "other")
@@ -153,7 +157,7 @@ def test_a_job_submitted_while_the_login_pod_goes_aborts_the_sleep():
     assert not tier.sleep_tier("idle", recheck=lambda: "1 unfinished job(s)", controller_stopped=lambda: True)
     assert [(c[2], c[3]) for c in api.calls if c[0] == "scale"] == [("login", 0), ("login", 1)]
     ann = api.workloads[("StatefulSet", "slurmctld")]["metadata"]["annotations"]
-    assert ann[ct.A_STATE] == "awake" and ann[ct.A_REASON] == "sleep aborted: 1 unfinished job(s)"
+    assert ann[A_STATE] == "awake" and ann[A_REASON] == "sleep aborted: 1 unfinished job(s)"
     assert [e["reason"] for e in api.events] == ["ControlTierSleep", "ControlTierSleepAborted"]
 
 
@@ -167,23 +171,23 @@ def test_the_woken_loop_records_who_woke_it_and_finishes_an_interrupted_sleep():
     done = tier.on_controller_start()
     assert done == "recorded awake (sbatch by alice on the login pod)"
     ann = api.workloads[("StatefulSet", "slurmctld")]["metadata"]["annotations"]
-    assert ann[ct.A_STATE] == "awake" and ann[ct.A_REASON] == "woken: sbatch by alice on the login pod"
+    assert ann[A_STATE] == "awake" and ann[A_REASON] == "woken: sbatch by alice on the login pod"
     assert api.workloads[("StatefulSet", "mariadb")]["spec"]["replicas"] == 1
     assert api.events[-1]["reason"] == "ControlTierWake"
     assert tier.on_controller_start() == "already recorded awake"
-    fresh = ct.FakeTierApi()
+    fresh = FakeTierApi()
     fresh.add("StatefulSet", "slurmctld", "slurmctld")
     assert _tier(fresh)[0].on_controller_start() == "recorded awake (deployed)"
 
 
 def test_idle_watch_sleeps_the_tier_after_the_teardown():
-    api = ct.FakeTierApi()
+    api = FakeTierApi()
     api.add("StatefulSet", "slurmctld", "slurmctld")
     tier, lines = _tier(api)
-    watch = IdleWatch(tier, ct.IdleTracker(30), sessions=lambda: (0, (), None, ""), jobs=lambda: {"jobs": []},
+    watch = IdleWatch(tier, IdleTracker(30), sessions=lambda: (0, (), None, ""), jobs=lambda: {"jobs": []},
                       workers=lambda: 0, controller_stopped=lambda: True, log=lines.append)
     assert watch.step({"jobs": []}, 0, 100) is False
-    assert watch.started and api.workloads[("StatefulSet", "slurmctld")]["metadata"]["annotations"][ct.A_STATE] == "awake"
+    assert watch.started and api.workloads[("StatefulSet", "slurmctld")]["metadata"]["annotations"][A_STATE] == "awake"
     assert watch.step({"jobs": [{"job_state": ["RUNNING"]}]}, 1, 120) is False
     assert watch.step({"jobs": []}, 0, 130) is False
     assert watch.step({"jobs": []}, 0, 161) is True
@@ -196,10 +200,10 @@ def test_idle_watch_sleeps_the_tier_after_the_teardown():
 
 
 def test_agent_wakes_once_and_answers_awake_after(tmp_path):
-    api = ct.FakeTierApi()
+    api = FakeTierApi()
     api.add("StatefulSet", "slurmctld", "slurmctld", replicas=0)
     tier, _ = _tier(api)
-    agent = ct.Agent(tier, str(tmp_path / "sessions"))
+    agent = Agent(tier, str(tmp_path / "sessions"))
     out = []
     agent.handle("wake alice sbatch", out.append)
     assert out[0] == "progress waking the control tier (sbatch by alice on the login pod)" and out[-1] == "ok woken"
@@ -214,23 +218,23 @@ def test_agent_wakes_once_and_answers_awake_after(tmp_path):
 
 def test_the_agent_never_waits_for_its_own_login_pod(tmp_path):
     # login sleeps with the tier; its restarted pod asks to wake before it can become ready
-    api = ct.FakeTierApi(ready_after=10**6)
+    api = FakeTierApi(ready_after=10**6)
     api.add("StatefulSet", "slurmctld", "slurmctld")
     api.add("Deployment", "login", "login")
     api.workloads[("Deployment", "login")]["status"]["readyReplicas"] = 0  # this very pod, starting
     tier, _ = _tier(api)
     out = []
-    ct.Agent(tier, str(tmp_path / "sessions"), timeout=30).handle("wake root login-pod-start", out.append)
+    Agent(tier, str(tmp_path / "sessions"), timeout=30).handle("wake root login-pod-start", out.append)
     assert out == ["ok awake"] and api.calls == []
 
 
 def test_a_request_during_a_wake_waits_for_it_and_hears_woken(tmp_path):
-    api = ct.FakeTierApi(ready_after=3)
+    api = FakeTierApi(ready_after=3)
     api.add("StatefulSet", "slurmctld", "slurmctld", replicas=0)
     tier, _ = _tier(api)
     gate = threading.Event()
     tier.sleep = lambda s: gate.wait(5)  # the first wake blocks while polling readiness
-    agent = ct.Agent(tier, str(tmp_path / "sessions"))
+    agent = Agent(tier, str(tmp_path / "sessions"))
     first, second = [], []
     t1 = threading.Thread(target=agent.handle, args=("wake alice ssh-login", first.append))
     t1.start()
@@ -250,13 +254,13 @@ def test_a_request_during_a_wake_waits_for_it_and_hears_woken(tmp_path):
 
 def test_activity_document_says_when_the_count_is_missing_or_stale(tmp_path):
     f = tmp_path / "sessions"
-    assert ct.activity_doc(str(f), None, 100)["sessions"] is None
+    assert activity_doc(str(f), None, 100)["sessions"] is None
     f.write_text("100 2 alice,bob\n")
-    assert ct.activity_doc(str(f), 90.0, 110) == {"sessions": 2, "users": ["alice", "bob"], "updated": 100.0,
+    assert activity_doc(str(f), 90.0, 110) == {"sessions": 2, "users": ["alice", "bob"], "updated": 100.0,
                                                   "last_request": 90.0}
-    assert "old" in ct.activity_doc(str(f), None, 200)["error"]
-    assert ct.activity_from_doc({"sessions": 0, "users": [], "last_request": None}) == (0, (), None, "")
-    assert ct.activity_from_doc(None, "no answer")[0] is None
+    assert "old" in activity_doc(str(f), None, 200)["error"]
+    assert activity_from_doc({"sessions": 0, "users": [], "last_request": None}) == (0, (), None, "")
+    assert activity_from_doc(None, "no answer")[0] is None
 
 
 # ---------------------------------------------------------------- manifests
@@ -398,7 +402,7 @@ def test_session_count_counts_sshd_sessions_of_cluster_users(tmp_path):
         deadline = time.monotonic() + 10
         got = None
         while time.monotonic() < deadline:
-            got = ct.read_activity_file(str(out))
+            got = read_activity_file(str(out))
             if got and got[1] >= 1:
                 break
             time.sleep(0.1)
@@ -408,7 +412,7 @@ def test_session_count_counts_sshd_sessions_of_cluster_users(tmp_path):
         proc.wait()
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
-            got = ct.read_activity_file(str(out))
+            got = read_activity_file(str(out))
             if got and got[1] == 0:
                 break
             time.sleep(0.1)
@@ -448,23 +452,24 @@ def test_a_sleep_that_fails_before_slurmctld_records_awake_again():
 
     def scale(ns, kind, name, replicas):
         if name == "slurmctld":
-            from provisioner.kube import ApiError
+            from provisioner.kubeapi import ApiError
             raise ApiError(403, "Forbidden", "statefulsets/scale slurmctld")
         orig(ns, kind, name, replicas)
 
     api.scale = scale
-    with pytest.raises(ct.TierError, match="RBAC"):
+    with pytest.raises(TierError, match="RBAC"):
         tier.sleep_tier("idle", recheck=lambda: "", controller_stopped=lambda: True)
     assert api.workloads[("Deployment", "login")]["spec"]["replicas"] == 1
     ann = api.workloads[("StatefulSet", "slurmctld")]["metadata"]["annotations"]
-    assert ann[ct.A_STATE] == "awake" and ann[ct.A_REASON].startswith("sleep failed: cannot scale statefulset/slurmctld")
+    assert ann[A_STATE] == "awake" and ann[A_REASON].startswith("sleep failed: cannot scale statefulset/slurmctld")
 
 
 def test_idle_watch_is_off_without_idle_teardown_or_a_readable_spec(tmp_path):
     import json as _json
 
     from provisioner.elastic.programs import Log
-    from provisioner.reconcile import SlurmCli, idle_watch_from_env
+    from provisioner.reconcile.idle import idle_watch_from_env
+    from provisioner.slurm.commands import SlurmCli
 
     log = Log("test", str(tmp_path / "r.log"))
     spec = tmp_path / "spec.json"

@@ -8,9 +8,11 @@ import time
 from pathlib import Path
 
 import pytest
+from fakes.backend import FakeBackend
+from fakes.slurm import FakeSlurm
 
-from provisioner.elastic import programs
-from provisioner.elastic.backend import BACKENDS, BackendError, FakeBackend, Worker, backend_from_env
+from provisioner.elastic import programs, prolog
+from provisioner.elastic.backend import BACKENDS, BackendError, Worker, backend_from_env
 from provisioner.elastic.docker_backend import DockerConfig, container_spec
 from provisioner.elastic.plan import (
     Action,
@@ -22,9 +24,16 @@ from provisioner.elastic.plan import (
     plan_resume_fail,
     plan_suspend,
 )
-from provisioner.elastic.programs import Context, Log, run_resume, run_resume_fail, run_suspend, wait_for_boot
-from provisioner.elastic.slurmcmd import FakeSlurm, down_argv, resume_argv
+from provisioner.elastic.programs import (
+    Context,
+    Log,
+    run_resume,
+    run_resume_fail,
+    run_suspend,
+)
+from provisioner.elastic.prolog import wait_for_boot
 from provisioner.inventory import Inventory, SlurmNode
+from provisioner.slurm.commands import down_argv, resume_argv
 
 RESUME_FILE = json.dumps({
     "all_nodes_resume": "cpu-[0-2]",
@@ -376,23 +385,23 @@ def test_prolog_main_never_fails(monkeypatch, tmp_path: Path):
     monkeypatch.setenv("SLURM_JOB_ID", "7")
     monkeypatch.setenv("SLURM_JOB_NODELIST", "cpu-0")
     monkeypatch.setenv("SLURMK8S_PROLOG_TIMEOUT", "0.3")
-    monkeypatch.setattr(programs, "node_states", lambda nodelist: None)  # sinfo failing
-    assert programs.prolog_main() == 0
+    monkeypatch.setattr(prolog, "node_states", lambda nodelist: None)  # sinfo failing
+    assert prolog.prolog_main() == 0
     assert "job 7 nodes cpu-0: timeout" in log.read_text()
 
     def boom(nodelist):
         raise RuntimeError("bug")
 
-    monkeypatch.setattr(programs, "node_states", boom)
-    assert programs.prolog_main() == 0
+    monkeypatch.setattr(prolog, "node_states", boom)
+    assert prolog.prolog_main() == 0
     assert "internal error, job released anyway: RuntimeError: bug" in log.read_text()
 
 
 def test_resume_timeout_from_conf(tmp_path: Path):
     conf = tmp_path / "slurm.conf"
     conf.write_text("# c\nResumeTimeout=60\nSuspendTime=10 # x\n")
-    assert programs.resume_timeout_from_conf(str(conf)) == 60
-    assert programs.resume_timeout_from_conf(str(tmp_path / "none")) is None
+    assert prolog.resume_timeout_from_conf(str(conf)) == 60
+    assert prolog.resume_timeout_from_conf(str(tmp_path / "none")) is None
 
 
 def test_prolog_module_stays_light():

@@ -10,22 +10,16 @@ import uuid
 from pathlib import Path
 
 import pytest
-
 from factories import node
+from fakes.kube import FakePodApi
+
 from provisioner import manifests as m
 from provisioner.config import parse_spec
 from provisioner.elastic.backend import BackendError
+from provisioner.elastic.k8s_backend import ClientPodApi, KubernetesBackend, from_env, worker_from_pod
 from provisioner.generate import generate
 from provisioner.inventory import SlurmNode, nodes_from_api
-from provisioner.kube import (
-    ApiError,
-    ClientPodApi,
-    FakePodApi,
-    KubernetesBackend,
-    api_error_from,
-    from_env,
-    worker_from_pod,
-)
+from provisioner.kubeapi import ApiError, api_error_from
 
 NS = "slurm-t"
 
@@ -394,14 +388,14 @@ def test_e2e_invalid_pod_is_a_readable_error(live):
 
 def test_in_cluster_credentials_without_the_service_env(tmp_path):
     """Slurm starts ResumeProgram with a reduced environment: the mounted token is enough."""
-    from provisioner.kube import _api_client
+    from provisioner.kubeapi import api_client
 
     (tmp_path / "token").write_text("tok")
     (tmp_path / "ca.crt").write_text("-----BEGIN CERTIFICATE-----\n")
-    api = _api_client({}, sa_dir=str(tmp_path))
+    api = api_client(env={}, sa_dir=str(tmp_path))
     assert api.configuration.host == "https://kubernetes.default.svc:443"
     assert api.configuration.get_api_key_with_prefix("BearerToken").lower() == "bearer tok"
-    api = _api_client({"KUBERNETES_SERVICE_HOST": "10.0.0.1", "KUBERNETES_SERVICE_PORT": "6443"},
+    api = api_client(env={"KUBERNETES_SERVICE_HOST": "10.0.0.1", "KUBERNETES_SERVICE_PORT": "6443"},
                       sa_dir=str(tmp_path))
     assert api.configuration.host == "https://10.0.0.1:6443"
 
@@ -410,7 +404,7 @@ def test_tls_verification_failure_is_named_and_not_retried(world):
     """Seen in the slurmctld pod (Python 3.13 verifies X.509 strictly) against a CA without keyUsage."""
     from urllib3.exceptions import MaxRetryError, SSLError
 
-    from provisioner.kube import transport_error
+    from provisioner.kubeapi import transport_error
 
     inner = SSLError("[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed: CA cert does not include key "
                      "usage extension (_ssl.c:1029)")
@@ -425,7 +419,7 @@ def test_tls_verification_failure_is_named_and_not_retried(world):
 
 
 def test_worker_from_pod_reports_the_containers_last_death():
-    from provisioner.kube import worker_from_pod
+    from provisioner.elastic.k8s_backend import worker_from_pod
 
     pod = {"metadata": {"name": "cpu-0", "labels": {"slurmk8s.io/node": "cpu-0"},
                         "creationTimestamp": "2026-01-01T00:00:00Z"},

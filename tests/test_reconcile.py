@@ -10,28 +10,32 @@ import re
 from pathlib import Path
 
 import pytest
+from fakes.backend import FakeBackend
+from fakes.ledger import MemoryLedger
+from fakes.slurm import FakeSlurm, FakeSlurmClient
 
-from provisioner import reconcile as rc
 from provisioner.elastic import programs
-from provisioner.elastic.backend import BackendError, FakeBackend, Worker
-from provisioner.elastic.plan import Reason
-from provisioner.elastic.programs import Context, Log, run_resume, run_resume_fail, run_suspend
-from provisioner.elastic.slurmcmd import FakeSlurm
-from provisioner.inventory import Inventory, SlurmNode
-from provisioner.reconcile import (
-    ACTIONS,
-    FakeSlurmClient,
+from provisioner.elastic.backend import BackendError, Worker
+from provisioner.elastic.events import DEFAULT_EVENTS, EventTail
+from provisioner.elastic.ledger import (
+    DEFAULT_LEDGER,
+    Failure,
     FileLedger,
-    Kind,
-    MemoryLedger,
-    Op,
+    LedgerError,
     Policy,
     PoolHistory,
-    Snapshot,
-    classify,
-    parse_nodes,
-    run_once,
+    active_backoffs,
+    backoff_until,
 )
+from provisioner.elastic.plan import Reason
+from provisioner.elastic.programs import Context, Log, run_resume, run_resume_fail, run_suspend
+from provisioner.inventory import Inventory, SlurmNode
+from provisioner.reconcile.act import Report, run_once
+from provisioner.reconcile.classify import ACTIONS, Finding, Kind, Op, Snapshot, classify
+from provisioner.reconcile.main import _deployment_id
+from provisioner.reconcile.metrics import Metrics, dashboard_queries, exported_names, metric_catalog, metrics_markdown
+from provisioner.reconcile.usage import Usage, UsageFile, resume_usage
+from provisioner.slurm.state import _num, parse_jobs, parse_nodes, running_since
 
 NOW = 1_800_000_000.0
 POLICY = Policy(grace=20, pending_timeout=60, unschedulable_timeout=180, backoff_failures=3,
@@ -72,7 +76,7 @@ def kinds(s: Snapshot, now: float = NOW, policy: Policy = POLICY) -> dict[str, K
     return {f.node: f.kind for f in classify(s, now, policy)}
 
 
-def only(s: Snapshot, name: str) -> rc.Finding:
+def only(s: Snapshot, name: str) -> Finding:
     [f] = [f for f in classify(s, NOW, POLICY) if f.node == name]
     return f
 
@@ -90,11 +94,11 @@ def test_parse_nodes_reads_24_11_numbers_and_state_lists():
     assert not c.busy and c.summary == "powering_up"  # allocated, but no worker has booted yet
     [p] = parse_nodes({"nodes": [powered_down("b")]}).values()
     assert p.powered_down and p.booted_at is None and p.summary == "powered_down"
-    assert rc._num({"set": False, "number": 5}) is None and rc._num({"set": True, "infinite": True}) is None
+    assert _num({"set": False, "number": 5}) is None and _num({"set": True, "infinite": True}) is None
 
 
 def test_parse_jobs_configuring_counts_as_pending():
-    jobs = rc.parse_jobs({"jobs": [
+    jobs = parse_jobs({"jobs": [
         {"job_id": 1, "partition": "cpu", "job_state": ["RUNNING", "CONFIGURING"],
          "submit_time": {"set": True, "number": 10}, "start_time": {"set": True, "number": 12}},
         {"job_id": 2, "partition": "cpu", "job_state": ["RUNNING"]}]})
@@ -226,7 +230,7 @@ def test_down_by_an_admin_is_left_alone():
 
 
 def test_pool_backoff_and_recovery_findings():
-    failures = tuple(rc.Failure(f"cpu-{i}", NOW - 100 + i, "ErrImagePull") for i in range(3))
+    failures = tuple(Failure(f"cpu-{i}", NOW - 100 + i, "ErrImagePull") for i in range(3))
     history = {"cpu": PoolHistory(failures)}
     s = snap([up("cpu-1")], [worker("cpu-1", age=300)], history=history)
     found = classify(s, NOW, POLICY)
@@ -247,15 +251,15 @@ def test_every_kind_has_an_action_row_and_every_op_is_used():
 
 
 def hist(*ats: float, last_success: float | None = None) -> PoolHistory:
-    return PoolHistory(tuple(rc.Failure(f"n{i}", at, "x") for i, at in enumerate(ats)), last_success)
+    return PoolHistory(tuple(Failure(f"n{i}", at, "x") for i, at in enumerate(ats)), last_success)
 
 
 def test_backoff_needs_n_failures_within_the_window_after_the_last_success():
-    assert rc.backoff_until(hist(NOW - 30, NOW - 20), NOW, POLICY) is None
-    assert rc.backoff_until(hist(NOW - 30, NOW - 20, NOW - 10), NOW, POLICY) == NOW - 10 + 300
-    assert rc.backoff_until(hist(NOW - 900, NOW - 20, NOW - 10), NOW, POLICY) is None  # one out of the window
-    assert rc.backoff_until(hist(NOW - 30, NOW - 20, NOW - 10, last_success=NOW - 25), NOW, POLICY) is None
-    assert rc.backoff_until(hist(NOW - 330, NOW - 320, NOW - 310), NOW, POLICY) is None  # cooled off
+    assert backoff_until(hist(NOW - 30, NOW - 20), NOW, POLICY) is None
+    assert backoff_until(hist(NOW - 30, NOW - 20, NOW - 10), NOW, POLICY) == NOW - 10 + 300
+    assert backoff_until(hist(NOW - 900, NOW - 20, NOW - 10), NOW, POLICY) is None  # one out of the window
+    assert backoff_until(hist(NOW - 30, NOW - 20, NOW - 10, last_success=NOW - 25), NOW, POLICY) is None
+    assert backoff_until(hist(NOW - 330, NOW - 320, NOW - 310), NOW, POLICY) is None  # cooled off
 
 
 def test_memory_ledger_dedupes_one_nodes_repeat_and_success_resets():
@@ -266,9 +270,9 @@ def test_memory_ledger_dedupes_one_nodes_repeat_and_success_resets():
     assert [f.node for f in led.load()["cpu"].failures] == ["cpu-0", "cpu-1"]
     led.record_failure("cpu", "cpu-0", "again", NOW + 200)  # a later attempt counts
     assert len(led.load()["cpu"].failures) == 3
-    assert rc.active_backoffs(led, NOW + 201, POLICY)["cpu"].startswith("3 consecutive")
+    assert active_backoffs(led, NOW + 201, POLICY)["cpu"].startswith("3 consecutive")
     led.record_success("cpu", NOW + 202)
-    assert rc.active_backoffs(led, NOW + 203, POLICY) == {}
+    assert active_backoffs(led, NOW + 203, POLICY) == {}
 
 
 def test_file_ledger_survives_a_new_instance(tmp_path):
@@ -284,13 +288,13 @@ def test_file_ledger_survives_a_new_instance(tmp_path):
 def test_file_ledger_unreadable_is_a_ledger_error(tmp_path):
     path = tmp_path / "ledger.json"
     path.write_text("{not json")
-    with pytest.raises(rc.LedgerError, match="cannot read the failure ledger"):
+    with pytest.raises(LedgerError, match="cannot read the failure ledger"):
         FileLedger(str(path)).load()
     assert FileLedger(str(tmp_path / "absent.json")).load() == {}
 
 
 def test_programs_and_reconcile_agree_on_the_ledger_path():
-    assert programs.DEFAULT_LEDGER == rc.DEFAULT_LEDGER and programs.DEFAULT_EVENTS == rc.DEFAULT_EVENTS
+    assert programs.DEFAULT_LEDGER == DEFAULT_LEDGER and programs.DEFAULT_EVENTS == DEFAULT_EVENTS
 
 
 # ---------------------------------------------------------------- run_once
@@ -469,7 +473,7 @@ def test_programs_without_ledger_or_events_settings_touch_no_files(tmp_path, mon
 def test_event_tail_starts_at_the_end_and_handles_partial_lines_and_truncation(tmp_path):
     path = tmp_path / "events.jsonl"
     path.write_text('{"old": 1}\n')
-    tail = rc.EventTail(str(path))
+    tail = EventTail(str(path))
     assert tail.read() == []
     with open(path, "a") as fh:
         fh.write('{"a": 1}\n{"b"')
@@ -479,13 +483,13 @@ def test_event_tail_starts_at_the_end_and_handles_partial_lines_and_truncation(t
     assert tail.read() == [{"b": 2}]
     path.write_text('{"c": 3}\n')  # rotated / truncated
     assert tail.read() == [{"c": 3}]
-    assert rc.EventTail(str(tmp_path / "missing")).read() == []
+    assert EventTail(str(tmp_path / "missing")).read() == []
 
 
 def test_event_tail_counts_the_first_events_of_a_file_created_after_the_start(tmp_path):
     # a fresh cluster: the loop starts before the first resume creates the events file
     path = tmp_path / "events.jsonl"
-    tail = rc.EventTail(str(path))
+    tail = EventTail(str(path))
     assert tail.read() == []
     path.write_text('{"program": "resume", "outcome": "ok"}\n')
     assert tail.read() == [{"program": "resume", "outcome": "ok"}]
@@ -496,14 +500,14 @@ def test_event_tail_counts_the_first_events_of_a_file_created_after_the_start(tm
 
 
 def test_metrics_move_with_a_pass():
-    m = rc.Metrics()
+    m = Metrics()
     started = NOW - 1000
     inv = inventory()
     s = snap([up("cpu-0"), powered_down("cpu-1"), node_json("cpu-2", "IDLE", "CLOUD", "POWERING_UP")],
              [Worker("cpu-0", "Running", created_at=NOW - 30, ready_at=NOW - 27.5),
               Worker("cpu-2", "Pending", created_at=NOW - 1)], inv)
-    report = rc.Report(findings=classify(s, NOW, POLICY), snapshot=s)
-    jobs = rc.parse_jobs({"jobs": [
+    report = Report(findings=classify(s, NOW, POLICY), snapshot=s)
+    jobs = parse_jobs({"jobs": [
         {"job_id": 7, "partition": "cpu", "job_state": ["RUNNING"], "submit_time": {"set": True, "number": NOW - 40},
          "start_time": {"set": True, "number": NOW - 37}},
         {"job_id": 8, "partition": "cpu", "job_state": ["PENDING"]}]})
@@ -536,8 +540,8 @@ def test_metrics_move_with_a_pass():
     assert value('slurmk8s_reconcile_passes_total{outcome="ok"}') == 2
 
 
-def dashboard_queries() -> list[str]:
-    return rc.dashboard_queries(json.loads(DASHBOARD.read_text()))
+def our_dashboard_queries() -> list[str]:
+    return dashboard_queries(json.loads(DASHBOARD.read_text()))
 
 
 PROMQL_KEYWORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and", "or", "unless",
@@ -573,8 +577,8 @@ def test_promql_metric_names_parses_what_a_regex_on_the_prefix_would_miss():
 
 
 def test_dashboard_queries_use_only_exported_metrics():
-    exported = rc.exported_names(rc.Metrics().registry)
-    queries = dashboard_queries()
+    exported = exported_names(Metrics().registry)
+    queries = our_dashboard_queries()
     assert len(queries) >= 10
     used = set()
     for q in queries:
@@ -592,7 +596,7 @@ def test_dashboard_queries_use_only_exported_metrics():
 
 
 def test_dashboard_check_would_catch_a_typo():
-    exported = rc.exported_names(rc.Metrics().registry)
+    exported = exported_names(Metrics().registry)
     assert "slurmk8s_jobs" in exported and "slurmk8s_job_pending" not in exported
     assert "slurmk8s_node_busy_seconds_total" in exported and "slurmk8s_node_busy_seconds" not in exported
     assert promql_metric_names("sum by (pool) (rate(slurmk8s_node_busy_seconds[5m]))") - exported == {
@@ -607,13 +611,13 @@ def test_readme_metrics_table_is_current():
     begin, end = "<!-- metrics-table: generated by `slurmk8s-reconcile --metrics-table` -->\n", "<!-- /metrics-table -->"
     assert begin in text and end in text, "README lacks the generated metrics table markers"
     current = text.split(begin, 1)[1].split(end, 1)[0]
-    assert current == rc.metrics_markdown(), \
+    assert current == metrics_markdown(), \
         "README's metrics table is stale: replace it with the output of `slurmk8s-reconcile --metrics-table`"
 
 
 def test_metric_catalog_lists_every_family_with_its_labels():
-    catalog = {d.name: d for d in rc.metric_catalog(rc.Metrics())}
-    exported = rc.exported_names(rc.Metrics().registry)
+    catalog = {d.name: d for d in metric_catalog(Metrics())}
+    exported = exported_names(Metrics().registry)
     for name, d in catalog.items():
         assert (name if d.kind != "histogram" else name + "_bucket") in exported, name
     assert catalog["slurmk8s_jobs"].labels == ("partition", "state")
@@ -623,13 +627,13 @@ def test_metric_catalog_lists_every_family_with_its_labels():
 
 
 def test_health_drained_nodes_are_counted_by_check():
-    m = rc.Metrics()
+    m = Metrics()
     s = snap([node_json("cpu-0", "IDLE", "DRAIN", "CLOUD", reason="health: memory: 300MiB available ..."),
               node_json("cpu-1", "ALLOCATED", "DRAIN", "CLOUD", reason="health: mpi: 2-rank loopback exit 3"),
               node_json("cpu-2", "IDLE", "DRAIN", "CLOUD", reason="maintenance by alice"),
               node_json("cpu-3", "IDLE", "CLOUD", reason="health: disk: old reason, no longer drained")],
              [worker("cpu-0"), worker("cpu-1"), worker("cpu-2"), worker("cpu-3")])
-    report = rc.Report(findings=classify(s, NOW, POLICY), snapshot=s)
+    report = Report(findings=classify(s, NOW, POLICY), snapshot=s)
     m.observe_pass(report, [], NOW, NOW - 100, 0.1, [])
     text = m.exposition().decode()
     assert 'slurmk8s_health_drained_nodes{check="memory",pool="cpu"} 1.0' in text
@@ -637,7 +641,7 @@ def test_health_drained_nodes_are_counted_by_check():
     assert "disk" not in re.findall(r"^slurmk8s_health_drained_nodes\S*", text, re.M).__str__()
     # undrained on the next pass: the gauge drops to 0
     s2 = snap([node_json("cpu-0", "IDLE", "CLOUD", "POWERED_DOWN", reason="health: memory: ...")], [])
-    m.observe_pass(rc.Report(findings=classify(s2, NOW, POLICY), snapshot=s2), [], NOW + 10, NOW - 100, 0.1, [])
+    m.observe_pass(Report(findings=classify(s2, NOW, POLICY), snapshot=s2), [], NOW + 10, NOW - 100, 0.1, [])
     assert 'slurmk8s_health_drained_nodes{check="memory",pool="cpu"} 0.0' in m.exposition().decode()
 
 
@@ -645,53 +649,55 @@ def test_health_drained_nodes_are_counted_by_check():
 
 
 def test_usage_tally_continues_after_a_restart_and_restarts_with_a_new_deployment(tmp_path):
-    f = rc.UsageFile(str(tmp_path / "slurmk8s" / "usage.json"))
+    f = UsageFile(str(tmp_path / "slurmk8s" / "usage.json"))
     assert f.load() is None
-    first, why = rc.resume_usage(f.load(), "sts-uid-1", NOW)
+    first, why = resume_usage(f.load(), "sts-uid-1", NOW)
     assert first.since == NOW and "counting from now" in why
-    m = rc.Metrics()
+    m = Metrics()
     m.restore_usage(first)
     s = snap([up("cpu-0")], [worker("cpu-0")])
-    report = rc.Report(findings=classify(s, NOW, POLICY), snapshot=s)
+    report = Report(findings=classify(s, NOW, POLICY), snapshot=s)
     m.observe_pass(report, [], NOW + 10, NOW, 0.1, [])
     m.observe_pass(report, [], NOW + 40, NOW, 0.1, [])  # 30 s provisioned and busy
     f.save(m.usage("sts-uid-1"))
     saved = f.load()
-    assert saved == rc.Usage("sts-uid-1", NOW, {"cpu": 30.0}, {"cpu": 30.0})
+    assert saved == Usage("sts-uid-1", NOW, {"cpu": 30.0}, {"cpu": 30.0})
 
     # a restart (or a wake from sleep: same StatefulSet) continues the counters from the file
-    again, why = rc.resume_usage(saved, "sts-uid-1", NOW + 100)
+    again, why = resume_usage(saved, "sts-uid-1", NOW + 100)
     assert again == saved and "continuing" in why
-    m2 = rc.Metrics()
+    m2 = Metrics()
     m2.restore_usage(again)
     text = m2.exposition().decode()
     assert 'slurmk8s_node_provisioned_seconds_total{pool="cpu"} 30.0' in text
     since = re.search(r"^slurmk8s_usage_since_timestamp_seconds (\S+)$", text, re.M)
     assert since and float(since.group(1)) == NOW
     # the deployment cannot be told (not on Kubernetes, or the pod unreadable): continue
-    assert rc.resume_usage(saved, "", NOW + 100)[0].provisioned == {"cpu": 30.0}
+    assert resume_usage(saved, "", NOW + 100)[0].provisioned == {"cpu": 30.0}
     # a new `up` (new StatefulSet) starts over
-    fresh, why = rc.resume_usage(saved, "sts-uid-2", NOW + 200)
-    assert fresh == rc.Usage("sts-uid-2", NOW + 200) and "earlier deployment" in why
+    fresh, why = resume_usage(saved, "sts-uid-2", NOW + 200)
+    assert fresh == Usage("sts-uid-2", NOW + 200) and "earlier deployment" in why
 
 
 def test_usage_file_errors_name_the_file(tmp_path):
     bad = tmp_path / "usage.json"
     bad.write_text("{not json")
-    with pytest.raises(rc.LedgerError, match="usage.json"):
-        rc.UsageFile(str(bad)).load()
+    with pytest.raises(LedgerError, match="usage.json"):
+        UsageFile(str(bad)).load()
     bad.write_text('{"deployment": "x"}')
-    with pytest.raises(rc.LedgerError, match="since"):
-        rc.UsageFile(str(bad)).load()
+    with pytest.raises(LedgerError, match="since"):
+        UsageFile(str(bad)).load()
     blocked = tmp_path / "file"
     blocked.write_text("")
-    with pytest.raises(rc.LedgerError, match="cannot write"):
-        rc.UsageFile(str(blocked / "usage.json")).save(rc.Usage("", NOW))
+    with pytest.raises(LedgerError, match="cannot write"):
+        UsageFile(str(blocked / "usage.json")).save(Usage("", NOW))
 
 
 def test_deployment_id_is_the_owning_statefulset_uid():
+    from fakes.kube import FakePodApi
+
     from provisioner.config import parse_spec
-    from provisioner.kube import FakePodApi, KubernetesBackend
+    from provisioner.elastic.k8s_backend import KubernetesBackend
 
     spec = parse_spec({"name": "t", "pools": [{"name": "cpu", "mode": "slots", "cpus": 1, "memory": "1Gi",
                                                "domains": [{"name": "a", "count": 1}]}],
@@ -710,12 +716,12 @@ def test_deployment_id_is_the_owning_statefulset_uid():
 
     import os
     os.environ["HOSTNAME"] = "slurmctld-0"
-    assert rc._deployment_id(backend, Log()) == "" and "continuing the saved tally" in lines[0]
-    assert rc._deployment_id(FakeBackend(), Log()) == ""
+    assert _deployment_id(backend, Log()) == "" and "continuing the saved tally" in lines[0]
+    assert _deployment_id(FakeBackend(), Log()) == ""
 
 
 def test_kube_worker_ready_at_comes_from_the_ready_condition():
-    from provisioner.kube import worker_from_pod
+    from provisioner.elastic.k8s_backend import worker_from_pod
 
     pod = {"metadata": {"name": "cpu-0", "creationTimestamp": "2027-01-15T08:00:00Z"},
            "status": {"phase": "Running", "conditions": [
@@ -728,10 +734,10 @@ def test_kube_worker_ready_at_comes_from_the_ready_condition():
 
 
 def test_short_jobs_finished_between_passes_still_count_and_cancelled_ones_do_not():
-    m = rc.Metrics()
+    m = Metrics()
     s = snap([up("cpu-0")], [Worker("cpu-0", "Running", created_at=NOW - 30)], inventory())
-    report = rc.Report(findings=classify(s, NOW, POLICY), snapshot=s)
-    jobs = rc.parse_jobs({"jobs": [
+    report = Report(findings=classify(s, NOW, POLICY), snapshot=s)
+    jobs = parse_jobs({"jobs": [
         {"job_id": 9, "partition": "cpu", "job_state": ["COMPLETED"], "submit_time": {"set": True, "number": NOW - 9},
          "start_time": {"set": True, "number": NOW - 6}},
         {"job_id": 10, "partition": "cpu", "job_state": ["CANCELLED"], "submit_time": {"set": True, "number": NOW - 9},
@@ -779,10 +785,10 @@ def _job(job_id: int, nodes: str, start: float, state: str = "RUNNING") -> dict:
 
 
 def test_running_since_expands_hostlists_and_keeps_the_oldest_job():
-    jobs = rc.parse_jobs({"jobs": [_job(7, "cpu-[0-1]", NOW - 100), _job(8, "cpu-1", NOW - 300),
+    jobs = parse_jobs({"jobs": [_job(7, "cpu-[0-1]", NOW - 100), _job(8, "cpu-1", NOW - 300),
                                    _job(9, "cpu-2", NOW - 50, "COMPLETED"), _job(10, "", NOW)]})
     assert jobs[0].nodes == ("cpu-0", "cpu-1")
-    assert rc.running_since(jobs) == {"cpu-0": (NOW - 100, 7), "cpu-1": (NOW - 300, 8)}
+    assert running_since(jobs) == {"cpu-0": (NOW - 100, 7), "cpu-1": (NOW - 300, 8)}
 
 
 def test_container_died_under_a_running_job_sets_the_node_down_naming_the_pod():
@@ -801,7 +807,7 @@ def test_container_died_under_a_running_job_sets_the_node_down_naming_the_pod():
 
 
 def test_run_once_reads_the_queue_and_requeues_the_job_of_a_restarted_worker():
-    slurm = rc.FakeSlurmClient(nodes=[up("cpu-1")], job_list=[_job(42, "cpu-1", NOW - 120)])
+    slurm = FakeSlurmClient(nodes=[up("cpu-1")], job_list=[_job(42, "cpu-1", NOW - 120)])
     died = Worker("cpu-1", "Running", created_at=NOW - 600, died_at=NOW - 30, died_how="slurmd Error (exit 137)")
     log = Log("reconcile", stream=io.StringIO())
     report = run_once(slurm, FakeBackend({"cpu-1": died}), inventory(), MemoryLedger(POLICY), NOW, log, POLICY)

@@ -14,9 +14,13 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from provisioner import status as st
-from provisioner.reconcile import Metrics, Report, Snapshot, Usage, parse_nodes
-from provisioner.inventory import Inventory, SlurmNode
 from provisioner.elastic.backend import Worker
+from provisioner.inventory import Inventory, SlurmNode
+from provisioner.reconcile.act import Report
+from provisioner.reconcile.classify import Snapshot
+from provisioner.reconcile.metrics import Metrics
+from provisioner.reconcile.usage import Usage
+from provisioner.slurm.state import parse_nodes
 
 NOW = 1_800_000_000.0
 

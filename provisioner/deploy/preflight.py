@@ -252,7 +252,6 @@ def check_database(spec: ClusterSpec, api_client: Any, echo: Callable[[str], Any
     if ext is None:
         return
     from kubernetes import client
-    from kubernetes.client.exceptions import ApiException
 
     core = client.CoreV1Api(api_client)
     ns = spec.namespace_name

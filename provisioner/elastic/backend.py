@@ -8,7 +8,7 @@ DOWN reason, so it must say what went wrong in words an operator can act on.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Mapping, Protocol
 
 from ..errors import SlurmK8sError
@@ -47,28 +47,6 @@ class NodeBackend(Protocol):
     def list(self) -> Mapping[str, Worker]: ...
 
 
-@dataclass
-class FakeBackend:
-    """In-memory backend for unit tests; `fail` maps node name -> BackendError reason to raise."""
-
-    workers: dict[str, Worker] = field(default_factory=dict)
-    fail: dict[str, str] = field(default_factory=dict)
-    calls: list[tuple[str, str]] = field(default_factory=list)
-
-    def create(self, node: SlurmNode) -> None:
-        self.calls.append(("create", node.name))
-        if node.name in self.fail:
-            raise BackendError(node.name, self.fail[node.name])
-        self.workers.setdefault(node.name, Worker(node.name, "Running", host=node.k8s_node))
-
-    def delete(self, name: str) -> None:
-        self.calls.append(("delete", name))
-        self.workers.pop(name, None)
-
-    def list(self) -> Mapping[str, Worker]:
-        return dict(self.workers)
-
-
 class BackendFactory(Protocol):
     def __call__(self, env: Mapping[str, str]) -> NodeBackend: ...
 
@@ -77,7 +55,7 @@ class BackendFactory(Protocol):
 # NodeBackend. Imported lazily, so a backend's dependencies load only where it is used.
 BACKENDS: dict[str, str] = {
     "docker": "provisioner.elastic.docker_backend:from_env",
-    "kubernetes": "provisioner.kube:from_env",
+    "kubernetes": "provisioner.elastic.k8s_backend:from_env",
 }
 
 

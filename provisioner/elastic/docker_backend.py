@@ -25,6 +25,7 @@ import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from ..errors import SlurmK8sError
 from ..inventory import SlurmNode
 from .backend import BackendError, Worker
 
@@ -46,7 +47,7 @@ PHASES = {
 }
 
 
-class DockerError(Exception):
+class DockerError(SlurmK8sError):
     def __init__(self, status: int, message: str) -> None:
         self.status = status
         self.message = message

@@ -14,6 +14,7 @@ from typing import Any, Iterable, Mapping
 
 import hostlist
 
+from ..errors import SlurmK8sError
 from ..inventory import Inventory, SlurmNode
 from .backend import Worker
 
@@ -59,7 +60,7 @@ class Decision:
 # ---------------------------------------------------------------- inputs
 
 
-class InputError(ValueError):
+class InputError(SlurmK8sError, ValueError):
     """Slurm handed us something we cannot read (a bad hostlist or resume file)."""
 
 

@@ -34,21 +34,19 @@ import sys
 import time
 from typing import TYPE_CHECKING, Callable, Mapping, Sequence, TextIO
 
+from .events import DEFAULT_EVENTS
+from .ledger import DEFAULT_LEDGER
+
 if TYPE_CHECKING:
     from .backend import NodeBackend
     from .plan import Decision
-    from .slurmcmd import SlurmControl
+    from ..slurm.commands import SlurmControl
 
 DEFAULT_ENV_FILE = "/etc/slurmk8s/elastic.env"
 DEFAULT_LOG = "/var/log/slurmk8s/elastic.log"
 DEFAULT_INVENTORY = "/etc/slurm/inventory.json"
-DEFAULT_EVENTS = "/var/log/slurmk8s/events.jsonl"
 DEFAULT_BUDGET = 20.0
 DEFAULT_PARALLEL = 8
-PROLOG_POLL = 0.1
-PROLOG_DEFAULT_TIMEOUT = 300.0
-NOT_BOOTED = ("~", "#", "%")  # powered down, powering up, powering down
-GIVE_UP_STATES = ("down", "drain", "fail", "inval", "unknown")
 
 
 # ---------------------------------------------------------------- logging
@@ -160,101 +158,6 @@ def _env_float(env: Mapping[str, str], key: str, default: float) -> float:
 # ---------------------------------------------------------------- PrologSlurmctld
 
 
-def resume_timeout_from_conf(path: str) -> float | None:
-    """ResumeTimeout from slurm.conf (cheap scan, no parser import); None when absent/unreadable."""
-    try:
-        with open(path) as fh:
-            for line in fh:
-                key, sep, value = line.split("#", 1)[0].strip().partition("=")
-                if sep and key.strip().lower() == "resumetimeout":
-                    return float(value.strip())
-    except (OSError, ValueError):
-        return None
-    return None
-
-
-def node_states(nodelist: str, sinfo: str = "sinfo", timeout: float = 10.0) -> list[str] | None:
-    """`sinfo -h -N -n LIST -o %T` -> one extended state per node ('allocated#', 'idle~', ...)."""
-    import subprocess
-
-    try:
-        proc = subprocess.run([sinfo, "-h", "-N", "-n", nodelist, "-o", "%T"], capture_output=True,
-                              text=True, timeout=timeout, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if proc.returncode != 0:
-        return None
-    return proc.stdout.split()
-
-
-def booted(states: Sequence[str]) -> bool:
-    return bool(states) and not any(s.endswith(NOT_BOOTED) for s in states)
-
-
-def gave_up(states: Sequence[str]) -> bool:
-    """A node of the job is down / drained / failed: Slurm requeues the job, stop waiting."""
-    return any(s.rstrip("~#%*$@^-!").lower().startswith(GIVE_UP_STATES) for s in states)
-
-
-def wait_for_boot(
-    nodelist: str,
-    timeout: float,
-    states_of: Callable[[str], list[str] | None] | None = None,
-    clock: Callable[[], float] = time.monotonic,
-    sleep: Callable[[float], None] = time.sleep,
-    poll: float = PROLOG_POLL,
-) -> tuple[str, float, int, list[str] | None]:
-    """Poll until every node of `nodelist` booted -> (outcome, seconds waited, polls, last states).
-
-    outcome: 'booted', 'gave-up' (a node went DOWN/DRAIN: Slurm handles the job) or 'timeout'.
-    """
-    states_of = states_of or node_states
-    start = clock()
-    polls = 0
-    states: list[str] | None = None
-    while True:
-        states = states_of(nodelist)
-        polls += 1
-        if states is not None:
-            if booted(states):
-                return "booted", clock() - start, polls, states
-            if gave_up(states):
-                return "gave-up", clock() - start, polls, states
-        if clock() - start >= timeout:
-            return "timeout", clock() - start, polls, states
-        sleep(poll)
-
-
-def prolog_main() -> int:
-    """PrologSlurmctld: return once the job's nodes have booted, so Slurm launches it at once.
-
-    Never fails the job on its own: every outcome, even an internal error, exits 0 (a failing
-    PrologSlurmctld makes Slurm requeue or hold the job).
-    """
-    log: Log | None = None
-    env, env_error = _load_env()
-    try:
-        nodelist = env.get("SLURM_JOB_NODELIST", "")
-        job = env.get("SLURM_JOB_ID", "?")
-        if not nodelist:
-            Log("prolog", env.get("SLURMK8S_LOG", DEFAULT_LOG)).write(f"job {job}: no SLURM_JOB_NODELIST; exit 0")
-            return 0
-        timeout = _env_float(env, "SLURMK8S_PROLOG_TIMEOUT", 0.0) or resume_timeout_from_conf(
-            env.get("SLURM_CONF", "/etc/slurm/slurm.conf")) or PROLOG_DEFAULT_TIMEOUT
-        outcome, waited, polls, states = wait_for_boot(nodelist, timeout)
-        if polls > 1 or outcome != "booted" or env_error:  # nodes already up: stay quiet (runs for every job)
-            log = Log("prolog", env.get("SLURMK8S_LOG", DEFAULT_LOG))
-            log.write(f"job {job} nodes {nodelist}: {outcome} after {waited:.2f}s ({polls} polls, states {states})"
-                      + (f"; {env_error}" if env_error else ""))
-    except BaseException as err:  # noqa: BLE001 -- must never fail the job; logged, exit 0
-        try:
-            (log or Log("prolog", env.get("SLURMK8S_LOG", DEFAULT_LOG))).write(
-                f"internal error, job released anyway: {type(err).__name__}: {err}")
-        except OSError:
-            sys.stderr.write(f"slurmk8s-prolog-slurmctld: {type(err).__name__}: {err}\n")
-    return 0
-
-
 # ---------------------------------------------------------------- resume / suspend / resume-fail
 
 
@@ -325,7 +228,7 @@ def execute(
 
 def _set_down(slurm: "SlurmControl", failures: Mapping[str, str], log: Log) -> None:
     """Set failed nodes DOWN with their reason, one scontrol call per distinct reason."""
-    from .slurmcmd import SlurmCommandError
+    from ..slurm.commands import SlurmCommandError
 
     by_reason: dict[str, list[str]] = {}
     for node, reason in failures.items():
@@ -359,7 +262,7 @@ class Context:
     @property
     def slurm(self) -> "SlurmControl":
         if self._slurm is None:
-            from .slurmcmd import Scontrol
+            from ..slurm.commands import Scontrol
 
             self._slurm = Scontrol()
         return self._slurm
@@ -382,7 +285,7 @@ class Context:
         built without them (tests) has no ledger and writes no events.
         """
         if self._ledger is None and self.env.get("SLURMK8S_LEDGER"):
-            from ..reconcile import FileLedger, Policy
+            from .ledger import FileLedger, Policy
 
             self._ledger = FileLedger(self.env["SLURMK8S_LEDGER"], Policy.from_env(self.env))
         return self._ledger
@@ -458,7 +361,7 @@ def _fail_all(ctx: Context, names: Sequence[str], why: str) -> RunResult:
 
 def _pool_backoffs(ctx: Context) -> dict[str, str]:
     """pool -> refusal reason for the pools in backoff; {} when the ledger cannot be read (logged)."""
-    from ..reconcile import LedgerError, Policy, active_backoffs
+    from .ledger import LedgerError, Policy, active_backoffs
 
     ledger = ctx.ledger()
     if ledger is None:
@@ -472,7 +375,7 @@ def _pool_backoffs(ctx: Context) -> dict[str, str]:
 
 def _record_failures(ctx: Context, nodes: Mapping[str, str], inventory) -> None:
     """Failed resumes -> the pool failure ledger (drives the backoff)."""
-    from ..reconcile import LedgerError
+    from .ledger import LedgerError
 
     ledger = ctx.ledger()
     if ledger is None:
@@ -585,7 +488,7 @@ def run_resume_fail(args: Sequence[str], ctx: Context) -> RunResult:
     # is retried at most once per ResumeTimeout, and requeued jobs wait 120 s before they retry.
     clean = [n for n in names if n not in result.down]
     if clean:
-        from .slurmcmd import SlurmCommandError
+        from ..slurm.commands import SlurmCommandError
 
         try:
             ctx.slurm.return_to_service(clean)
@@ -596,7 +499,6 @@ def run_resume_fail(args: Sequence[str], ctx: Context) -> RunResult:
     return result
 
 
-DEFAULT_LEDGER = "/var/spool/slurmctld/slurmk8s/ledger.json"  # = reconcile.DEFAULT_LEDGER (not imported: prolog speed)
 
 
 def _main(program: str, run: Callable[[Sequence[str], Context], RunResult]) -> int:

@@ -6,6 +6,8 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from ..errors import SlurmK8sError
+
 KWOK_ANNOTATION = "kwok.x-k8s.io/node"
 KWOK_ANNOTATION_VALUE = "fake"
 KWOK_TAINT_KEY = KWOK_ANNOTATION
@@ -18,7 +20,7 @@ _NODE_NAME = re.compile(rf"^{_DNS_SUBDOMAIN}$")
 _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
 
 
-class KwokNodeError(ValueError):
+class KwokNodeError(SlurmK8sError, ValueError):
     """Invalid fake-node specification (the message says which part)."""
 
 

@@ -183,7 +183,7 @@ def test_resume_refuses_a_backed_off_pool_at_once(bed: Testbed):
     """Three recent failures of pool cpu in the ledger on the state volume: the next resume of a
     cpu node is refused within the program's first second, the node goes DOWN saying 'backoff'."""
     bed.power_down_all(timeout=60)  # the previous test's node may still sit idle (SuspendTime 60 s)
-    seed = ("import time; from provisioner.reconcile import FileLedger, DEFAULT_LEDGER\n"
+    seed = ("import time; from provisioner.elastic.ledger import FileLedger, DEFAULT_LEDGER\n"
             "for i in range(3): FileLedger(DEFAULT_LEDGER).record_failure('cpu', f'n{i}', 'ErrImagePull', time.time() - i)")
     bed.exec(bed.ctld, ["/opt/slurmk8s/bin/python", "-c", seed], user="slurm")
     job = bed.sbatch("-N1", "-o", "/dev/null", "--wrap", "true")
@@ -200,5 +200,5 @@ def test_resume_refuses_a_backed_off_pool_at_once(bed: Testbed):
     finally:
         bed.exec(bed.ctld, ["scancel", str(job)], check=False)
         bed.exec(bed.ctld, ["/opt/slurmk8s/bin/python", "-c",
-                            "import time; from provisioner.reconcile import FileLedger, DEFAULT_LEDGER\n"
+                            "import time; from provisioner.elastic.ledger import FileLedger, DEFAULT_LEDGER\n"
                             "FileLedger(DEFAULT_LEDGER).record_success('cpu', time.time())"], user="slurm", check=False)

@@ -4,7 +4,7 @@ Runs inside the slurmctld pod (ResumeProgram / SuspendProgram, ``SLURMK8S_BACKEN
 with the slurmctld ServiceAccount, which may only create/get/list/watch/delete pods in its own
 namespace. The pod comes from :func:`provisioner.manifests.worker_pod`, the same builder the Pulumi
 program stores as the pools' templates, fed with the spec mounted from the ``slurmk8s-spec``
-ConfigMap.
+ConfigMap. Its sibling for the Docker test bed is :mod:`provisioner.elastic.docker_backend`.
 
 Every call is idempotent and bounded: a create of a pod that is already there for the same node is
 a no-op; a dead (Failed / Succeeded) pod or one built from an older spec is replaced; a pod still
@@ -14,8 +14,8 @@ reason (it becomes the Slurm node's DOWN reason) and ``retryable`` set for trans
 failing API never turns into a crash loop.
 
 The API is reached through :class:`PodApi` (four calls, dicts in and out); :class:`ClientPodApi`
-implements it with the official client and :class:`FakePodApi` in memory, with the API server's
-semantics for names, conflicts, preconditions, graceful deletion and RBAC, for the tests.
+implements it over :mod:`provisioner.kubeapi` (the one seam to the API); the unit tests use an
+in-memory fake with the API server's semantics (tests/fakes/kube.py).
 """
 
 from __future__ import annotations
@@ -23,36 +23,22 @@ from __future__ import annotations
 import json
 import re
 import time
-import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol
 
-from . import manifests as m
-from .config import ClusterSpec, parse_spec
-from .elastic.backend import BackendError, Worker
-from .errors import SlurmK8sError
-from .inventory import SlurmNode
+from .. import manifests as m
+from ..config import ClusterSpec, parse_spec
+from ..errors import SlurmK8sError
+from ..inventory import SlurmNode
+from ..kubeapi import MAX_REASON, ApiError, KubeConfigError, api_client, raw_call
+from .backend import BackendError, Worker
 
 DEFAULT_SPEC = f"{m.SPEC_DIR}/spec.json"
 DEFAULT_SITE = f"{m.SPEC_DIR}/site.json"
 SA_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 TERMINAL_PHASES = frozenset({"Failed", "Succeeded"})
-MAX_REASON = 200
-
-
-# ---------------------------------------------------------------- the API boundary
-
-
-class ApiError(Exception):
-    """A failed API call: HTTP status (0 = no answer), the Status reason and message."""
-
-    def __init__(self, status: int, reason: str, message: str = "") -> None:
-        self.status = status
-        self.reason = reason
-        self.message = message
-        super().__init__(f"{status} {reason}: {message}")
 
 
 class PodApi(Protocol):
@@ -64,51 +50,6 @@ class PodApi(Protocol):
                uid: str | None = None) -> None: ...
 
     def list(self, namespace: str, label_selector: str) -> list[dict[str, Any]]: ...
-
-
-def api_error_from(exc: Exception) -> ApiError:
-    """kubernetes.client ApiException / urllib3 errors -> ApiError, message from the Status body."""
-    status = getattr(exc, "status", None)
-    if status is None or status == 0:
-        return ApiError(0, "Unreachable", str(exc).splitlines()[0][:MAX_REASON] if str(exc) else type(exc).__name__)
-    reason = getattr(exc, "reason", "") or ""
-    message = ""
-    body = getattr(exc, "body", None)
-    if body:
-        try:
-            doc = json.loads(body)
-        except (TypeError, ValueError):
-            message = str(body)[:MAX_REASON]
-        else:
-            if isinstance(doc, dict):
-                message = str(doc.get("message", ""))
-                reason = str(doc.get("reason") or reason)
-    return ApiError(int(status), reason, message)
-
-
-def transport_error(exc: Exception) -> ApiError:
-    """A connection-level failure: TLS verification (a setup problem, not transient) or no answer."""
-    text = str(exc)
-    tls = re.search(r"certificate verify failed: ([^(')\]]+)", text)
-    if tls:
-        return ApiError(0, "TLSVerify", tls.group(1).strip())
-    return ApiError(0, "Unreachable", f"{type(exc).__name__}: {text[:MAX_REASON]}")
-
-
-def raw_call(fn: Callable[..., Any], timeout: tuple[float, float], *args: Any, **kwargs: Any) -> Any:
-    """Call a kubernetes-client API method for its raw JSON (no model objects), with a request
-    timeout; refusals become ApiError with the API's words, transport failures an 'Unreachable' one."""
-    from kubernetes.client.exceptions import ApiException
-    from urllib3.exceptions import HTTPError
-
-    try:
-        resp = fn(*args, _preload_content=False, _request_timeout=timeout, **kwargs)
-    except ApiException as exc:
-        raise api_error_from(exc) from None
-    except (HTTPError, OSError) as exc:
-        raise transport_error(exc) from None
-    data = resp.data
-    return json.loads(data) if data else {}
 
 
 class ClientPodApi:
@@ -140,9 +81,6 @@ class ClientPodApi:
 
     def list(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
         return self._call(self._core.list_namespaced_pod, namespace, label_selector=label_selector).get("items", [])
-
-
-# ---------------------------------------------------------------- the backend
 
 
 def _epoch(ts: str | None) -> float | None:
@@ -356,9 +294,6 @@ class KubernetesBackend:
         return workers
 
 
-# ---------------------------------------------------------------- from the environment (in the slurmctld pod)
-
-
 def _read_json(path: str, what: str) -> Any:
     try:
         return json.loads(Path(path).read_text())
@@ -385,171 +320,9 @@ def from_env(env: Mapping[str, str]) -> KubernetesBackend:
     namespace = env.get("SLURMK8S_NAMESPACE", "")
     if not namespace and Path(SA_NAMESPACE_FILE).exists():
         namespace = Path(SA_NAMESPACE_FILE).read_text().strip()  # the ServiceAccount's own namespace
-    return KubernetesBackend(spec, ClientPodApi(_api_client(env)), namespace=namespace or spec.namespace_name,
-                             site=site)
-
-
-SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
-
-
-def _api_client(env: Mapping[str, str], sa_dir: str = SA_DIR) -> Any:
-    """In-cluster credentials when the ServiceAccount token is mounted, else KUBECONFIG.
-
-    Slurm runs ResumeProgram with a reduced environment, so KUBERNETES_SERVICE_HOST may be
-    missing even inside the pod: then the API is reached as kubernetes.default.svc (which every
-    pod resolves and the API server's certificate names).
-    """
-    from kubernetes import client, config
-    from kubernetes.config.incluster_config import InClusterConfigLoader
-
-    token = Path(sa_dir) / "token"
     try:
-        if env.get("KUBERNETES_SERVICE_HOST") or (token.exists() and not env.get("KUBECONFIG")):
-            cfg = client.Configuration()
-            InClusterConfigLoader(
-                token_filename=str(token), cert_filename=str(Path(sa_dir) / "ca.crt"),
-                environ={"KUBERNETES_SERVICE_HOST": env.get("KUBERNETES_SERVICE_HOST") or "kubernetes.default.svc",
-                         "KUBERNETES_SERVICE_PORT": env.get("KUBERNETES_SERVICE_PORT") or "443"},
-            ).load_and_set(cfg)
-            return client.ApiClient(cfg)
-        return config.new_client_from_config(config_file=env.get("KUBECONFIG") or None)
-    except config.ConfigException as err:
-        raise BackendError("*", f"no Kubernetes credentials (in-cluster or KUBECONFIG): {err}") from None
-
-
-# ---------------------------------------------------------------- an in-memory API server for tests
-
-_DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-
-
-def _status(code: int, reason: str, message: str) -> ApiError:
-    return ApiError(code, reason, message)
-
-
-@dataclass
-class FakePodApi:
-    """Pods in memory with the API server's behaviour that the backend relies on:
-
-    - create: 422 Invalid for a bad name or a missing container, 404 for an unknown namespace,
-      409 AlreadyExists for a taken name; new pods get uid, creationTimestamp, phase Pending and,
-      when their node affinity names a node, spec.nodeName (bound);
-    - delete: 404 NotFound; 409 Conflict when a uid precondition does not match; an unbound or
-      finished pod, or grace 0, goes at once, a bound running pod gets deletionTimestamp and goes
-      when its grace period has passed on the fake clock (``advance``, ``sleep``);
-    - list with an equality label selector; get;
-    - RBAC: ``allowed`` verbs (403 Forbidden with the API server's wording otherwise);
-    - ``fail_next``: errors to raise on the next calls (e.g. 500, 429, 0 = unreachable).
-    """
-
-    namespaces: set[str] = field(default_factory=set)
-    allowed: frozenset[str] = frozenset({"create", "get", "list", "watch", "delete"})
-    user: str = "system:serviceaccount:ns:slurmctld"
-    now: float = 1_700_000_000.0
-    pods: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
-    fail_next: list[ApiError] = field(default_factory=list)
-    calls: list[tuple[str, str]] = field(default_factory=list)
-    _gone_at: dict[tuple[str, str], float] = field(default_factory=dict)
-
-    # clock
-    def clock(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.advance(seconds)
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
-        for key, at in list(self._gone_at.items()):
-            if at <= self.now:
-                self.pods.pop(key, None)
-                self._gone_at.pop(key, None)
-
-    # kubelet stand-in
-    def set_phase(self, namespace: str, name: str, phase: str, *, waiting: str | None = None) -> None:
-        pod = self.pods[(namespace, name)]
-        pod["status"]["phase"] = phase
-        if waiting:
-            pod["status"]["containerStatuses"] = [{"name": "slurmd", "state": {"waiting": {"reason": waiting}}}]
-
-    def _check(self, verb: str, namespace: str) -> None:
-        self.calls.append((verb, namespace))
-        if self.fail_next:
-            raise self.fail_next.pop(0)
-        if verb not in self.allowed:
-            raise _status(403, "Forbidden", f'pods is forbidden: User "{self.user}" cannot {verb} resource "pods" '
-                                             f'in API group "" in the namespace "{namespace}"')
-
-    def create(self, namespace: str, body: Mapping[str, Any]) -> dict[str, Any]:
-        self._check("create", namespace)
-        pod = json.loads(json.dumps(body))
-        meta = pod.setdefault("metadata", {})
-        name = meta.get("name", "")
-        if self.namespaces and namespace not in self.namespaces:
-            raise _status(404, "NotFound", f'namespaces "{namespace}" not found')
-        if not name or len(name) > 253 or not _DNS1123.match(name):
-            raise _status(422, "Invalid", f'Pod "{name}" is invalid: metadata.name: Invalid value: "{name}": '
-                                          "a lowercase RFC 1123 subdomain must consist of ...")
-        if not (pod.get("spec") or {}).get("containers"):
-            raise _status(422, "Invalid", f'Pod "{name}" is invalid: spec.containers: Required value')
-        if meta.get("namespace", namespace) != namespace:
-            raise _status(400, "BadRequest", "the namespace of the provided object does not match the namespace "
-                                             "sent on the request")
-        if (namespace, name) in self.pods:
-            raise _status(409, "AlreadyExists", f'pods "{name}" already exists')
-        meta.update(namespace=namespace, uid=str(uuid.uuid4()),
-                    creationTimestamp=datetime.fromtimestamp(self.now, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-                    resourceVersion=str(len(self.calls)))
-        pod["status"] = {"phase": "Pending"}
-        node = _affinity_node(pod)
-        if node:
-            pod["spec"]["nodeName"] = node
-        self.pods[(namespace, name)] = pod
-        return json.loads(json.dumps(pod))
-
-    def get(self, namespace: str, name: str) -> dict[str, Any]:
-        self._check("get", namespace)
-        pod = self.pods.get((namespace, name))
-        if pod is None:
-            raise _status(404, "NotFound", f'pods "{name}" not found')
-        return json.loads(json.dumps(pod))
-
-    def delete(self, namespace: str, name: str, *, grace_seconds: int | None = None, uid: str | None = None) -> None:
-        self._check("delete", namespace)
-        key = (namespace, name)
-        pod = self.pods.get(key)
-        if pod is None:
-            raise _status(404, "NotFound", f'pods "{name}" not found')
-        if uid is not None and pod["metadata"]["uid"] != uid:
-            raise _status(409, "Conflict", f"Precondition failed: UID in precondition: {uid}, "
-                                           f"UID in object meta: {pod['metadata']['uid']}")
-        grace = grace_seconds if grace_seconds is not None else pod["spec"].get("terminationGracePeriodSeconds", 30)
-        bound = bool(pod["spec"].get("nodeName"))
-        if grace == 0 or not bound or pod["status"].get("phase") in TERMINAL_PHASES:
-            self.pods.pop(key)
-            self._gone_at.pop(key, None)
-            return
-        if "deletionTimestamp" not in pod["metadata"]:
-            pod["metadata"]["deletionTimestamp"] = "terminating"
-            pod["metadata"]["deletionGracePeriodSeconds"] = grace
-            self._gone_at[key] = self.now + grace
-
-    def list(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
-        self._check("list", namespace)
-        want = dict(part.split("=", 1) for part in label_selector.split(",") if part)
-        out = []
-        for (ns, _), pod in sorted(self.pods.items()):
-            labels = pod["metadata"].get("labels") or {}
-            if ns == namespace and all(labels.get(k) == v for k, v in want.items()):
-                out.append(json.loads(json.dumps(pod)))
-        return out
-
-
-def _affinity_node(pod: Mapping[str, Any]) -> str | None:
-    terms = (((pod.get("spec") or {}).get("affinity") or {}).get("nodeAffinity") or {}).get(
-        "requiredDuringSchedulingIgnoredDuringExecution", {}).get("nodeSelectorTerms") or []
-    for term in terms:
-        for f in term.get("matchFields") or []:
-            if f.get("key") == "metadata.name" and f.get("values"):
-                return f["values"][0]
-    return None
-
+        client = api_client(env=env)
+    except KubeConfigError as err:
+        raise BackendError("*", str(err)) from None
+    return KubernetesBackend(spec, ClientPodApi(client), namespace=namespace or spec.namespace_name,
+                             site=site)

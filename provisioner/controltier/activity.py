@@ -1,0 +1,67 @@
+"""The login pod's activity (SSH sessions, the last Slurm command) as the login agent serves it on
+``/activity`` and the reconcile loop reads it, and the probes the idle check uses.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from typing import Any, Mapping
+
+from .decision import ACTIVITY_STALE
+
+
+def read_activity_file(path: str) -> tuple[float, int, tuple[str, ...]] | None:
+    """The login container's session count: one line `EPOCH COUNT USER,USER`, rewritten every few
+    seconds by the login entrypoint (images/entrypoint/login.sh)."""
+    try:
+        with open(path) as fh:
+            parts = fh.read().split()
+    except OSError:
+        return None
+    try:
+        users = tuple(u for u in parts[2].split(",") if u) if len(parts) > 2 else ()
+        return float(parts[0]), int(parts[1]), users
+    except (IndexError, ValueError):
+        return None
+
+
+def activity_doc(path: str, last_request: float | None, now: float) -> dict[str, Any]:
+    got = read_activity_file(path)
+    if got is None:
+        return {"sessions": None, "error": f"no session count in {path} yet", "last_request": last_request}
+    at, count, users = got
+    if now - at > ACTIVITY_STALE:
+        return {"sessions": None, "error": f"session count is {now - at:.0f}s old", "last_request": last_request}
+    return {"sessions": count, "users": list(users), "updated": at, "last_request": last_request}
+
+
+def activity_from_doc(doc: Mapping[str, Any] | None, error: str = "") -> tuple[int | None, tuple[str, ...], float | None, str]:
+    """(sessions, users, last_request, why unknown) from the agent's /activity answer."""
+    if doc is None:
+        return None, (), None, error or "no answer"
+    sessions = doc.get("sessions")
+    last = doc.get("last_request")
+    return (int(sessions) if isinstance(sessions, int) else None, tuple(doc.get("users") or ()),
+            float(last) if isinstance(last, (int, float)) else None, str(doc.get("error") or ""))
+
+
+def fetch_activity(url: str, timeout: float = 3.0) -> tuple[dict[str, Any] | None, str]:
+    """GET the login agent's /activity: (document, '') or (None, why not)."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            doc = json.loads(resp.read().decode())
+    except (OSError, urllib.error.URLError, ValueError) as err:
+        return None, f"login agent at {url} did not answer: {err}"
+    return (doc if isinstance(doc, dict) else None), ""
+
+
+def port_open(host: str, port: int, timeout: float = 1.0) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False

@@ -1,0 +1,255 @@
+"""Sleep and wake of the control tier: scale its workloads in order, record the state on the
+slurmctld StatefulSet and as Kubernetes Events.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from .. import manifests as m
+from .api import TIER_SELECTOR, TierApi, event_body
+from .decision import (
+    A_REASON,
+    A_SINCE,
+    A_STATE,
+    ASLEEP,
+    AWAKE,
+    DEFAULT_WAKE_TIMEOUT,
+    EV_SLEEP,
+    EV_SLEEP_ABORTED,
+    EV_WAKE,
+    EV_WAKE_REQUEST,
+    TierError,
+    Workload,
+    parse_rfc3339,
+    rfc3339,
+    sleep_order,
+    wake_order,
+)
+
+
+@dataclass
+class Tier:
+    """The control tier of one namespace, and the steps that sleep and wake it."""
+
+    api: TierApi
+    namespace: str
+    source: str  # who acts: slurmk8s-reconcile, slurmk8s-login-agent, slurmk8s-cli
+    log: Callable[[str], None] = lambda _line: None
+    clock: Callable[[], float] = time.time
+    sleep: Callable[[float], None] = time.sleep
+    poll: float = 0.5
+
+    def _api_error(self, what: str, err: Exception) -> TierError:
+        status = getattr(err, "status", None)
+        hint = ""
+        if status == 403:
+            hint = (" (RBAC: this identity may not do that in namespace "
+                    f"{self.namespace}; see docs/elasticity.md, 'Idle sleep and wake', for the rights needed)")
+        elif status == 404:
+            hint = f" (not found in namespace {self.namespace}: is the cluster deployed?)"
+        return TierError(f"{what}: {err}{hint}")
+
+    def workloads(self) -> list[Workload]:
+        from ..kubeapi import ApiError
+
+        try:
+            return [Workload.from_obj(o) for o in self.api.list_workloads(self.namespace)]
+        except ApiError as err:
+            raise self._api_error("cannot list the control tier", err) from None
+
+    def event(self, reason: str, message: str) -> str:
+        """Emit an Event on the slurmctld StatefulSet; returns an error text ('' when done)."""
+        from ..kubeapi import ApiError
+
+        try:
+            self.api.create_event(self.namespace, event_body(self.namespace, reason, message, self.clock(),
+                                                             self.source))
+        except ApiError as err:
+            return f"could not record Event {reason}: {err}"
+        return ""
+
+    def record(self, state: str, reason: str, event: str) -> None:
+        """Annotate the slurmctld StatefulSet, emit the Event, log. Raises TierError when the
+        annotation cannot be written (the Event is best effort, and logged when it fails)."""
+        from ..kubeapi import ApiError
+
+        now = self.clock()
+        try:
+            self.api.annotate(self.namespace, "StatefulSet", m.CONTROLLER,
+                              {A_STATE: state, A_REASON: reason[:500], A_SINCE: rfc3339(now)})
+        except ApiError as err:
+            raise self._api_error(f"cannot record state {state} on statefulset/{m.CONTROLLER}", err) from None
+        problem = self.event(event, reason)
+        self.log(f"control tier {state}: {reason}" + (f" ({problem})" if problem else ""))
+
+    def _scale(self, w: Workload, replicas: int) -> None:
+        from ..kubeapi import ApiError
+
+        try:
+            self.api.scale(self.namespace, w.kind, w.name, replicas)
+        except ApiError as err:
+            raise self._api_error(f"cannot scale {w.ref} to {replicas}", err) from None
+
+    def _ready(self, w: Workload) -> Workload:
+        from ..kubeapi import ApiError
+
+        try:
+            return Workload.from_obj(self.api.get_workload(self.namespace, w.kind, w.name))
+        except ApiError as err:
+            raise self._api_error(f"cannot read {w.ref}", err) from None
+
+    def pods_of(self, w: Workload) -> int:
+        from ..kubeapi import ApiError
+
+        if not w.selector:
+            return 0
+        try:
+            return len(self.api.list_pods(self.namespace, w.selector))
+        except ApiError as err:
+            raise self._api_error(f"cannot list the pods of {w.ref}", err) from None
+
+    def _why_not_ready(self, w: Workload) -> str:
+        """The pod's own reason (image pull, crash, unschedulable), for a timeout message."""
+        from ..elastic.k8s_backend import pod_phase, pod_reason
+        from ..kubeapi import ApiError
+
+        try:
+            pods = self.api.list_pods(self.namespace, w.selector) if w.selector else []
+        except ApiError:
+            return ""
+        return "; ".join(f"pod {p['metadata']['name']} {pod_phase(p)}" + (f": {pod_reason(p)}" if pod_reason(p) else "")
+                         for p in pods)
+
+    # -- wake
+
+    def wake(self, reason: str, progress: Callable[[str], None] = lambda _l: None,
+             timeout: float = DEFAULT_WAKE_TIMEOUT, running_in: str = "") -> bool:
+        """Scale every tier workload at zero back to one, database first, each ready before the
+        next. Idempotent; True when something was asleep or still starting (then slurmctld may
+        not answer RPCs yet), False when all was up. Leaves a WakeRequested Event naming who and
+        why when it scales (the woken reconcile loop records the awake state with it).
+        `running_in`: the component the caller itself runs in (the login agent: login), which is
+        evidently up and must not be waited for (its readiness may wait for this very wake)."""
+        ws = [w for w in self.workloads() if not running_in or w.component != running_in]
+        if not any(w.component == m.CONTROLLER for w in ws):
+            raise TierError(f"no statefulset/{m.CONTROLLER} labelled {TIER_SELECTOR} in namespace {self.namespace}: "
+                            "is the cluster deployed (slurmk8s up), and does --namespace / --spec name it?")
+        asleep = [w for w in ws if w.replicas < 1]
+        if not asleep and all(w.ready >= 1 for w in ws):
+            return False
+        if asleep:
+            problem = self.event(EV_WAKE_REQUEST, reason)
+            if problem:
+                self.log(problem)
+            progress(f"waking the control tier ({reason})")
+        start = self.clock()
+        deadline = start + timeout
+        for w in wake_order(ws):
+            if w.replicas < 1:
+                progress(f"scaling {w.ref} to 1")
+                self._scale(w, 1)
+            t0 = self.clock()
+            while True:
+                cur = self._ready(w)
+                if cur.ready >= 1:
+                    break
+                if self.clock() > deadline:
+                    why = self._why_not_ready(w)
+                    raise TierError(f"{w.ref} not ready after {timeout:.0f}s" + (f": {why}" if why else "")
+                                    + f"; see kubectl -n {self.namespace} describe {w.ref}")
+                self.sleep(self.poll)
+            progress(f"{w.ref} ready ({self.clock() - t0:.1f}s)")
+        progress(f"control tier awake ({self.clock() - start:.1f}s)")
+        return True
+
+    # -- sleep
+
+    def sleep_tier(self, reason: str, recheck: Callable[[], str], controller_stopped: Callable[[], bool],
+                   gone_timeout: float = 30.0) -> bool:
+        """Scale the tier to zero: login -> slurmctld -> slurmdbd -> database, each one's pods
+        gone before the next. `recheck()` runs once the login pod is gone (and before slurmctld
+        goes): a non-empty answer (a job or session appeared) aborts, scaling back up what was
+        scaled down. `controller_stopped()` tells when slurmctld has saved its state and exited
+        (this runs in the slurmctld pod: its own stop is awaited that way). True when asleep."""
+        ws = sleep_order(self.workloads())
+        self.record(ASLEEP, reason, EV_SLEEP)
+        done: list[Workload] = []
+        try:
+            return self._sleep_steps(ws, done, recheck, controller_stopped, gone_timeout)
+        except TierError as err:
+            if any(d.component == m.CONTROLLER for d in done):
+                raise  # slurmctld is stopping: the woken loop finishes or undoes the rest
+            for d in reversed(done):
+                try:
+                    self._scale(d, 1)
+                except TierError as again:
+                    self.log(f"sleep failed and {d.ref} could not be scaled back: {again}")
+            self.record(AWAKE, f"sleep failed: {err}", EV_SLEEP_ABORTED)
+            raise
+
+    def _sleep_steps(self, ws: list[Workload], done: list[Workload], recheck: Callable[[], str],
+                     controller_stopped: Callable[[], bool], gone_timeout: float) -> bool:
+        for w in ws:
+            if w.component == m.CONTROLLER:
+                late = recheck()
+                if late:
+                    for d in reversed(done):
+                        self._scale(d, 1)
+                    self.record(AWAKE, f"sleep aborted: {late}", EV_SLEEP_ABORTED)
+                    return False
+            self.log(f"sleep: scaling {w.ref} to 0")
+            self._scale(w, 0)
+            done.append(w)
+            deadline = self.clock() + gone_timeout
+            if w.component == m.CONTROLLER:
+                while not controller_stopped() and self.clock() < deadline:
+                    self.sleep(self.poll)
+                self.log("sleep: slurmctld stopped (state saved)" if controller_stopped()
+                         else f"sleep: slurmctld still answers after {gone_timeout:.0f}s; going on")
+                continue
+            while self.pods_of(w) and self.clock() < deadline:
+                self.sleep(self.poll)
+            if self.pods_of(w):
+                self.log(f"sleep: pods of {w.ref} still there after {gone_timeout:.0f}s; going on")
+        self.log("sleep: control tier at zero replicas")
+        return True
+
+    # -- on start of the reconcile loop
+
+    def on_controller_start(self) -> str:
+        """The loop just started in a running slurmctld pod: the tier is awake. Record it (with the
+        latest wake request's reason when the annotation still says asleep), and scale back up any
+        tier workload left at zero by an interrupted sleep. Returns what was done."""
+        from ..kubeapi import ApiError
+
+        ws = self.workloads()
+        ctl = next((w for w in ws if w.component == m.CONTROLLER), None)
+        if ctl is None:
+            return "no slurmctld StatefulSet labelled as the control tier"
+        state = ctl.annotations.get(A_STATE)
+        left = [w for w in ws if w.replicas < 1 and w.component != m.CONTROLLER]
+        for w in wake_order(left):
+            self.log(f"wake: {w.ref} was left at 0 replicas; scaling it to 1")
+            self._scale(w, 1)
+        if state == AWAKE:
+            return "already recorded awake"
+        if state is None:
+            self.record(AWAKE, "deployed", EV_WAKE)
+            return "recorded awake (deployed)"
+        since = parse_rfc3339(ctl.annotations.get(A_SINCE)) or 0.0
+        reason = "slurmctld started (no wake request recorded)"
+        try:
+            events = self.api.list_events(self.namespace, f"involvedObject.name={m.CONTROLLER},reason={EV_WAKE_REQUEST}")
+        except ApiError as err:
+            self.log(f"cannot read wake requests: {err}")
+            events = []
+        requests = [(parse_rfc3339(e.get("lastTimestamp") or e.get("eventTime")) or 0.0, str(e.get("message", "")))
+                    for e in events]
+        requests = [r for r in requests if r[0] >= since - 1]
+        if requests:
+            reason = max(requests)[1]
+        self.record(AWAKE, f"woken: {reason}", EV_WAKE)
+        return f"recorded awake ({reason})"

@@ -1,0 +1,113 @@
+"""PrologSlurmctld (``slurmk8s-prolog-slurmctld``): holds a job until the nodes it was given have
+booted, so it starts the moment its workers' slurmd registered instead of at Slurm's next
+power-save pass. Must start fast: it imports little.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Callable, Sequence
+
+from .programs import DEFAULT_LOG, Log, _env_float, _load_env
+
+
+PROLOG_POLL = 0.1
+PROLOG_DEFAULT_TIMEOUT = 300.0
+NOT_BOOTED = ("~", "#", "%")  # powered down, powering up, powering down
+GIVE_UP_STATES = ("down", "drain", "fail", "inval", "unknown")
+
+
+def resume_timeout_from_conf(path: str) -> float | None:
+    """ResumeTimeout from slurm.conf (cheap scan, no parser import); None when absent/unreadable."""
+    try:
+        with open(path) as fh:
+            for line in fh:
+                key, sep, value = line.split("#", 1)[0].strip().partition("=")
+                if sep and key.strip().lower() == "resumetimeout":
+                    return float(value.strip())
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def node_states(nodelist: str, sinfo: str = "sinfo", timeout: float = 10.0) -> list[str] | None:
+    """`sinfo -h -N -n LIST -o %T` -> one extended state per node ('allocated#', 'idle~', ...)."""
+    import subprocess
+
+    try:
+        proc = subprocess.run([sinfo, "-h", "-N", "-n", nodelist, "-o", "%T"], capture_output=True,
+                              text=True, timeout=timeout, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if proc.returncode != 0:
+        return None
+    return proc.stdout.split()
+
+
+def booted(states: Sequence[str]) -> bool:
+    return bool(states) and not any(s.endswith(NOT_BOOTED) for s in states)
+
+
+def gave_up(states: Sequence[str]) -> bool:
+    """A node of the job is down / drained / failed: Slurm requeues the job, stop waiting."""
+    return any(s.rstrip("~#%*$@^-!").lower().startswith(GIVE_UP_STATES) for s in states)
+
+
+def wait_for_boot(
+    nodelist: str,
+    timeout: float,
+    states_of: Callable[[str], list[str] | None] | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+    poll: float = PROLOG_POLL,
+) -> tuple[str, float, int, list[str] | None]:
+    """Poll until every node of `nodelist` booted -> (outcome, seconds waited, polls, last states).
+
+    outcome: 'booted', 'gave-up' (a node went DOWN/DRAIN: Slurm handles the job) or 'timeout'.
+    """
+    states_of = states_of or node_states
+    start = clock()
+    polls = 0
+    states: list[str] | None = None
+    while True:
+        states = states_of(nodelist)
+        polls += 1
+        if states is not None:
+            if booted(states):
+                return "booted", clock() - start, polls, states
+            if gave_up(states):
+                return "gave-up", clock() - start, polls, states
+        if clock() - start >= timeout:
+            return "timeout", clock() - start, polls, states
+        sleep(poll)
+
+
+def prolog_main() -> int:
+    """PrologSlurmctld: return once the job's nodes have booted, so Slurm launches it at once.
+
+    Never fails the job on its own: every outcome, even an internal error, exits 0 (a failing
+    PrologSlurmctld makes Slurm requeue or hold the job).
+    """
+    log: Log | None = None
+    env, env_error = _load_env()
+    try:
+        nodelist = env.get("SLURM_JOB_NODELIST", "")
+        job = env.get("SLURM_JOB_ID", "?")
+        if not nodelist:
+            Log("prolog", env.get("SLURMK8S_LOG", DEFAULT_LOG)).write(f"job {job}: no SLURM_JOB_NODELIST; exit 0")
+            return 0
+        timeout = _env_float(env, "SLURMK8S_PROLOG_TIMEOUT", 0.0) or resume_timeout_from_conf(
+            env.get("SLURM_CONF", "/etc/slurm/slurm.conf")) or PROLOG_DEFAULT_TIMEOUT
+        outcome, waited, polls, states = wait_for_boot(nodelist, timeout)
+        if polls > 1 or outcome != "booted" or env_error:  # nodes already up: stay quiet (runs for every job)
+            log = Log("prolog", env.get("SLURMK8S_LOG", DEFAULT_LOG))
+            log.write(f"job {job} nodes {nodelist}: {outcome} after {waited:.2f}s ({polls} polls, states {states})"
+                      + (f"; {env_error}" if env_error else ""))
+    except BaseException as err:  # noqa: BLE001 -- must never fail the job; logged, exit 0
+        try:
+            (log or Log("prolog", env.get("SLURMK8S_LOG", DEFAULT_LOG))).write(
+                f"internal error, job released anyway: {type(err).__name__}: {err}")
+        except OSError:
+            sys.stderr.write(f"slurmk8s-prolog-slurmctld: {type(err).__name__}: {err}\n")
+    return 0

@@ -1,0 +1,129 @@
+"""The one seam to the Kubernetes API: every caller in slurmk8s (the resume / suspend programs,
+the reconcile loop, the login agent, the chart's in-cluster render, the CLI, the Pulumi program)
+gets its client from :func:`api_client` and sees failures as :class:`ApiError`.
+
+- :func:`api_client`: one loader. An explicit kubeconfig (a path, or its YAML content) wins; else
+  in-cluster credentials when the ServiceAccount token is mounted (or ``KUBERNETES_SERVICE_HOST`` is
+  set), else ``KUBECONFIG`` / ``~/.kube/config``. Slurm runs ResumeProgram with a reduced
+  environment, so inside a pod the API is reached as ``kubernetes.default.svc`` when
+  ``KUBERNETES_SERVICE_HOST`` is missing.
+- :func:`raw_call`: a call of the official client for its raw JSON (no model objects), with a
+  request timeout; refusals become :class:`ApiError` with the API's own words.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from .errors import SlurmK8sError
+
+MAX_REASON = 200
+
+
+RETRYABLE_STATUS = frozenset({0, 429, 500, 502, 503, 504})
+
+
+class ApiError(SlurmK8sError):
+    """A failed API call: HTTP status (0 = no answer), the Status reason and message. Retryable for
+    no answer, throttling and server errors; not for a refusal (4xx) or a TLS setup problem."""
+
+    def __init__(self, status: int, reason: str, message: str = "") -> None:
+        self.status = status
+        self.message = message
+        super().__init__(f"{status} {reason}: {message}", reason=reason,
+                         retryable=status in RETRYABLE_STATUS and reason != "TLSVerify")
+
+
+class KubeConfigError(SlurmK8sError):
+    """No usable credentials: the kubeconfig is missing or invalid and no ServiceAccount is mounted."""
+
+    reason = "NoCredentials"
+
+
+def api_error_from(exc: Exception) -> ApiError:
+    """kubernetes.client ApiException / urllib3 errors -> ApiError, message from the Status body."""
+    status = getattr(exc, "status", None)
+    if status is None or status == 0:
+        return ApiError(0, "Unreachable", str(exc).splitlines()[0][:MAX_REASON] if str(exc) else type(exc).__name__)
+    reason = getattr(exc, "reason", "") or ""
+    message = ""
+    body = getattr(exc, "body", None)
+    if body:
+        try:
+            doc = json.loads(body)
+        except (TypeError, ValueError):
+            message = str(body)[:MAX_REASON]
+        else:
+            if isinstance(doc, dict):
+                message = str(doc.get("message", ""))
+                reason = str(doc.get("reason") or reason)
+    return ApiError(int(status), reason, message)
+
+
+def transport_error(exc: Exception) -> ApiError:
+    """A connection-level failure: TLS verification (a setup problem, not transient) or no answer."""
+    text = str(exc)
+    tls = re.search(r"certificate verify failed: ([^(')\]]+)", text)
+    if tls:
+        return ApiError(0, "TLSVerify", tls.group(1).strip())
+    return ApiError(0, "Unreachable", f"{type(exc).__name__}: {text[:MAX_REASON]}")
+
+
+def raw_call(fn: Callable[..., Any], timeout: tuple[float, float], *args: Any, **kwargs: Any) -> Any:
+    """Call a kubernetes-client API method for its raw JSON (no model objects), with a request
+    timeout; refusals become ApiError with the API's words, transport failures an 'Unreachable' one."""
+    from kubernetes.client.exceptions import ApiException
+    from urllib3.exceptions import HTTPError
+
+    try:
+        resp = fn(*args, _preload_content=False, _request_timeout=timeout, **kwargs)
+    except ApiException as exc:
+        raise api_error_from(exc) from None
+    except (HTTPError, OSError) as exc:
+        raise transport_error(exc) from None
+    data = resp.data
+    return json.loads(data) if data else {}
+
+
+SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+
+def api_client(kubeconfig: str | None = None, env: Mapping[str, str] | None = None, sa_dir: str = SA_DIR) -> Any:
+    """A kubernetes ``ApiClient``: from ``kubeconfig`` (a path, or the file's YAML content) when given;
+    else in-cluster when ``KUBERNETES_SERVICE_HOST`` is set or the ServiceAccount token is mounted
+    and ``KUBECONFIG`` is not set; else from ``KUBECONFIG`` / ``~/.kube/config``. ``env`` defaults
+    to the process environment. Raises :class:`KubeConfigError` saying what is missing.
+
+    Slurm runs ResumeProgram with a reduced environment, so KUBERNETES_SERVICE_HOST may be
+    missing even inside the pod: then the API is reached as kubernetes.default.svc (which every
+    pod resolves and the API server's certificate names).
+    """
+    import yaml
+    from kubernetes import client, config
+    from kubernetes.config.incluster_config import InClusterConfigLoader
+
+    env = os.environ if env is None else env
+    token = Path(sa_dir) / "token"
+    try:
+        if kubeconfig and "\n" in kubeconfig:
+            return config.new_client_from_config_dict(yaml.safe_load(kubeconfig))
+        if kubeconfig:
+            path = Path(kubeconfig).expanduser()
+            if not path.exists():
+                raise KubeConfigError(f"kubeconfig {kubeconfig}: no such file")
+            return config.new_client_from_config(config_file=str(path))
+        if env.get("KUBERNETES_SERVICE_HOST") or (token.exists() and not env.get("KUBECONFIG")):
+            cfg = client.Configuration()
+            InClusterConfigLoader(
+                token_filename=str(token), cert_filename=str(Path(sa_dir) / "ca.crt"),
+                environ={"KUBERNETES_SERVICE_HOST": env.get("KUBERNETES_SERVICE_HOST") or "kubernetes.default.svc",
+                         "KUBERNETES_SERVICE_PORT": env.get("KUBERNETES_SERVICE_PORT") or "443"},
+            ).load_and_set(cfg)
+            return client.ApiClient(cfg)
+        return config.new_client_from_config(config_file=env.get("KUBECONFIG") or None)
+    except config.ConfigException as err:
+        raise KubeConfigError(f"no Kubernetes credentials (in-cluster or KUBECONFIG): {err}") from None

@@ -1,0 +1,131 @@
+"""One reconcile pass: fetch, classify, act on each finding, report what was done and why.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from ..elastic.backend import BackendError, NodeBackend
+from ..elastic.ledger import FailureLedger, LedgerError, Policy
+from ..slurm.commands import SlurmClient, SlurmCommandError, down_argv, power_down_argv, resume_argv
+from ..slurm.state import JobStatus, parse_jobs, parse_nodes, running_since
+from .classify import Finding, Kind, Op, Snapshot, classify
+
+if TYPE_CHECKING:
+    from ..elastic.programs import Log
+    from ..inventory import Inventory
+
+
+RAN_STATES = frozenset({"RUNNING", "COMPLETING", "COMPLETED", "FAILED", "TIMEOUT", "NODE_FAIL",
+                        "OUT_OF_MEMORY", "PREEMPTED"})
+
+
+@dataclass(frozen=True)
+class Done:
+    finding: Finding
+    op: Op
+    ok: bool
+    error: str = ""
+    argv: tuple[str, ...] = ()
+
+
+@dataclass
+class Report:
+    findings: list[Finding] = field(default_factory=list)
+    done: list[Done] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)  # what kept the pass from seeing everything
+    snapshot: Snapshot | None = None
+    jobs: list[JobStatus] | None = None  # the queue as this pass read it (None: unreadable)
+
+    def of(self, kind: Kind) -> list[Finding]:
+        return [f for f in self.findings if f.kind == kind]
+
+    @property
+    def acted(self) -> list[Finding]:
+        return [f for f in self.findings if f.ops]
+
+
+def _do(op: Op, finding: Finding, slurm: SlurmClient, backend: NodeBackend, ledger: FailureLedger,
+        now: float, scontrol: str) -> tuple[str, ...]:
+    """Carry out one op; returns the argv it ran (Slurm ops). Raises on failure."""
+    name = finding.node
+    if op is Op.DELETE_WORKER:
+        backend.delete(name)
+        return ()
+    if op is Op.SET_DOWN:
+        argv = down_argv([name], finding.down_reason, scontrol)
+    elif op is Op.POWER_DOWN:
+        argv = power_down_argv([name], scontrol)
+    elif op is Op.RETURN_TO_SERVICE:
+        argv = resume_argv([name], scontrol)
+    elif op is Op.RECORD_FAILURE:
+        ledger.record_failure(finding.pool or "unknown", name, finding.down_reason, now)
+        return ()
+    elif op is Op.RECORD_SUCCESS:
+        ledger.record_success(finding.pool, now)
+        return ()
+    else:  # pragma: no cover - every Op is handled above
+        raise ValueError(f"unknown op {op}")
+    slurm.update(argv)
+    return tuple(argv)
+
+
+def run_once(slurm: SlurmClient, backend: NodeBackend, inventory: "Inventory", ledger: FailureLedger, now: float,
+             log: "Log", policy: Policy = Policy(), scontrol: str = "scontrol") -> Report:
+    """Fetch, classify, act, log. Never raises for a failing backend, Slurm or ledger: the
+    errors are in the report and the log, and the next pass tries again."""
+    report = Report()
+    try:
+        workers = backend.list()  # first: a worker missing here was missing before Slurm's answer too
+    except BackendError as err:
+        report.errors.append(f"cannot list workers: {err.reason}")
+        log.write(f"pass skipped: {report.errors[-1]}")
+        return report
+    try:
+        nodes = parse_nodes(slurm.show_nodes())
+    except SlurmCommandError as err:
+        report.errors.append(f"cannot read Slurm's nodes: {err}")
+        log.write(f"pass skipped: {report.errors[-1]}")
+        return report
+    try:
+        history = ledger.load()
+    except LedgerError as err:
+        report.errors.append(str(err))
+        log.write(f"{err}; classifying without failure history")
+        history = {}
+    try:
+        report.jobs = parse_jobs(slurm.jobs())
+    except SlurmCommandError as err:
+        log.write(f"cannot read the queue ({err}); workers restarted under a job are judged next pass")
+    snapshot = Snapshot(nodes, workers, inventory, history, running_since(report.jobs or ()))
+    report.snapshot = snapshot
+    report.findings = classify(snapshot, now, policy)
+    todo = report.acted
+    if any(f.kind is Kind.MISSING_WORKER for f in todo):
+        # DOWN kills the node's jobs: look once more, a resume may have created the worker meanwhile
+        try:
+            again = backend.list()
+        except BackendError as err:
+            again = workers
+            log.write(f"could not re-list workers before setting nodes DOWN: {err.reason}")
+        for f in [f for f in todo if f.kind is Kind.MISSING_WORKER and f.node in again]:
+            log.write(f"{f.node}: worker appeared meanwhile; not setting it DOWN")
+            todo.remove(f)
+    for finding in todo:
+        steps = []
+        for op in finding.ops:
+            try:
+                argv = _do(op, finding, slurm, backend, ledger, now, scontrol)
+            except (BackendError, SlurmCommandError, LedgerError) as err:
+                error = err.reason if isinstance(err, BackendError) else str(err)
+                report.done.append(Done(finding, op, False, error))
+                steps.append(f"{op.value} FAILED ({error})")
+                break
+            report.done.append(Done(finding, op, True, "", argv))
+            steps.append(f"{op.value} ok")
+        log.write(f"{finding.node} {finding.kind.value}" + (f" [{finding.pool}]" if finding.pool else "")
+                  + f": {finding.detail} -> {', '.join(steps)}")
+    for f in report.of(Kind.POOL_BACKOFF):
+        log.write(f"pool {f.pool} in backoff: {f.detail}")
+    return report

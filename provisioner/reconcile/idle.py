@@ -1,0 +1,155 @@
+"""Idle sleep of the control tier, as the reconcile loop drives it: after ``elasticity.idle_teardown``
+with no job, no worker, no SSH session and no Slurm command, the tier is put to sleep
+(:mod:`provisioner.controltier`).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Mapping
+
+from ..elastic.backend import BackendError, NodeBackend
+from ..slurm.commands import SlurmCli, SlurmCommandError
+
+if TYPE_CHECKING:
+    from ..elastic.programs import Log
+
+
+DEFAULT_TIER_LOG = "/var/spool/slurmctld/slurmk8s/control-tier.log"  # sleeps and wakes, kept on the state volume
+
+
+@dataclass
+class IdleWatch:
+    """Feeds the control tier's IdleTracker once per pass and puts the tier to sleep when it says
+    so (see provisioner.controltier). The I/O is injected: `jobs()` (squeue --json doc),
+    `sessions()` ((count, users, last_request, why unknown) from the login agent) and `tier`."""
+
+    tier: Any  # controltier.Tier
+    tracker: Any  # controltier.IdleTracker
+    sessions: Callable[[], tuple[int | None, tuple[str, ...], float | None, str]]
+    jobs: Callable[[], Mapping[str, Any]]
+    workers: Callable[[], int]
+    controller_stopped: Callable[[], bool]
+    log: Callable[[str], None]
+    recent: float = 15.0  # a Slurm command / login this recent aborts a sleep at the last check
+    started: bool = False
+    _said: str = ""
+
+    def activity(self, job_doc: Mapping[str, Any] | None, workers: int | None, now: float) -> Any:
+        from ..controltier.decision import Activity, active_jobs
+
+        sessions, users, last, why = self.sessions()
+        unknown = why if sessions is None else ("cannot read the queue" if job_doc is None else "")
+        return Activity(jobs=active_jobs(job_doc) if job_doc is not None else None, workers=workers,
+                        sessions=sessions, last_request=last, users=users, unknown=unknown)
+
+    def recheck(self) -> str:
+        """Fresh look right before slurmctld goes: '' when still idle, else what is busy."""
+        try:
+            job_doc: Mapping[str, Any] | None = self.jobs()
+        except SlurmCommandError:
+            job_doc = None
+        try:
+            workers: int | None = self.workers()
+        except BackendError:
+            workers = None
+        act = self.activity(job_doc, workers, time.time())
+        busy = act.busy()
+        if act.last_request is not None and time.time() - act.last_request < self.recent:
+            busy.append(f"a Slurm command or SSH login on the login pod {time.time() - act.last_request:.0f}s ago")
+        return "; ".join(busy)
+
+    def step(self, job_doc: Mapping[str, Any] | None, workers: int | None, now: float) -> bool:
+        """One pass; True when the tier was put to sleep (this process should end)."""
+        from ..controltier.decision import TierError
+
+        if not self.started:
+            try:
+                self.log(f"control tier: {self.tier.on_controller_start()}")
+                self.started = True
+            except TierError as err:
+                self.log(f"control tier: cannot record the wake yet: {err}")
+        act = self.activity(job_doc, workers, now)
+        reason = self.tracker.update(act, now)
+        status = self.tracker.why_awake(act, now)
+        kind = status.split(",")[0].split(" ")[0] if not act.busy() else "; ".join(
+            b.split(" ", 1)[-1] for b in act.busy())
+        if kind != self._said and not reason:
+            self.log(f"control tier awake: {status}")
+            self._said = kind
+        if not reason:
+            return False
+        self.log(f"control tier going to sleep: {reason}")
+        try:
+            return bool(self.tier.sleep_tier(reason, self.recheck, self.controller_stopped))
+        except TierError as err:
+            self.log(f"control tier: sleep failed: {err}")
+            self.tracker.idle_since = None  # try again after a full idle period
+            return False
+
+
+def idle_watch_from_env(env: Mapping[str, str], log: "Log", slurm: "SlurmCli",
+                        backend: Callable[[], NodeBackend]) -> IdleWatch | None:
+    """The IdleWatch when the spec sets elasticity.idle_teardown (else None)."""
+    from .. import manifests as m
+    from ..config import parse_spec
+    from ..controltier.activity import activity_from_doc, fetch_activity, port_open
+    from ..controltier.api import ClientTierApi
+    from ..controltier.decision import IdleTracker, Workload
+    from ..controltier.tier import Tier
+    from ..elastic.k8s_backend import DEFAULT_SITE, DEFAULT_SPEC
+    from ..elastic.programs import Log
+    from ..errors import SlurmK8sError
+    from ..kubeapi import KubeConfigError, api_client
+
+    spec_path = env.get("SLURMK8S_SPEC", DEFAULT_SPEC)
+    try:
+        with open(spec_path) as fh:
+            spec = parse_spec(json.load(fh), source=spec_path)
+    except (OSError, ValueError, SlurmK8sError) as err:
+        log.write(f"idle teardown off: cannot read the spec {spec_path}: {err}")
+        return None
+    teardown = spec.elasticity.idle_teardown
+    if teardown is None:
+        return None
+    site_path = env.get("SLURMK8S_SITE", DEFAULT_SITE)
+    try:
+        with open(site_path) as fh:
+            domain = json.load(fh).get("cluster_domain", "cluster.local")
+    except (OSError, ValueError):
+        domain = "cluster.local"
+    namespace = env.get("SLURMK8S_NAMESPACE") or spec.namespace_name
+    # sleeps and wakes also go to a log on the state volume: the reconcile log's emptyDir goes with the pod
+    durable = Log("control-tier", env.get("SLURMK8S_TIER_LOG", DEFAULT_TIER_LOG))
+
+    def tier_log(line: str) -> None:
+        log.write(line)
+        durable.write(line)
+
+    try:
+        client = api_client(env=env)
+    except KubeConfigError as err:
+        log.write(f"idle teardown off: no Kubernetes API client: {err}")
+        return None
+    tier = Tier(ClientTierApi(client), namespace, "slurmk8s-reconcile", log=tier_log)
+    url = f"http://{m.LOGIN_HOST}.{m.WORKERS}.{namespace}.svc.{domain}:{m.ACTIVITY_PORT}/activity"
+
+    def sessions() -> tuple[int | None, tuple[str, ...], float | None, str]:
+        if not spec.login.enabled:
+            return 0, (), None, ""
+        doc, err = fetch_activity(url)
+        if doc is None and m.login_sleeps(spec):
+            try:  # asleep with the tier: no login pod, no session
+                dep = tier.api.get_workload(namespace, "Deployment", m.LOGIN)
+                if (dep.get("spec") or {}).get("replicas") == 0 and not tier.pods_of(Workload.from_obj(dep)):
+                    return 0, (), None, ""
+            except Exception as exc:  # noqa: BLE001 - any failure here means "unknown", reported
+                err = f"{err}; login Deployment unreadable: {exc}"
+        return activity_from_doc(doc, err)
+
+    log.write(f"idle teardown after {teardown:.0f}s; login sessions from {url}; sleeps and wakes also in {durable.path}")
+    return IdleWatch(tier, IdleTracker(float(teardown)), sessions, slurm.jobs,
+                     lambda: len(backend().list()),
+                     lambda: not port_open("127.0.0.1", m.SLURMCTLD_PORT), tier_log)

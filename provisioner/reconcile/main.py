@@ -1,0 +1,193 @@
+"""The daemon: ``slurmk8s-reconcile`` (second container of the slurmctld pod). See the package's
+docstring for how it is run and what it does each period.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+import threading
+import time
+from typing import TYPE_CHECKING, Any, Sequence
+
+from ..elastic.backend import BackendError, NodeBackend
+from ..elastic.events import DEFAULT_EVENTS, EventTail
+from ..elastic.ledger import DEFAULT_LEDGER, FileLedger, LedgerError, Policy
+from ..slurm.commands import SlurmCli, SlurmCommandError
+from ..slurm.state import JobStatus, parse_jobs
+from .act import Report, run_once
+from .classify import Kind
+from .idle import idle_watch_from_env
+from .metrics import Metrics, metrics_markdown
+from .usage import DEFAULT_USAGE, UsageFile, resume_usage
+
+if TYPE_CHECKING:
+    from ..elastic.programs import Log
+    from ..inventory import Inventory
+
+
+DEFAULT_PERIOD = 10.0
+DEFAULT_METRICS_PORT = 9410
+
+
+def _load_inventory(path: str) -> "Inventory":
+    from ..inventory import Inventory
+
+    with open(path) as fh:
+        return Inventory.from_json(json.load(fh))
+
+
+def _deployment_id(backend: NodeBackend, log: "Log") -> str:
+    """The slurmctld StatefulSet's uid, read from this pod (its name is the hostname): '' where the
+    backend is not Kubernetes or the pod cannot be read (the saved tally is then continued)."""
+    owner_uid = getattr(backend, "owner_uid", None)
+    if owner_uid is None:
+        return ""
+    pod = os.environ.get("HOSTNAME") or socket.gethostname()
+    try:
+        return str(owner_uid(pod))
+    except BackendError as err:
+        log.write(f"cannot tell this deployment from pod {pod}: {err.reason}; continuing the saved tally")
+        return ""
+
+
+def _stop_on_sigterm(log: "Log") -> threading.Event:
+    """An event set by SIGTERM (and SIGINT): the loop finishes its pass and exits 0 at once.
+
+    The loop is its container's PID 1, which the kernel shields from signals it does not handle:
+    without this, every pod deletion (eviction, rollout, a drained node) would wait out the whole
+    termination grace period before the new slurmctld pod could start.
+    """
+    import signal
+
+    stop = threading.Event()
+
+    def handle(signum: int, _frame: Any) -> None:
+        log.write(f"{signal.Signals(signum).name}: stopping after this pass")
+        stop.set()
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, handle)
+        signal.signal(signal.SIGINT, handle)
+    return stop
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from ..elastic.backend import backend_from_env
+    from ..elastic.programs import DEFAULT_INVENTORY, DEFAULT_LOG, Log, program_env
+
+    parser = argparse.ArgumentParser(prog="slurmk8s-reconcile", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--once", action="store_true", help="one pass, then exit (status 1 if it had errors)")
+    parser.add_argument("--period", type=float, default=DEFAULT_PERIOD, help="seconds between passes")
+    parser.add_argument("--metrics-port", type=int, default=DEFAULT_METRICS_PORT, help="0: no metrics endpoint")
+    parser.add_argument("--grace", type=float, default=None, help="seconds before a worker / boot is judged")
+    parser.add_argument("--pending-timeout", type=float, default=None)
+    parser.add_argument("--unschedulable-timeout", type=float, default=None)
+    parser.add_argument("--metrics-table", action="store_true",
+                        help="print the metrics as a Markdown table and exit")
+    args = parser.parse_args(argv)
+    if args.metrics_table:
+        sys.stdout.write(metrics_markdown())
+        return 0
+
+    env = program_env(os.environ)
+    log_path = env.get("SLURMK8S_RECONCILE_LOG") or os.path.join(
+        os.path.dirname(env.get("SLURMK8S_LOG", DEFAULT_LOG)), "reconcile.log")
+    log = Log("reconcile", log_path)
+    overrides = {k: v for k, v in (("grace", args.grace), ("pending_timeout", args.pending_timeout),
+                                   ("unschedulable_timeout", args.unschedulable_timeout)) if v is not None}
+    policy = Policy.from_env(env, **overrides)
+    ledger = FileLedger(env.get("SLURMK8S_LEDGER", DEFAULT_LEDGER), policy)
+    metrics = Metrics() if args.metrics_port else None
+    slurm = SlurmCli(observe=metrics.observe_rpc if metrics else None)
+    if metrics is not None:
+        metrics.serve(args.metrics_port)
+        log.write(f"metrics on :{args.metrics_port}/metrics")
+    events = EventTail(env.get("SLURMK8S_EVENTS", DEFAULT_EVENTS))
+    events.read()  # start at the end
+    started = time.time()
+    inventory_path = env.get("SLURMK8S_INVENTORY", DEFAULT_INVENTORY)
+    log.write(f"started: period {args.period:.0f}s, grace {policy.grace:.0f}s, ledger {ledger.path}")
+    backend: NodeBackend | None = None
+    usage_file = UsageFile(env.get("SLURMK8S_USAGE", DEFAULT_USAGE)) if metrics is not None else None
+    usage_restored, usage_error, deployment = False, False, ""
+
+    def get_backend() -> NodeBackend:
+        nonlocal backend
+        backend = backend or backend_from_env(env)
+        return backend
+
+    # SIGTERM only sets `stop` (below): a sleep of the control tier under way (slurmctld's own pod
+    # is stopping) still scales slurmdbd and the database down before the loop ends
+    idle = idle_watch_from_env(env, log, slurm, get_backend)
+    code = 0
+    stop = _stop_on_sigterm(log)
+    while not stop.is_set():
+        tick = time.monotonic()
+        now = time.time()
+        errors: list[str] = []
+        report = Report()
+        try:
+            inventory = _load_inventory(inventory_path)
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            errors.append(f"inventory {inventory_path} unreadable: {err}")
+            inventory = None
+        if inventory is not None:
+            try:
+                backend = backend or backend_from_env(env)
+            except BackendError as err:
+                errors.append(f"backend unavailable: {err.reason}")
+        if metrics is not None and backend is not None and usage_file is not None and not usage_restored:
+            usage_restored = True
+            deployment = _deployment_id(backend, log)
+            try:
+                saved = usage_file.load()
+            except LedgerError as err:
+                log.write(f"{err}; counting from now")
+                saved = None
+            restored, why = resume_usage(saved, deployment, now)
+            metrics.restore_usage(restored)
+            log.write(why)
+        if inventory is not None and backend is not None:
+            report = run_once(slurm, backend, inventory, ledger, now, log, policy, slurm.scontrol)
+        report.errors[:0] = errors
+        for e in errors:
+            log.write(f"pass skipped: {e}")
+        if metrics is not None:
+            jobs: list[JobStatus] | None = report.jobs
+            if jobs is None:
+                try:
+                    jobs = parse_jobs(slurm.jobs())
+                except SlurmCommandError as err:
+                    log.write(f"cannot read the queue for metrics: {err}")
+            pools = [f.pool for f in report.findings if f.kind is Kind.POOL_BACKOFF]
+            metrics.observe_pass(report, jobs, now, started, time.monotonic() - tick, pools)
+            metrics.observe_events(events.read())
+            if usage_restored and usage_file is not None:
+                try:
+                    usage_file.save(metrics.usage(deployment))
+                except LedgerError as err:
+                    if not usage_error:
+                        log.write(str(err))
+                    usage_error = True
+        code = 1 if report.errors else 0
+        if idle is not None:
+            snap = report.snapshot
+            queue = report.jobs
+            if queue is None:
+                try:
+                    queue = parse_jobs(slurm.jobs())
+                except SlurmCommandError as err:
+                    log.write(f"cannot read the queue: {err}")
+            job_doc = None if queue is None else {"jobs": [{"job_state": [j.state]} for j in queue]}
+            if idle.step(job_doc, len(snap.workers) if snap is not None else None, time.time()):
+                log.write("control tier asleep: the reconcile loop ends with its pod")
+                break
+        if args.once:
+            break
+        stop.wait(max(0.5, args.period - (time.monotonic() - tick)))
+    log.close()
+    return code

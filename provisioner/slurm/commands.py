@@ -1,0 +1,142 @@
+"""The Slurm commands slurmk8s runs in the cluster: argv lists (never shell strings), a timeout per
+call, ``--json`` where Slurm has it, and one error type.
+
+:func:`run` is the one runner. :class:`SlurmControl` / :class:`Scontrol` are what the elasticity
+programs need (set nodes DOWN, return them to service); :class:`SlurmClient` / :class:`SlurmCli`
+what the reconcile loop needs (nodes and jobs as JSON, any ``scontrol update``), with the latency of
+every call reported to an observer (the controller RPC metric).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol, Sequence
+
+import hostlist
+
+from ..errors import SlurmK8sError
+
+MAX_STDERR = 300
+
+
+class SlurmCommandError(SlurmK8sError):
+    """A Slurm command failed, timed out or could not be run (slurmctld unreachable is the usual
+    cause, so it is worth retrying on the next pass)."""
+
+    retryable = True
+
+
+def run(argv: Sequence[str], timeout: float = 10.0, *,
+        observe: Callable[[float, bool], None] | None = None) -> str:
+    """Run one Slurm command; its stdout, or :class:`SlurmCommandError` naming the command and what
+    it said. ``observe(seconds, ok)`` is told how the call went."""
+    start = time.monotonic()
+    ok = False
+    try:
+        proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, check=False)
+        if proc.returncode != 0:
+            raise SlurmCommandError(f"{' '.join(argv)}: exit {proc.returncode}: {proc.stderr.strip()[:MAX_STDERR]}")
+        ok = True
+        return proc.stdout
+    except (OSError, subprocess.TimeoutExpired) as err:
+        raise SlurmCommandError(f"{' '.join(argv)}: {err}") from None
+    finally:
+        if observe is not None:
+            observe(time.monotonic() - start, ok)
+
+
+def _binary(name: str) -> str:
+    return shutil.which(name) or f"/usr/bin/{name}"
+
+
+def _nodes(names: Sequence[str]) -> str:
+    return f"nodename={hostlist.collect_hostlist(list(names))}"
+
+
+def down_argv(names: Sequence[str], reason: str, scontrol: str = "scontrol") -> list[str]:
+    return [scontrol, "update", _nodes(names), "state=DOWN", f"reason={reason}"]
+
+
+def resume_argv(names: Sequence[str], scontrol: str = "scontrol") -> list[str]:
+    return [scontrol, "update", _nodes(names), "state=RESUME"]
+
+
+def power_down_argv(names: Sequence[str], scontrol: str = "scontrol") -> list[str]:
+    return [scontrol, "update", f"nodename={','.join(names)}", "state=POWER_DOWN_FORCE"]
+
+
+# ---------------------------------------------------------------- the elasticity programs' needs
+
+
+class SlurmControl(Protocol):
+    def set_down(self, names: Sequence[str], reason: str) -> None:
+        """Mark nodes DOWN with a reason (their jobs are requeued by Slurm)."""
+        ...
+
+    def return_to_service(self, names: Sequence[str]) -> None:
+        """DOWN+POWERED_DOWN -> IDLE+POWERED_DOWN: the next job that needs the node resumes it again."""
+        ...
+
+
+@dataclass(frozen=True)
+class Scontrol:
+    timeout: float = 10.0
+    scontrol: str = field(default_factory=lambda: _binary("scontrol"))
+
+    def run(self, argv: list[str]) -> str:
+        return run(argv, self.timeout)
+
+    def set_down(self, names: Sequence[str], reason: str) -> None:
+        self.run(down_argv(names, reason, self.scontrol))
+
+    def return_to_service(self, names: Sequence[str]) -> None:
+        self.run(resume_argv(names, self.scontrol))
+
+
+# ---------------------------------------------------------------- the reconcile loop's needs
+
+
+class SlurmClient(Protocol):
+    def show_nodes(self) -> dict[str, Any]: ...
+
+    def jobs(self) -> dict[str, Any]: ...
+
+    def update(self, argv: Sequence[str]) -> None: ...
+
+
+@dataclass
+class SlurmCli:
+    """scontrol / squeue with --json, argv lists, a timeout per call; `observe(command, seconds, ok)`
+    is told the latency of every call (the controller RPC metric)."""
+
+    timeout: float = 10.0
+    scontrol: str = field(default_factory=lambda: _binary("scontrol"))
+    squeue: str = field(default_factory=lambda: _binary("squeue"))
+    observe: Callable[[str, float, bool], None] | None = None
+
+    def _run(self, command: str, argv: Sequence[str]) -> str:
+        observe = self.observe
+        return run(argv, self.timeout,
+                   observe=None if observe is None else lambda seconds, ok: observe(command, seconds, ok))
+
+    def _json(self, command: str, argv: Sequence[str]) -> dict[str, Any]:
+        text = self._run(command, argv)
+        try:
+            doc = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise SlurmCommandError(f"{' '.join(argv)}: not JSON: {err}") from None
+        return doc if isinstance(doc, dict) else {}
+
+    def show_nodes(self) -> dict[str, Any]:
+        return self._json("show_nodes", [self.scontrol, "show", "nodes", "--json"])
+
+    def jobs(self) -> dict[str, Any]:
+        # every state: a job shorter than one period is seen only once it has finished
+        return self._json("squeue", [self.squeue, "--json", "--states=all"])
+
+    def update(self, argv: Sequence[str]) -> None:
+        self._run("update", argv)

@@ -1,0 +1,150 @@
+"""An in-memory pod API (the PodApi protocol of provisioner.elastic.k8s_backend) with the API
+server's semantics for names, conflicts, preconditions, graceful deletion and RBAC. The real API is
+exercised by the e2e tier (tests/test_kube_backend.py's e2e tests and e2e/).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Mapping
+
+from provisioner.elastic.k8s_backend import TERMINAL_PHASES
+from provisioner.kubeapi import ApiError
+
+_DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
+def _status(code: int, reason: str, message: str) -> ApiError:
+    return ApiError(code, reason, message)
+
+
+@dataclass
+class FakePodApi:
+    """Pods in memory with the API server's behaviour that the backend relies on:
+
+    - create: 422 Invalid for a bad name or a missing container, 404 for an unknown namespace,
+      409 AlreadyExists for a taken name; new pods get uid, creationTimestamp, phase Pending and,
+      when their node affinity names a node, spec.nodeName (bound);
+    - delete: 404 NotFound; 409 Conflict when a uid precondition does not match; an unbound or
+      finished pod, or grace 0, goes at once, a bound running pod gets deletionTimestamp and goes
+      when its grace period has passed on the fake clock (``advance``, ``sleep``);
+    - list with an equality label selector; get;
+    - RBAC: ``allowed`` verbs (403 Forbidden with the API server's wording otherwise);
+    - ``fail_next``: errors to raise on the next calls (e.g. 500, 429, 0 = unreachable).
+    """
+
+    namespaces: set[str] = field(default_factory=set)
+    allowed: frozenset[str] = frozenset({"create", "get", "list", "watch", "delete"})
+    user: str = "system:serviceaccount:ns:slurmctld"
+    now: float = 1_700_000_000.0
+    pods: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    fail_next: list[ApiError] = field(default_factory=list)
+    calls: list[tuple[str, str]] = field(default_factory=list)
+    _gone_at: dict[tuple[str, str], float] = field(default_factory=dict)
+
+    # clock
+    def clock(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.advance(seconds)
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+        for key, at in list(self._gone_at.items()):
+            if at <= self.now:
+                self.pods.pop(key, None)
+                self._gone_at.pop(key, None)
+
+    # kubelet stand-in
+    def set_phase(self, namespace: str, name: str, phase: str, *, waiting: str | None = None) -> None:
+        pod = self.pods[(namespace, name)]
+        pod["status"]["phase"] = phase
+        if waiting:
+            pod["status"]["containerStatuses"] = [{"name": "slurmd", "state": {"waiting": {"reason": waiting}}}]
+
+    def _check(self, verb: str, namespace: str) -> None:
+        self.calls.append((verb, namespace))
+        if self.fail_next:
+            raise self.fail_next.pop(0)
+        if verb not in self.allowed:
+            raise _status(403, "Forbidden", f'pods is forbidden: User "{self.user}" cannot {verb} resource "pods" '
+                                             f'in API group "" in the namespace "{namespace}"')
+
+    def create(self, namespace: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        self._check("create", namespace)
+        pod = json.loads(json.dumps(body))
+        meta = pod.setdefault("metadata", {})
+        name = meta.get("name", "")
+        if self.namespaces and namespace not in self.namespaces:
+            raise _status(404, "NotFound", f'namespaces "{namespace}" not found')
+        if not name or len(name) > 253 or not _DNS1123.match(name):
+            raise _status(422, "Invalid", f'Pod "{name}" is invalid: metadata.name: Invalid value: "{name}": '
+                                          "a lowercase RFC 1123 subdomain must consist of ...")
+        if not (pod.get("spec") or {}).get("containers"):
+            raise _status(422, "Invalid", f'Pod "{name}" is invalid: spec.containers: Required value')
+        if meta.get("namespace", namespace) != namespace:
+            raise _status(400, "BadRequest", "the namespace of the provided object does not match the namespace "
+                                             "sent on the request")
+        if (namespace, name) in self.pods:
+            raise _status(409, "AlreadyExists", f'pods "{name}" already exists')
+        meta.update(namespace=namespace, uid=str(uuid.uuid4()),
+                    creationTimestamp=datetime.fromtimestamp(self.now, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                    resourceVersion=str(len(self.calls)))
+        pod["status"] = {"phase": "Pending"}
+        node = _affinity_node(pod)
+        if node:
+            pod["spec"]["nodeName"] = node
+        self.pods[(namespace, name)] = pod
+        return json.loads(json.dumps(pod))
+
+    def get(self, namespace: str, name: str) -> dict[str, Any]:
+        self._check("get", namespace)
+        pod = self.pods.get((namespace, name))
+        if pod is None:
+            raise _status(404, "NotFound", f'pods "{name}" not found')
+        return json.loads(json.dumps(pod))
+
+    def delete(self, namespace: str, name: str, *, grace_seconds: int | None = None, uid: str | None = None) -> None:
+        self._check("delete", namespace)
+        key = (namespace, name)
+        pod = self.pods.get(key)
+        if pod is None:
+            raise _status(404, "NotFound", f'pods "{name}" not found')
+        if uid is not None and pod["metadata"]["uid"] != uid:
+            raise _status(409, "Conflict", f"Precondition failed: UID in precondition: {uid}, "
+                                           f"UID in object meta: {pod['metadata']['uid']}")
+        grace = grace_seconds if grace_seconds is not None else pod["spec"].get("terminationGracePeriodSeconds", 30)
+        bound = bool(pod["spec"].get("nodeName"))
+        if grace == 0 or not bound or pod["status"].get("phase") in TERMINAL_PHASES:
+            self.pods.pop(key)
+            self._gone_at.pop(key, None)
+            return
+        if "deletionTimestamp" not in pod["metadata"]:
+            pod["metadata"]["deletionTimestamp"] = "terminating"
+            pod["metadata"]["deletionGracePeriodSeconds"] = grace
+            self._gone_at[key] = self.now + grace
+
+    def list(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+        self._check("list", namespace)
+        want = dict(part.split("=", 1) for part in label_selector.split(",") if part)
+        out = []
+        for (ns, _), pod in sorted(self.pods.items()):
+            labels = pod["metadata"].get("labels") or {}
+            if ns == namespace and all(labels.get(k) == v for k, v in want.items()):
+                out.append(json.loads(json.dumps(pod)))
+        return out
+
+
+def _affinity_node(pod: Mapping[str, Any]) -> str | None:
+    terms = (((pod.get("spec") or {}).get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution", {}).get("nodeSelectorTerms") or []
+    for term in terms:
+        for f in term.get("matchFields") or []:
+            if f.get("key") == "metadata.name" and f.get("values"):
+                return f["values"][0]
+    return None
