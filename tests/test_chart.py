@@ -4,7 +4,7 @@ For each spec below, the chart is rendered with the spec as its values and the P
 under Pulumi's mocks on the same Kubernetes nodes; the two object sets are compared object by
 object, field by field. The only differences admitted are listed in ``_expected_differences`` (each
 with its reason); anything else fails with the object and the field path. So a change to a builder
-in provisioner/manifests.py that the chart does not follow fails here.
+in provisioner/manifests/ that the chart does not follow fails here.
 
 Needs the helm binary (PATH, or the toolchain's /var/cache/slurmk8s/toolchain/bin/helm, which
 .ci/run builds); skipped with that reason when it is missing.
@@ -288,7 +288,7 @@ def test_chart_deploys_what_the_pulumi_program_deploys(case, pulumi_run):
     spec, pulumi, chart, nodes = _render(case, pulumi_run)
     problems = compare(spec, chart, pulumi, nodes)
     assert not problems, (f"charts/slurmk8s and the Pulumi program differ for {CASES[case][0].name} "
-                          "(update the chart's templates to follow provisioner/manifests.py):\n  "
+                          "(update the chart's templates to follow provisioner/manifests/):\n  "
                           + "\n  ".join(problems))
 
 

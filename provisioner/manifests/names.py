@@ -1,0 +1,113 @@
+"""Labels, annotations, object names, ports, paths and other constants shared by the builders."""
+
+from __future__ import annotations
+
+from ..config import ClusterSpec
+
+
+L_NAME = "app.kubernetes.io/name"
+L_INSTANCE = "app.kubernetes.io/instance"
+L_COMPONENT = "app.kubernetes.io/component"
+L_PART_OF = "app.kubernetes.io/part-of"
+L_MANAGED_BY = "app.kubernetes.io/managed-by"
+L_CLUSTER = "slurmk8s.io/cluster"
+L_POOL = "slurmk8s.io/pool"
+L_NODE = "slurmk8s.io/node"
+L_SUBDOMAIN = "slurmk8s.io/subdomain"
+L_TIER = "slurmk8s.io/tier"  # "control" on the workloads the idle teardown scales (provisioner.controltier)
+TIER_CONTROL = "control"
+A_SPEC_HASH = "slurmk8s.io/spec-hash"
+A_K8S_NODE = "slurmk8s.io/k8s-node"
+A_CONFIG_HASH = "slurmk8s.io/config-hash"
+A_USERS_HASH = "slurmk8s.io/users-hash"
+A_MULTUS = "k8s.v1.cni.cncf.io/networks"
+
+CONTROLLER = "slurmctld"  # StatefulSet, its headless Service, ServiceAccount
+CONTROLLER_POD = "slurmctld-0"  # = SlurmctldHost
+CONTROLLER_STATE_PVC = "slurmctld-state"
+LOGIN = "login"  # Deployment and the SSH Service
+# The login pod's hostname, under the workers' subdomain. Not "login": inside the namespace a bare
+# "login" resolves to the SSH Service (port 22 only) first, while jobs that call back to the login
+# pod (salloc, interactive frameworks) use its hostname and arbitrary ports.
+LOGIN_HOST = "login-0"
+WORKERS = "workers"  # headless Service: the subdomain of worker pods (and of the login pod)
+HOME_PVC = "home"
+AUTH_SECRET = "slurm-auth"
+SSH_HOST_KEYS_SECRET = "ssh-host-keys"
+AUTHORIZED_KEYS_SECRET = "authorized-keys"
+SLURM_CONFIG = "slurm-config"
+USERS_CONFIG = "slurm-users"
+SPEC_CONFIG = "slurmk8s-spec"
+WORKER_ROLE = "slurmk8s-worker-pods"
+TEMPLATE_PREFIX = "worker-template-"
+TIER_ROLE = "slurmk8s-control-tier"  # the reconcile loop: sleep / record / wake the control tier
+LOGIN_AGENT = "login-agent"  # ServiceAccount, Role and container of the login pod's wake agent
+# accounting (spec.accounting): slurmdbd and the internal database
+SLURMDBD = "slurmdbd"  # Deployment, Service, pod hostname (= DbdHost), AccountingStorageHost
+MARIADB = "mariadb"  # StatefulSet and Service of the internal database
+DATABASE_PVC = "accounting-db"
+DB_SECRET = "accounting-db"  # generated password of the internal database (key "password")
+DB_SECRET_KEY = "password"
+SLURMDBD_CONF_SECRET = "slurmdbd-conf"  # slurmdbd.conf without StoragePass; only the slurmdbd pod mounts it
+DB_NAME = "slurm_acct_db"
+DB_USER = "slurm"
+
+SLURMCTLD_PORT = 6817
+SLURMD_PORT = 6818
+SLURMDBD_PORT = 6819
+MYSQL_PORT = 3306
+SSH_PORT = 22
+
+# Where the images expect things (images/README.md, "contract").
+MUNGE_DIR = "/etc/slurmk8s/secret"
+USERS_DIR = "/etc/slurmk8s/users"
+AUTHORIZED_KEYS_DIR = "/etc/slurmk8s/authorized_keys"
+HOST_KEYS_DIR = "/etc/slurmk8s/ssh-host-keys"
+DB_PASSWORD_DIR = "/etc/slurmk8s/db"  # the entrypoints read <dir>/password
+SLURMDBD_CONF_DIR = "/etc/slurmk8s/slurmdbd"
+SPEC_DIR = "/etc/slurmk8s/spec"
+ELASTIC_ENV = "/etc/slurmk8s/elastic.env"  # read by the resume/suspend programs (provisioner.elastic)
+ELASTIC_ENV_KEY = "elastic.env"
+SLURM_CONF_DIR = "/etc/slurm"
+STATE_DIR = "/var/spool/slurmctld"
+SSH_HOST_KEY_TYPES = ("ed25519", "ecdsa", "rsa")
+
+# Files of render_all() that go to the slurmctld config directory (the rest are users' files).
+SLURM_FILES = ("slurm.conf", "topology.conf", "gres.conf", "inventory.json")
+USER_FILES = ("passwd", "group")
+
+# Capabilities the entrypoints need as root: chown/chmod of state and home dirs, munged and
+# slurmstepd dropping to users (setuid/setgid), signalling users' processes (kill). sshd also
+# chroots its pre-auth child and binds port 22. Everything else (NET_RAW, MKNOD, ...) is dropped.
+BASE_CAPS = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID")
+LOGIN_CAPS = BASE_CAPS + ("SYS_CHROOT", "NET_BIND_SERVICE", "AUDIT_WRITE")
+
+WORKER_GRACE_SECONDS = 15
+SLURM_UID = 64030  # SlurmUser in every image (images/Dockerfile)
+MYSQL_UID = 64031  # the mysql user of the mariadb image (images/Dockerfile)
+MUNGE_SOCKET_DIR = "/run/munge"
+SLURMK8S_LOG_DIR = "/var/log/slurmk8s"
+BIN_DIR = "/opt/slurmk8s/bin"
+RECONCILE_PERIOD = 10
+METRICS_PORT = 9410
+ACTIVITY_PORT = 9411  # the login agent's /activity (SSH sessions), read by the reconcile loop
+WAKE_PORT = 9412  # the login agent's wake requests, on the login pod's loopback only
+ACTIVITY_DIR = "/run/slurmk8s/activity"  # the login container writes its session count here
+SA_TOKEN_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+AGENT_UID = 65532  # the login agent runs as this unprivileged user (no user of the cluster has it)
+CONTROLLER_GRACE_SECONDS = 60  # slurmctld saves state; a sleeping loop then stops slurmdbd and the database
+
+
+def base_labels(spec: ClusterSpec, component: str) -> dict[str, str]:
+    return {
+        L_NAME: "slurmk8s",
+        L_INSTANCE: spec.name,
+        L_PART_OF: "slurmk8s",
+        L_COMPONENT: component,
+        L_CLUSTER: spec.name,
+    }
+
+
+def selector(spec: ClusterSpec, component: str) -> dict[str, str]:
+    """The minimal, never-changing labels that select a component's pods."""
+    return {L_CLUSTER: spec.name, L_COMPONENT: component}

@@ -1,0 +1,118 @@
+"""ServiceAccounts, Roles and RoleBindings: the resume/suspend programs' and the idle teardown's."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..config import ClusterSpec
+from .common import _meta, login_sleeps, sleeps
+from .names import CONTROLLER, LOGIN, LOGIN_AGENT, MARIADB, SLURMDBD, TIER_ROLE, WORKER_ROLE
+
+
+# ---------------------------------------------------------------- RBAC for the resume/suspend programs
+
+
+def controller_service_account(spec: ClusterSpec) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(spec, CONTROLLER, CONTROLLER)}
+
+
+def worker_role(spec: ClusterSpec) -> dict[str, Any]:
+    """Pods only, in this namespace only: what ResumeProgram / SuspendProgram need."""
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+        "metadata": _meta(spec, WORKER_ROLE, CONTROLLER),
+        "rules": [{"apiGroups": [""], "resources": ["pods"],
+                   "verbs": ["create", "get", "list", "watch", "delete"]}],
+    }
+
+
+def worker_role_binding(spec: ClusterSpec) -> dict[str, Any]:
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+        "metadata": _meta(spec, WORKER_ROLE, CONTROLLER),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": WORKER_ROLE},
+        "subjects": [{"kind": "ServiceAccount", "name": CONTROLLER, "namespace": spec.namespace_name}],
+    }
+
+
+# ---------------------------------------------------------------- RBAC for the idle teardown
+
+
+def control_tier_workloads(spec: ClusterSpec) -> list[tuple[str, str]]:
+    """(kind, name) of every workload labelled ``slurmk8s.io/tier=control``, in sleep order. The
+    scale rights of the Roles below name exactly these."""
+    out = [("StatefulSet", CONTROLLER)]
+    if spec.accounting.enabled:
+        out.append(("Deployment", SLURMDBD))
+        if spec.accounting.external_database is None:
+            out.append(("StatefulSet", MARIADB))
+    if login_sleeps(spec):
+        out.insert(0, ("Deployment", LOGIN))
+    return out
+
+
+def _tier_rules(spec: ClusterSpec, controller: bool) -> list[dict[str, Any]]:
+    """Read the tier's workloads, scale exactly those, emit Events; the reconcile loop also writes
+    the state annotations of its own StatefulSet and reads the wake requests (Events)."""
+    names = control_tier_workloads(spec)
+    rules: list[dict[str, Any]] = [
+        {"apiGroups": ["apps"], "resources": ["statefulsets", "deployments"], "verbs": ["get", "list"]}]
+    for kind, resource in (("StatefulSet", "statefulsets/scale"), ("Deployment", "deployments/scale")):
+        named = [n for k, n in names if k == kind]
+        if named:
+            rules.append({"apiGroups": ["apps"], "resources": [resource], "resourceNames": named,
+                          "verbs": ["get", "patch", "update"]})
+    rules.append({"apiGroups": [""], "resources": ["events"], "verbs": ["create", "list"] if controller else ["create"]})
+    if controller:
+        rules.append({"apiGroups": ["apps"], "resources": ["statefulsets"], "resourceNames": [CONTROLLER],
+                      "verbs": ["patch"]})
+    return rules
+
+
+def _role(spec: ClusterSpec, name: str, component: str, rules: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+            "metadata": _meta(spec, name, component), "rules": rules}
+
+
+def _binding(spec: ClusterSpec, name: str, component: str, account: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+        "metadata": _meta(spec, name, component),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": spec.namespace_name}],
+    }
+
+
+def control_tier_role(spec: ClusterSpec) -> dict[str, Any]:
+    """The reconcile loop's rights to sleep the tier and record its state (slurmctld's account)."""
+    return _role(spec, TIER_ROLE, CONTROLLER, _tier_rules(spec, controller=True))
+
+
+def control_tier_role_binding(spec: ClusterSpec) -> dict[str, Any]:
+    return _binding(spec, TIER_ROLE, CONTROLLER, CONTROLLER)
+
+
+def login_agent_service_account(spec: ClusterSpec) -> dict[str, Any]:
+    """The login pod's account. Its token reaches only the wake agent's container (projected
+    volume); the login container itself has none."""
+    return {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(spec, LOGIN_AGENT, LOGIN),
+            "automountServiceAccountToken": False}
+
+
+def login_agent_role(spec: ClusterSpec) -> dict[str, Any]:
+    """Wake only: read the tier's workloads, scale exactly those, leave a WakeRequested Event."""
+    return _role(spec, LOGIN_AGENT, LOGIN, _tier_rules(spec, controller=False))
+
+
+def login_agent_role_binding(spec: ClusterSpec) -> dict[str, Any]:
+    return _binding(spec, LOGIN_AGENT, LOGIN, LOGIN_AGENT)
+
+
+def control_tier_objects(spec: ClusterSpec) -> list[dict[str, Any]]:
+    """The RBAC of the idle teardown (none without ``idle_teardown``)."""
+    if not sleeps(spec):
+        return []
+    objs = [control_tier_role(spec), control_tier_role_binding(spec)]
+    if spec.login.enabled:
+        objs += [login_agent_service_account(spec), login_agent_role(spec), login_agent_role_binding(spec)]
+    return objs

@@ -1,0 +1,200 @@
+"""slurmctld: its configuration, state volume, Service and StatefulSet (with the reconcile and
+accounting containers)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Mapping
+
+from ..config import ClusterSpec
+from .common import (K8sSite, _config_volume, _container_security, _meta, _pod_security, _pvc, _pvc_volume,
+                     _secret_volume, content_hash, dns_searches, tier_labels)
+from .names import (A_CONFIG_HASH, A_SPEC_HASH, A_USERS_HASH, AUTH_SECRET, BASE_CAPS, BIN_DIR, CONTROLLER,
+                    CONTROLLER_GRACE_SECONDS, CONTROLLER_STATE_PVC, ELASTIC_ENV, ELASTIC_ENV_KEY, METRICS_PORT,
+                    MUNGE_DIR, MUNGE_SOCKET_DIR, RECONCILE_PERIOD, SLURM_CONF_DIR, SLURM_CONFIG, SLURM_FILES,
+                    SLURM_UID, SLURMCTLD_PORT, SLURMK8S_LOG_DIR, SPEC_CONFIG, SPEC_DIR, STATE_DIR, USER_FILES,
+                    USERS_CONFIG, USERS_DIR, base_labels, selector)
+
+
+# ---------------------------------------------------------------- configuration
+
+
+def slurm_config_map(spec: ClusterSpec, files: Mapping[str, str]) -> dict[str, Any]:
+    """slurm.conf, topology.conf, gres.conf and inventory.json, mounted at /etc/slurm on slurmctld."""
+    return {
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": _meta(spec, SLURM_CONFIG, CONTROLLER),
+        "data": {name: files[name] for name in SLURM_FILES if name in files},
+    }
+
+
+def spec_document(spec: ClusterSpec, site: K8sSite) -> dict[str, Any]:
+    """What the in-cluster programs need to rebuild any worker pod: the spec and the site."""
+    return {
+        "spec": spec.model_dump(mode="json"),
+        "site": {"cluster_domain": site.cluster_domain,
+                 "host_network_sources": list(site.host_network_sources)},
+    }
+
+
+def elastic_env(spec: ClusterSpec) -> dict[str, str]:
+    """Settings of the resume / suspend programs. Slurm starts them with a minimal environment (not
+    the container's), so they read these from /etc/slurmk8s/elastic.env as well."""
+    return {
+        "SLURMK8S_BACKEND": "kubernetes",
+        "SLURMK8S_INVENTORY": f"{SLURM_CONF_DIR}/inventory.json",
+        "SLURMK8S_SPEC": f"{SPEC_DIR}/spec.json",
+        "SLURMK8S_SITE": f"{SPEC_DIR}/site.json",
+        "SLURMK8S_NAMESPACE": spec.namespace_name,
+    }
+
+
+def spec_config_map(spec: ClusterSpec, site: K8sSite) -> dict[str, Any]:
+    doc = spec_document(spec, site)
+    return {
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": _meta(spec, SPEC_CONFIG, CONTROLLER),
+        "data": {
+            "spec.json": json.dumps(doc["spec"], indent=1, sort_keys=True) + "\n",
+            "site.json": json.dumps(doc["site"], indent=1, sort_keys=True) + "\n",
+            ELASTIC_ENV_KEY: "".join(f"{k}={v}\n" for k, v in elastic_env(spec).items()),
+        },
+    }
+
+
+# ---------------------------------------------------------------- state, Service, StatefulSet
+
+
+def controller_state_pvc(spec: ClusterSpec) -> dict[str, Any]:
+    return _pvc(spec, CONTROLLER_STATE_PVC, CONTROLLER, spec.storage.controller_state)
+
+
+def controller_service(spec: ClusterSpec) -> dict[str, Any]:
+    """Headless: gives the StatefulSet pod its DNS name slurmctld-0.slurmctld.<ns>.svc; published
+    before readiness so slurmctld resolves its own SlurmctldHost at start."""
+    return {
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": _meta(spec, CONTROLLER, CONTROLLER),
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": selector(spec, CONTROLLER),
+            "ports": [{"name": "slurmctld", "port": SLURMCTLD_PORT, "targetPort": SLURMCTLD_PORT, "protocol": "TCP"}],
+        },
+    }
+
+
+def controller_statefulset(spec: ClusterSpec, files: Mapping[str, str], site: K8sSite = K8sSite()) -> dict[str, Any]:
+    """slurmctld: one pod (hostname slurmctld-0), state on a PVC, the resume/suspend programs inside.
+
+    ``replicas`` is left out on purpose (see the module docstring). A change of the rendered
+    configuration or the users rolls the pod (annotations), so a new inventory takes effect.
+    """
+    labels = {**base_labels(spec, CONTROLLER)}
+    annotations = {
+        A_CONFIG_HASH: content_hash({n: files.get(n) for n in SLURM_FILES}),
+        A_USERS_HASH: content_hash({n: files[n] for n in USER_FILES}),
+        A_SPEC_HASH: content_hash(spec_document(spec, site)),
+    }
+    container = {
+        "name": "slurmctld",
+        "image": spec.images.controller,
+        "imagePullPolicy": spec.images.pull_policy,
+        # for commands run in the container (kubectl exec); the programs Slurm starts read elastic.env
+        "env": [{"name": k, "value": v} for k, v in elastic_env(spec).items()],
+        "ports": [{"name": "slurmctld", "containerPort": SLURMCTLD_PORT, "protocol": "TCP"}],
+        "readinessProbe": {"tcpSocket": {"port": SLURMCTLD_PORT}, "periodSeconds": 2, "failureThreshold": 3},
+        "livenessProbe": {"tcpSocket": {"port": SLURMCTLD_PORT}, "initialDelaySeconds": 60,
+                          "periodSeconds": 20, "failureThreshold": 6},
+        "resources": {"requests": {"cpu": "250m", "memory": "512Mi"}},
+        "securityContext": _container_security(BASE_CAPS),
+        "volumeMounts": [
+            {"name": "slurm-config", "mountPath": SLURM_CONF_DIR, "readOnly": True},
+            {"name": "spec", "mountPath": SPEC_DIR, "readOnly": True},
+            {"name": "spec", "mountPath": ELASTIC_ENV, "subPath": ELASTIC_ENV_KEY, "readOnly": True},
+            {"name": "users", "mountPath": USERS_DIR, "readOnly": True},
+            {"name": "munge-key", "mountPath": MUNGE_DIR, "readOnly": True},
+            {"name": "state", "mountPath": STATE_DIR},
+            {"name": "munge-socket", "mountPath": MUNGE_SOCKET_DIR},
+            {"name": "slurmk8s-log", "mountPath": SLURMK8S_LOG_DIR},
+        ],
+    }
+    # The reconcile loop (orphans, stuck and vanished workers, pool backoff) and the metrics
+    # endpoint: a second container, so a crash restarts it alone. It talks to slurmctld like any
+    # client, through the munge socket of the slurmctld container (a shared in-memory volume).
+    reconcile = {
+        "name": "reconcile",
+        "image": spec.images.controller,
+        "imagePullPolicy": spec.images.pull_policy,
+        "command": [f"{BIN_DIR}/slurmk8s-reconcile", "--period", str(RECONCILE_PERIOD),
+                    "--metrics-port", str(METRICS_PORT)],
+        "env": [{"name": k, "value": v} for k, v in elastic_env(spec).items()],
+        "ports": [{"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"}],
+        "readinessProbe": {"httpGet": {"path": "/metrics", "port": METRICS_PORT}, "periodSeconds": 10},
+        "resources": {"requests": {"cpu": "50m", "memory": "128Mi"}},
+        "securityContext": {**_container_security(()), "runAsUser": SLURM_UID, "runAsGroup": SLURM_UID,
+                            "runAsNonRoot": True},
+        "volumeMounts": [
+            {"name": "slurm-config", "mountPath": SLURM_CONF_DIR, "readOnly": True},
+            {"name": "spec", "mountPath": SPEC_DIR, "readOnly": True},
+            {"name": "spec", "mountPath": ELASTIC_ENV, "subPath": ELASTIC_ENV_KEY, "readOnly": True},
+            {"name": "state", "mountPath": STATE_DIR},
+            {"name": "munge-socket", "mountPath": MUNGE_SOCKET_DIR},
+            {"name": "slurmk8s-log", "mountPath": SLURMK8S_LOG_DIR},
+        ],
+    }
+    return {
+        "apiVersion": "apps/v1", "kind": "StatefulSet",
+        "metadata": {**_meta(spec, CONTROLLER, CONTROLLER), "labels": tier_labels(spec, CONTROLLER)},
+        "spec": {
+            "serviceName": CONTROLLER,
+            "selector": {"matchLabels": selector(spec, CONTROLLER)},
+            "podManagementPolicy": "Parallel",
+            "template": {
+                "metadata": {"labels": labels, "annotations": annotations},
+                "spec": {
+                    "serviceAccountName": CONTROLLER,
+                    "automountServiceAccountToken": True,  # the resume/suspend programs call the API
+                    "enableServiceLinks": False,
+                    "dnsConfig": {"searches": dns_searches(spec, site)},
+                    "securityContext": _pod_security(),
+                    # slurmctld saves its state on SIGTERM; when the idle teardown stops it, the
+                    # reconcile container then scales slurmdbd and the database down in order
+                    "terminationGracePeriodSeconds": CONTROLLER_GRACE_SECONDS,
+                    "containers": [container, reconcile] + (
+                        [accounting_container(spec)] if spec.accounting.enabled else []),
+                    "volumes": [
+                        _config_volume("slurm-config", SLURM_CONFIG),
+                        _config_volume("spec", SPEC_CONFIG),
+                        _config_volume("users", USERS_CONFIG),
+                        _secret_volume("munge-key", AUTH_SECRET),
+                        _pvc_volume("state", CONTROLLER_STATE_PVC),
+                        {"name": "munge-socket", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
+                        {"name": "slurmk8s-log", "emptyDir": {"sizeLimit": "256Mi"}},
+                    ],
+                },
+            },
+        },
+    }
+
+
+def accounting_container(spec: ClusterSpec) -> dict[str, Any]:
+    """The slurmctld pod's `accounting` container: keeps cluster, accounts and users in the database
+    in step with the spec (provisioner.accounting), as SlurmUser through slurmctld's munge socket."""
+    return {
+        "name": "accounting",
+        "image": spec.images.controller,
+        "imagePullPolicy": spec.images.pull_policy,
+        # under tini, not PID 1 (which the kernel shields from SIGTERM): a pod deletion stops it at
+        # once instead of after the pod's whole termination grace period
+        "command": ["/usr/bin/tini", "--", f"{BIN_DIR}/slurmk8s-accounting", "--spec", f"{SPEC_DIR}/spec.json",
+                    "--period", "30"],
+        "resources": {"requests": {"cpu": "10m", "memory": "64Mi"}},
+        "securityContext": {**_container_security(()), "runAsUser": SLURM_UID, "runAsGroup": SLURM_UID,
+                            "runAsNonRoot": True},
+        "volumeMounts": [
+            {"name": "slurm-config", "mountPath": SLURM_CONF_DIR, "readOnly": True},
+            {"name": "spec", "mountPath": SPEC_DIR, "readOnly": True},
+            {"name": "munge-socket", "mountPath": MUNGE_SOCKET_DIR},
+        ],
+    }
