@@ -3,7 +3,7 @@
 Every builder takes the validated :class:`~provisioner.config.ClusterSpec` (plus, where needed, the
 generated files or the Slurm node) and returns the object exactly as it would be sent to the API
 server. The Pulumi program (``provisioner.deploy``) turns them into resources one to one; the
-Kubernetes node backend (``provisioner.kube``) sends :func:`worker_pod` to the API server when Slurm
+Kubernetes node backend (``provisioner.elastic.k8s_backend``) sends :func:`worker_pod` to the API server when Slurm
 resumes a node. Nothing here reads the clock, the environment or the network.
 
 Values that are secret (the Slurm auth key, SSH host keys) are passed in by the caller; they may
