@@ -26,9 +26,8 @@ from typing import Any, Mapping, Sequence
 from . import manifests as m
 from .config import ClusterSpec, json_schema, parse_spec
 from .errors import SlurmK8sError
-from .generate import generate
-from .inventory import nodes_from_api
-from .render import Site, write_files
+from .generate import generate_for_kubernetes
+from .render import write_files
 
 
 # The chart's own settings, next to the spec's keys in the values (not part of the spec).
@@ -87,8 +86,7 @@ def render_files(spec: ClusterSpec, k8s_nodes: Sequence[Mapping[str, Any]],
                  cluster_domain: str = "cluster.local") -> tuple[dict[str, str], list[str]]:
     """The files of the ``slurm-config`` ConfigMap, exactly as the Pulumi program builds them, and
     the Kubernetes nodes left out (with the reason)."""
-    site = Site(accounting_host=m.slurmdbd_host(spec, m.K8sSite(cluster_domain=cluster_domain)))
-    gen = generate(spec, nodes_from_api(list(k8s_nodes)), site)
+    gen = generate_for_kubernetes(spec, k8s_nodes, cluster_domain)
     m.check_names(spec, gen.inventory)
     excluded = [f"{e.k8s_node} ({e.pool}): {e.reason}" for e in gen.inventory.excluded]
     return dict(m.slurm_config_map(spec, gen.files)["data"]), excluded

@@ -80,15 +80,19 @@ def render(
     spec: Path = typer.Option(..., "--spec", help="Cluster spec YAML."),
     nodes: Path = typer.Option(..., "--nodes", help="Kubernetes nodes as `kubectl get nodes -o json` prints them."),
     out: Path = typer.Option(..., "--out", help="Directory to write the files into."),
-    controller_host: str = typer.Option("slurmctld-0", help="Hostname of the slurmctld pod/container."),
+    cluster_domain: str = typer.Option("cluster.local", help="The Kubernetes cluster's DNS domain."),
+    controller_host: Optional[str] = typer.Option(None, help="Hostname of slurmctld, when not on Kubernetes "
+                                                  "(default: its pod, slurmctld-0)."),
     controller_addr: Optional[str] = typer.Option(None, help="Address of slurmctld, if not its hostname."),
 ) -> None:
     """Write slurm.conf, topology.conf, gres.conf, passwd, group and inventory.json (all or nothing)."""
     from .config import load_spec
     from .errors import SlurmK8sError
-    from .generate import generate
+    from dataclasses import replace
+
+    from .generate import generate, kubernetes_site
     from .inventory import nodes_from_api
-    from .render import Site, write_files
+    from .render import write_files
 
     try:
         loaded = load_spec(spec)
@@ -97,7 +101,11 @@ def render(
         except (OSError, ValueError) as err:
             _fail(f"--nodes {nodes}: cannot read a JSON node list ({err}); "
                   "create it with `kubectl get nodes -o json > nodes.json`")
-        result = generate(loaded, nodes_from_api(raw), Site(controller_host, controller_addr))
+        # exactly the files `up` deploys (generate_for_kubernetes), unless told to name the controller otherwise
+        site = kubernetes_site(loaded, cluster_domain)
+        if controller_host or controller_addr:
+            site = replace(site, controller_host=controller_host or site.controller_host, controller_addr=controller_addr)
+        result = generate(loaded, nodes_from_api(raw), site)
     except SlurmK8sError as err:
         _fail(err)
     for path in write_files(result.files, out):

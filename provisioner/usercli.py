@@ -48,17 +48,12 @@ def _fail(message: str, code: int = 2) -> NoReturn:
 
 
 def _api_client(kubeconfig: str | None) -> Any:
-    from kubernetes import config
+    from .kubeapi import KubeConfigError, api_client
 
     try:
-        if kubeconfig:
-            path = Path(kubeconfig).expanduser()
-            if not path.exists():
-                raise UserError(f"--kubeconfig {kubeconfig}: no such file")
-            return config.new_client_from_config(config_file=str(path))
-        return config.new_client_from_config()
-    except config.ConfigException as err:
-        raise UserError(f"no usable kubeconfig ({err}); pass --kubeconfig or set KUBECONFIG") from None
+        return api_client(kubeconfig)
+    except KubeConfigError as err:
+        raise UserError(f"{err}; pass --kubeconfig or set KUBECONFIG") from None
 
 
 def namespace_of(spec: Path | None, namespace: str | None) -> str:

@@ -27,6 +27,7 @@ from factories import aws_fleet, node
 
 from provisioner import manifests as m
 from provisioner.chart import needs_nodes, render_files, values_schema_text
+from provisioner.generate import generate_for_kubernetes
 from provisioner.config import load_spec, parse_spec
 from provisioner.deploy import program as prog
 from provisioner.deploy.secrets import generate
@@ -113,7 +114,7 @@ def _render(case: str, pulumi_run) -> tuple[Any, dict[str, dict], dict[str, dict
     spec_path, nodes_fn, domain = CASES[case]
     spec = load_spec(spec_path)
     nodes = nodes_fn()
-    gen = prog.generate(spec, prog.nodes_from_api(nodes), prog.Site())
+    gen = generate_for_kubernetes(spec, nodes, domain)
     sources = list(prog.host_network_sources(spec, gen, nodes))
     pulumi = pulumi_objects(pulumi_run, spec_path, nodes, domain)
     chart = helm_objects(spec_path, spec.namespace_name, {"clusterDomain": domain, "hostNetworkSources": sources})

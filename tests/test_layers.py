@@ -28,7 +28,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("provisioner.inventory",),
     ("provisioner.topology",),
     ("provisioner.render",),
-    ("provisioner.manifests", "provisioner.generate", "provisioner.specdoc"),  # pure core ends here
+    ("provisioner.manifests", "provisioner.specdoc"),
+    ("provisioner.generate",),  # the pipeline assembled once; the pure core ends here
     ("provisioner.kubeapi", "provisioner.slurm"),  # the seams to Kubernetes and Slurm
     ("provisioner.elastic",),  # resume / suspend programs and their backends
     ("provisioner.controltier",),  # sleep / wake of the control tier, the login agent

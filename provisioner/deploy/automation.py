@@ -29,9 +29,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from ..config import ClusterSpec, load_spec
 from ..errors import SlurmK8sError
-from ..generate import Generated, generate
-from ..inventory import nodes_from_api
-from ..render import Site
+from ..generate import Generated, generate_for_kubernetes
 from . import secrets as keys
 from .program import PROJECT, inline_program, read_k8s_nodes
 
@@ -273,6 +271,8 @@ def open_session(spec_path: str | Path, *, state: str | Path | None = None, stac
     from pulumi import automation as auto
     from urllib3.exceptions import HTTPError
 
+    from ..kubeapi import KubeConfigError
+
     env = dict(os.environ if env is None else env)
     started = time.monotonic()
     spec = load_spec(spec_path)
@@ -302,7 +302,7 @@ def open_session(spec_path: str | Path, *, state: str | Path | None = None, stac
         t0 = time.monotonic()
         try:
             session.nodes = read_k8s_nodes(session.kubeconfig)
-        except (ConfigException, ApiException, HTTPError, OSError, ValueError) as err:
+        except (ConfigException, KubeConfigError, ApiException, HTTPError, OSError, ValueError) as err:
             raise DeployError(
                 f"cannot list the Kubernetes nodes (kubeconfig {session.kubeconfig or 'default'}): "
                 f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}. Fix: pass --kubeconfig "
@@ -310,7 +310,7 @@ def open_session(spec_path: str | Path, *, state: str | Path | None = None, stac
                 "--kubeconfig \"$(slurmk8s cluster kubeconfig)\")"
             ) from None
         session.timings["nodes"] = time.monotonic() - t0
-        session.generated = generate(spec, nodes_from_api(session.nodes), Site())  # clean errors before Pulumi
+        session.generated = generate_for_kubernetes(spec, session.nodes)  # clean errors before Pulumi
     holder["program"] = inline_program(spec, session.nodes) if need_cluster else _no_program
     return session
 

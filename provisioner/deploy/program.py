@@ -37,9 +37,7 @@ import pulumi_kubernetes as k8s
 
 from .. import manifests as m
 from ..config import ClusterSpec
-from ..generate import Generated, generate
-from ..inventory import nodes_from_api
-from ..render import Site
+from ..generate import Generated, generate_for_kubernetes
 from .secrets import CONFIG_NAMESPACE, public_key, secrets_from_config
 
 PROJECT = "slurmk8s"
@@ -292,19 +290,10 @@ class SlurmCluster(pulumi.ComponentResource):
 
 def load_kubeconfig(value: str | None) -> Any:
     """A kubernetes ApiClient for a kubeconfig given as a path, as YAML content, or (None) the
-    default (KUBECONFIG / ~/.kube/config / in-cluster)."""
-    import yaml
-    from kubernetes import client, config
+    default (in-cluster / KUBECONFIG / ~/.kube/config): :func:`provisioner.kubeapi.api_client`."""
+    from ..kubeapi import api_client
 
-    if value and "\n" not in value and Path(value).expanduser().exists():
-        return config.new_client_from_config(config_file=str(Path(value).expanduser()))
-    if value:
-        return config.new_client_from_config_dict(yaml.safe_load(value))
-    try:
-        return config.new_client_from_config()
-    except config.ConfigException:
-        config.load_incluster_config()
-        return client.ApiClient()
+    return api_client(value)
 
 
 def read_k8s_nodes(kubeconfig: str | None) -> list[dict[str, Any]]:
@@ -347,8 +336,7 @@ def cluster_program(spec: ClusterSpec, k8s_nodes: Sequence[Mapping[str, Any]] | 
         k8s_nodes = nodes_from_config(cfg)
     raw = list(k8s_nodes)
     domain = cfg.get("clusterDomain") or "cluster.local"
-    gen = generate(spec, nodes_from_api(raw),
-                   Site(accounting_host=m.slurmdbd_host(spec, m.K8sSite(cluster_domain=domain))))
+    gen = generate_for_kubernetes(spec, raw, domain)
     site = m.K8sSite(cluster_domain=domain, host_network_sources=host_network_sources(spec, gen, raw))
     if secrets is None:
         secrets = secrets_from_config(cfg)
