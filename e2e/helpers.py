@@ -69,14 +69,24 @@ def worker_pods() -> dict[str, dict[str, Any]]:
     return {p["metadata"]["name"]: p for p in pods if not p["metadata"].get("deletionTimestamp")}
 
 
-def wait_for(what: str, predicate, timeout: float, interval: float = 0.5):
+def wait_for(what: str, predicate, timeout: float, interval: float = 0.5, *, until=None, show=None):
+    """Poll `predicate` until it returns something truthy; fail with `what` after `timeout` seconds.
+
+    With `until`, `predicate` reads a state and the wait ends when `until(state)` holds (the state
+    is returned). With `until` or `show`, a timeout also says what the last read showed:
+    `show(state)`, or the state itself (the end of it, when long)."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
-        if value:
+        if until(value) if until is not None else value:
             return value
         if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
+            message = f"timed out after {timeout:.0f} s waiting for {what}"
+            if until is not None or show is not None:
+                seen = str(show(value)) if show is not None else value if isinstance(value, str) else repr(value)
+                seen = seen if len(seen) <= 6000 else "..." + seen[-6000:]
+                message += "; last seen:" + ("\n" if "\n" in seen else " ") + seen
+            pytest.fail(message)
         time.sleep(interval)
 
 

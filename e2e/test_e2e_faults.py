@@ -53,12 +53,22 @@ def test_metrics_endpoint_reports_the_cluster(cluster: Cluster):
         with urllib.request.urlopen(url, timeout=5) as resp:
             return resp.read().decode()
 
-    text = wait_for("the metrics endpoint", lambda: _try(scrape), 60)
-    names = set(re.findall(r"^(slurmk8s_[a-z_]+)", text, re.M))
-    assert {"slurmk8s_nodes", "slurmk8s_jobs", "slurmk8s_reconcile_passes_total",
-            "slurmk8s_controller_rpc_seconds_count"} <= names, sorted(names)
-    # every Slurm node of the e2e pool `cpu`, whatever its state (the fault tests' pools have their own)
-    assert sum(float(v) for v in re.findall(r'^slurmk8s_nodes{[^}]*pool="cpu"[^}]*} ([0-9.e+]+)$', text, re.M)) == 3
+    families = {"slurmk8s_nodes", "slurmk8s_jobs", "slurmk8s_reconcile_passes_total",
+                "slurmk8s_controller_rpc_seconds_count"}
+
+    def names(text: str) -> set[str]:
+        return set(re.findall(r"^(slurmk8s_[a-z_]+)", text, re.M))
+
+    def cpu_nodes(text: str) -> float:
+        # every Slurm node of the e2e pool `cpu`, whatever its state (the fault tests' pools have their own)
+        return sum(float(v) for v in re.findall(r'^slurmk8s_nodes{[^}]*pool="cpu"[^}]*} ([0-9.e+]+)$', text, re.M))
+
+    # the endpoint answers before the loop's first pass has filled it in (a new slurmctld pod): wait
+    # for a scrape that shows a pass, not for the endpoint
+    text = wait_for("the loop's families and the 3 nodes of pool cpu in the metrics", lambda: _try(scrape) or "", 60,
+                    until=lambda t: families <= names(t) and cpu_nodes(t) == 3,
+                    show=lambda t: f"families {sorted(names(t))}, pool cpu nodes {cpu_nodes(t)}" if t
+                    else "endpoint not answering")
     before = _counter(text, "slurmk8s_elastic_requests_total")
     login = cluster.login()
     wait_for("every worker pod to be gone", lambda: worker_pods() == {}, 120, interval=2)

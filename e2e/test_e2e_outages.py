@@ -164,8 +164,12 @@ def _controller_outages(login, running: list[str], pending: list[str], t0: float
         out = login.run(f"cat ~/ctlkill-{job}.out").stdout.split("\n")
         assert out[0] == "start 0" and "done" in out, out
     if accounting(login):
-        acct = sacct_states(login, running + pending)
-        assert {acct.get(j) for j in running + pending} == {"COMPLETED"}, acct
+        # slurmctld sends the job records to slurmdbd on its own time (and queued them while it was
+        # away): sacct catches up with squeue a moment later
+        ids = running + pending
+        wait_for(f"sacct to show the {len(ids)} jobs COMPLETED", lambda: sacct_states(login, ids), 60, interval=2,
+                 until=lambda acct: {acct.get(j) for j in ids} == {"COMPLETED"},
+                 show=lambda acct: {j: acct.get(j) for j in ids if acct.get(j) != "COMPLETED"})
     else:
         print("no slurmdbd in this cluster: accounting not asserted (squeue/scontrol only)")
     # 4. the loop converges: zero pods, every node idle~, nothing judged orphaned or missing meanwhile

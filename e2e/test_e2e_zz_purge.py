@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from helpers import NAMESPACE, SLURMK8S, TOOLCHAIN_BIN, Cluster, kjson, kubeconfig, kubectl, slurmk8s
+from helpers import NAMESPACE, SLURMK8S, TOOLCHAIN_BIN, Cluster, kjson, kubeconfig, kubectl, slurmk8s, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.e2e_destroys]
 
@@ -33,4 +33,6 @@ def test_down_purge_asks_then_deletes_every_volume(cluster: Cluster):
         assert f"deleted PersistentVolumeClaim {NAMESPACE}/{claim}" in said, said[-3000:]
     assert kubectl("get", "namespace", NAMESPACE, check=False).returncode != 0, "the namespace must be gone"
     for pv in filter(None, claims.values()):  # the local volumes' reclaim policy is Retain: released, not bound
-        assert kjson("get", "pv", pv)["status"]["phase"] == "Released", pv
+        # the PV controller marks a volume Released once it sees its claim gone, on its own time
+        wait_for(f"volume {pv} Released", lambda pv=pv: kjson("get", "pv", pv)["status"].get("phase"), 30, interval=1,
+                 until=lambda phase: phase == "Released")

@@ -78,9 +78,11 @@ def test_scale_from_zero_and_back_to_zero(cluster: Testbed):
 
     # idle for SuspendTime (15 s): Slurm calls our suspend program, the containers go
     cluster.wait_all_powered_down(timeout=15 + 5 + 40)
-    log = cluster.elastic_log()[log_before:]
-    for name in nodes:
-        assert re.search(rf"{name} delete ok", log), log
+    # the suspend program logs its deletes once they have all returned: the containers can be gone
+    # (and the nodes powered down, SuspendTimeout after the program started) just before it does
+    wait_for(f"the suspend program's 'delete ok' lines for {', '.join(nodes)}",
+             lambda: cluster.elastic_log()[log_before:], 15,
+             until=lambda log: all(re.search(rf"{name} delete ok", log) for name in nodes))
     states = cluster.sinfo_states()
     assert all(states[n] == "idle~" for n in nodes), states
 
@@ -123,6 +125,7 @@ def test_busy_node_marked_for_scale_in_finishes_its_job_first(cluster: Testbed, 
     job = cluster.sbatch("-N1", "-o", home("drain-%j.out"), "--wrap", "sleep 12; echo finished")
     cluster.wait_job(job, {"RUNNING"}, 90)
     name = cluster.job(job)["nodes"]
+    log_before = len(cluster.elastic_log())  # the node's container runs: its removal is logged after this
     cluster.exec(cluster.ctld, ["scontrol", "update", f"nodename={name}", f"state={scale_in}",
                                 "reason=scale-in test"])
     try:
@@ -137,8 +140,11 @@ def test_busy_node_marked_for_scale_in_finishes_its_job_first(cluster: Testbed, 
         # then Slurm suspends it and our suspend program removes the container
         wait_for(f"{name}'s container to be removed", lambda: name not in cluster.workers(), 15 + 60)
         wait_for(f"{name} powered down", lambda: cluster.nodes()[name].powered_down, 60)
-        removed = [line for line in cluster.elastic_log().splitlines() if f"{name} delete ok" in line]
-        assert removed, cluster.elastic_log()
+        # the suspend program logs the delete once it has returned, possibly just after the two
+        # waits above saw its effects; a line from before the job would say nothing about this one
+        log = wait_for(f"the suspend program's '{name} delete ok' line", lambda: cluster.elastic_log()[log_before:],
+                       15, until=lambda log: f"{name} delete ok" in log)
+        removed = [line for line in log.splitlines() if f"{name} delete ok" in line]
         stamp = calendar.timegm(time.strptime(removed[-1].split(".")[0], "%Y-%m-%dT%H:%M:%S"))
         assert stamp >= end, f"container removed at {stamp}, before the job ended at {end}"
     finally:

@@ -162,21 +162,19 @@ def scrape_until(url: str, what: str, timeout: float, done: Callable[[dict[str, 
                  *shown: str) -> dict[str, float]:
     """Scrape until `done(samples)` holds; on timeout say what the last scrape showed of the
     `shown` metric families (or why the endpoint did not answer)."""
-    last: list[object] = ["no scrape yet"]
 
-    def probe() -> dict[str, float] | None:
+    def read() -> dict[str, float] | str:
         try:
-            samples = scrape(url)
+            return scrape(url)
         except OSError as e:
-            last[0] = f"endpoint not answering: {e}"
-            return None
-        last[0] = {k: v for k, v in samples.items() if any(k.startswith(p) for p in shown)}
-        return samples if done(samples) else None
+            return f"endpoint not answering: {e}"
 
-    try:
-        return wait_for(what, probe, timeout)
-    except TimeoutError as e:
-        raise AssertionError(f"{e}; last seen: {last[0]}") from None
+    def families(s: dict[str, float] | str) -> object:
+        return s if isinstance(s, str) else {k: v for k, v in s.items() if any(k.startswith(p) for p in shown)}
+
+    samples = wait_for(what, read, timeout, until=lambda s: not isinstance(s, str) and done(s), show=families)
+    assert isinstance(samples, dict)
+    return samples
 
 
 def test_resume_refuses_a_backed_off_pool_at_once(bed: Testbed):

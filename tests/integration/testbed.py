@@ -76,15 +76,25 @@ def unavailable_reason() -> str | None:
     return None
 
 
-def wait_for(what: str, probe: Callable[[], T | None], timeout: float, interval: float = 0.5) -> T:
-    """Poll `probe` until it returns something truthy; fail with `what` after `timeout` seconds."""
+def wait_for(what: str, probe: Callable[[], T | None], timeout: float, interval: float = 0.5, *,
+             until: Callable[[T], object] | None = None, show: Callable[[T], object] | None = None) -> T:
+    """Poll `probe` until it returns something truthy; fail with `what` after `timeout` seconds.
+
+    With `until`, `probe` reads a state and the wait ends when `until(state)` holds (the state is
+    returned). With `until` or `show`, a timeout also says what the last read showed:
+    `show(state)`, or the state itself (the end of it, when long)."""
     deadline = time.monotonic() + timeout
     while True:
         value = probe()
-        if value:
+        if until(value) if until is not None else value:
             return value
         if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+            message = f"timed out after {timeout:.0f}s waiting for {what}"
+            if until is not None or show is not None:
+                seen = str(show(value)) if show is not None else value if isinstance(value, str) else repr(value)
+                seen = seen if len(seen) <= 6000 else "..." + seen[-6000:]
+                message += "; last seen:" + ("\n" if "\n" in seen else " ") + seen
+            raise TimeoutError(message)
         time.sleep(interval)
 
 
