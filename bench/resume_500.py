@@ -25,7 +25,8 @@ sys.path.insert(0, str(ROOT / "tests"))  # the fakes package
 from helpers import kjson, kubectl, kubectl_exe, kubeconfig  # noqa: E402
 
 from provisioner.config import parse_spec  # noqa: E402
-from provisioner.elastic.programs import Context, Log, run_resume, run_suspend  # noqa: E402
+from provisioner.elastic.programs import Context, run_resume, run_suspend  # noqa: E402
+from provisioner.logs import Log  # noqa: E402
 from fakes.slurm import FakeSlurm  # noqa: E402
 from provisioner.generate import generate  # noqa: E402
 from provisioner.elastic.k8s_backend import from_env  # noqa: E402

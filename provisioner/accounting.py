@@ -15,6 +15,7 @@ Slurm makes with every cluster are never touched.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import subprocess
 import sys
@@ -24,6 +25,7 @@ from enum import Enum
 from typing import Any, Mapping, Protocol, Sequence
 
 from .errors import SlurmK8sError
+from .logs import Log
 
 DEFAULT_PERIOD = 30.0
 RETRY_PERIOD = 2.0
@@ -226,8 +228,13 @@ def sync(desired: Desired, db: Database) -> SyncResult:
 # ---------------------------------------------------------------- entry point
 
 
+@functools.cache
+def _logger() -> Log:
+    return Log("slurmk8s-accounting", stream=sys.stdout)
+
+
 def _log(msg: str) -> None:
-    print(f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} [slurmk8s-accounting] {msg}", flush=True)
+    _logger().write(msg)
 
 
 def load_desired(spec_path: str) -> Desired:

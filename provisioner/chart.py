@@ -29,7 +29,6 @@ from .errors import SlurmK8sError
 from .generate import generate_for_kubernetes
 from .render import write_files
 
-
 # The chart's own settings, next to the spec's keys in the values (not part of the spec).
 CHART_KEY = "chart"
 _CHART_SCHEMA: dict[str, Any] = {

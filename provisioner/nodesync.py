@@ -20,8 +20,9 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import hostlist
 
-from .slurm.commands import Scontrol, SlurmCommandError
 from .inventory import Inventory
+from .logs import Log
+from .slurm.commands import Scontrol, SlurmCommandError
 
 OUR_PREFIX = "kubernetes node "  # every reason slurmk8s sets here starts with it
 
@@ -67,11 +68,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     wait = float(args[args.index("--wait") + 1]) if "--wait" in args else 0.0
     path = os.environ.get("SLURMK8S_INVENTORY", "/etc/slurm/inventory.json")
+    log = Log("slurmk8s-sync-nodes", stream=sys.stderr).write
     try:
         with open(path) as fh:
             inventory = Inventory.from_json(json.load(fh))
     except (OSError, ValueError, KeyError) as err:
-        print(f"slurmk8s-sync-nodes: cannot read the inventory {path}: {err}", file=sys.stderr)
+        log(f"cannot read the inventory {path}: {err}")
         return 1
     scontrol = Scontrol(timeout=20.0)
     deadline = time.monotonic() + wait
@@ -81,15 +83,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             break
         except (SlurmCommandError, ValueError, KeyError) as err:
             if time.monotonic() >= deadline:
-                print(f"slurmk8s-sync-nodes: slurmctld not answering: {err}", file=sys.stderr)
+                log(f"slurmctld not answering: {err}")
                 return 1
             time.sleep(1.0)
     status = 0
     for action in plan(inventory, nodes):
         try:
             scontrol.run(action.argv(scontrol.scontrol))
-            print(f"slurmk8s-sync-nodes: {action.state} {','.join(action.names)}: {action.reason}")
+            log(f"{action.state} {','.join(action.names)}: {action.reason}")
         except SlurmCommandError as err:
-            print(f"slurmk8s-sync-nodes: {err}", file=sys.stderr)
+            log(str(err))
             status = 1
     return status

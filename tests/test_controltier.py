@@ -467,7 +467,7 @@ def test_a_sleep_that_fails_before_slurmctld_records_awake_again():
 def test_idle_watch_is_off_without_idle_teardown_or_a_readable_spec(tmp_path):
     import json as _json
 
-    from provisioner.elastic.programs import Log
+    from provisioner.logs import Log
     from provisioner.reconcile.idle import idle_watch_from_env
     from provisioner.slurm.commands import SlurmCli
 

@@ -23,7 +23,7 @@ PKG = ROOT / "provisioner"
 # Layers, lowest first. A module may import from a lower layer, or from its own package
 # (e.g. provisioner.reconcile.act from provisioner.reconcile.classify); nothing else.
 LAYERS: list[tuple[str, ...]] = [
-    ("provisioner", "provisioner.errors"),
+    ("provisioner", "provisioner.errors", "provisioner.logs"),
     ("provisioner.config",),
     ("provisioner.inventory",),
     ("provisioner.topology",),

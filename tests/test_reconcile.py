@@ -28,7 +28,8 @@ from provisioner.elastic.ledger import (
     backoff_until,
 )
 from provisioner.elastic.plan import Reason
-from provisioner.elastic.programs import Context, Log, run_resume, run_resume_fail, run_suspend
+from provisioner.elastic.programs import Context, run_resume, run_resume_fail, run_suspend
+from provisioner.logs import Log
 from provisioner.inventory import Inventory, SlurmNode
 from provisioner.reconcile.act import Report, run_once
 from provisioner.reconcile.classify import ACTIONS, Finding, Kind, Op, Snapshot, classify

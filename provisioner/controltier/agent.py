@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import threading
 import time
 from typing import Any, Callable, Sequence
 
 from .. import manifests as m
+from ..logs import Log
 from .activity import activity_doc
 from .api import ClientTierApi
-from .decision import DEFAULT_WAKE_TIMEOUT, TierError, rfc3339
+from .decision import DEFAULT_WAKE_TIMEOUT, TierError
 from .tier import Tier
 
 
@@ -141,8 +143,7 @@ def agent_main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=DEFAULT_WAKE_TIMEOUT)
     args = parser.parse_args(argv)
 
-    def log(line: str) -> None:
-        print(f"{rfc3339(time.time())} login-agent {line}", flush=True)
+    log = Log("login-agent", stream=sys.stdout).write
 
     namespace = args.namespace
     if not namespace:

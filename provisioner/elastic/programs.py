@@ -32,15 +32,16 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import TYPE_CHECKING, Callable, Mapping, Sequence, TextIO
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
+from ..logs import Log
 from .events import DEFAULT_EVENTS
 from .ledger import DEFAULT_LEDGER
 
 if TYPE_CHECKING:
+    from ..slurm.commands import SlurmControl
     from .backend import NodeBackend
     from .plan import Decision
-    from ..slurm.commands import SlurmControl
 
 DEFAULT_ENV_FILE = "/etc/slurmk8s/elastic.env"
 DEFAULT_LOG = "/var/log/slurmk8s/elastic.log"
@@ -50,43 +51,6 @@ DEFAULT_PARALLEL = 8
 
 
 # ---------------------------------------------------------------- logging
-
-
-class Log:
-    """Timestamped lines appended to one file (O_APPEND: safe across concurrent programs).
-
-    Falls back to stderr when the file cannot be opened, so a misconfigured log path never stops
-    a program from doing its work.
-    """
-
-    def __init__(self, program: str, path: str | None = None, stream: TextIO | None = None) -> None:
-        self.program = f"{program}[{os.getpid()}]"
-        self.path = path
-        self._fh: TextIO | None = stream
-        self.lines: list[str] = []  # kept for tests and for the final summary
-        if stream is None and path:
-            try:
-                os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-                self._fh = open(path, "a", buffering=1)
-            except OSError as err:
-                self._fh = sys.stderr
-                self.write(f"cannot open log file {path}: {err}; logging to stderr")
-
-    def write(self, message: str) -> None:
-        now = time.time()
-        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1000):03d}Z"
-        line = f"{stamp} {self.program} {message}"
-        self.lines.append(line)
-        if self._fh is not None:
-            try:
-                self._fh.write(line + "\n")
-                self._fh.flush()
-            except OSError:
-                self._fh = None  # nowhere left to report to; keep working
-
-    def close(self) -> None:
-        if self._fh is not None and self._fh not in (sys.stderr, sys.stdout):
-            self._fh.close()
 
 
 def append_events(path: str, program: str, outcomes: Sequence["Outcome"], pending: Sequence["Decision"] = (),

@@ -9,8 +9,8 @@ import sys
 import time
 from typing import Callable, Sequence
 
-from .programs import DEFAULT_LOG, Log, _env_float, _load_env
-
+from ..logs import Log
+from .programs import DEFAULT_LOG, _env_float, _load_env
 
 PROLOG_POLL = 0.1
 PROLOG_DEFAULT_TIMEOUT = 300.0

@@ -8,13 +8,19 @@ from typing import TYPE_CHECKING
 
 from ..elastic.backend import BackendError, NodeBackend
 from ..elastic.ledger import FailureLedger, LedgerError, Policy
-from ..slurm.commands import SlurmClient, SlurmCommandError, down_argv, power_down_argv, resume_argv
+from ..slurm.commands import (
+    SlurmClient,
+    SlurmCommandError,
+    down_argv,
+    power_down_argv,
+    resume_argv,
+)
 from ..slurm.state import JobStatus, parse_jobs, parse_nodes, running_since
 from .classify import Finding, Kind, Op, Snapshot, classify
 
 if TYPE_CHECKING:
-    from ..elastic.programs import Log
     from ..inventory import Inventory
+    from ..logs import Log
 
 
 RAN_STATES = frozenset({"RUNNING", "COMPLETING", "COMPLETED", "FAILED", "TIMEOUT", "NODE_FAIL",

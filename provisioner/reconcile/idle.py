@@ -14,7 +14,7 @@ from ..elastic.backend import BackendError, NodeBackend
 from ..slurm.commands import SlurmCli, SlurmCommandError
 
 if TYPE_CHECKING:
-    from ..elastic.programs import Log
+    from ..logs import Log
 
 
 DEFAULT_TIER_LOG = "/var/spool/slurmctld/slurmk8s/control-tier.log"  # sleeps and wakes, kept on the state volume
@@ -100,9 +100,9 @@ def idle_watch_from_env(env: Mapping[str, str], log: "Log", slurm: "SlurmCli",
     from ..controltier.decision import IdleTracker, Workload
     from ..controltier.tier import Tier
     from ..elastic.k8s_backend import DEFAULT_SITE, DEFAULT_SPEC
-    from ..elastic.programs import Log
     from ..errors import SlurmK8sError
     from ..kubeapi import KubeConfigError, api_client
+    from ..logs import Log
 
     spec_path = env.get("SLURMK8S_SPEC", DEFAULT_SPEC)
     try:

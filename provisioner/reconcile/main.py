@@ -25,8 +25,8 @@ from .metrics import Metrics, metrics_markdown
 from .usage import DEFAULT_USAGE, UsageFile, resume_usage
 
 if TYPE_CHECKING:
-    from ..elastic.programs import Log
     from ..inventory import Inventory
+    from ..logs import Log
 
 
 DEFAULT_PERIOD = 10.0
@@ -77,7 +77,8 @@ def _stop_on_sigterm(log: "Log") -> threading.Event:
 
 def main(argv: Sequence[str] | None = None) -> int:
     from ..elastic.backend import backend_from_env
-    from ..elastic.programs import DEFAULT_INVENTORY, DEFAULT_LOG, Log, program_env
+    from ..elastic.programs import DEFAULT_INVENTORY, DEFAULT_LOG, program_env
+    from ..logs import Log
 
     parser = argparse.ArgumentParser(prog="slurmk8s-reconcile", description=__doc__.split("\n\n")[0])
     parser.add_argument("--once", action="store_true", help="one pass, then exit (status 1 if it had errors)")
