@@ -236,7 +236,7 @@ def metric_catalog(metrics: "Metrics") -> list[MetricDoc]:
 
 
 def metrics_markdown(metrics: "Metrics | None" = None) -> str:
-    """The README's metrics table (kept current by a test)."""
+    """The metrics table of docs/metrics.md (kept current by a test)."""
     rows = ["| metric | type | labels | meaning |", "|---|---|---|---|"]
     for d in metric_catalog(metrics or Metrics()):
         labels = ", ".join(f"`{label}`" for label in d.labels) or "-"
