@@ -562,10 +562,10 @@ def exec_status(text: str) -> tuple[int, str]:
 
 def kube_reader(kubeconfig: str | None) -> KubeReader:
     """A reader with the user's kubeconfig (--kubeconfig, else $KUBECONFIG, else ~/.kube/config)."""
-    from kubernetes import config
+    from .kubeapi import KubeConfigError, api_client
 
     try:
-        return KubeReader(config.new_client_from_config(config_file=kubeconfig or None))
-    except (config.ConfigException, OSError) as err:
+        return KubeReader(api_client(kubeconfig))
+    except (KubeConfigError, OSError) as err:
         raise StatusError(f"no usable kubeconfig ({kubeconfig or '$KUBECONFIG or ~/.kube/config'}): {err}; "
                           "pass --kubeconfig") from None

@@ -178,3 +178,13 @@ def test_modules_stay_small():
     big = [f"{p.relative_to(ROOT)}: {n} lines" for p in SOURCES
            if (n := len(p.read_text().splitlines())) > 600 and str(p.relative_to(ROOT)) not in allowed]
     assert not big, big
+
+
+def test_one_kubernetes_seam():
+    """Credentials are loaded in one place (provisioner.kubeapi.api_client): in-cluster, a
+    kubeconfig path or its content; nobody else builds a client of their own."""
+    loaders = ("new_client_from_config", "load_incluster_config", "load_kube_config", "InClusterConfigLoader",
+               "client.ApiClient(")
+    found = [f"{p.relative_to(ROOT)}:{i}: {line.strip()}" for p in SOURCES if p.name != "kubeapi.py"
+             for i, line in enumerate(p.read_text().splitlines(), 1) if any(w in line for w in loaders)]
+    assert not found, found
