@@ -9,8 +9,8 @@ in provisioner/manifests.py that the chart does not follow fails here.
 The tests marked ``chart`` need the helm binary: on PATH, or the toolchain's (``bin/helm`` under
 $SLURMK8S_TOOLCHAIN_DIR, default /var/cache/slurmk8s/toolchain), which .ci/run builds. Without it
 they fail, never skip (a skip would let CI pass with the chart untested), saying how to get helm;
-a developer without helm leaves them out explicitly: ``pytest -m 'not chart'``. The other tests
-(values.schema.json is current, ...) need no helm and always run.
+a developer without helm leaves them out explicitly: ``pytest -m 'not chart'``. The generated-file
+tests (values.schema.json, _defaults.tpl) need no helm and always run.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import base64
 import copy
 import json
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -30,6 +31,7 @@ import yaml
 from factories import aws_fleet, node
 from provisioner import manifests as m
 from provisioner.chart import needs_nodes, render_files, values_schema_text
+from provisioner.chartdefaults import chart_defaults_text
 from provisioner.config import load_spec, parse_spec
 from provisioner.deploy import program as prog
 from provisioner.deploy.automation import toolchain_dir
@@ -338,6 +340,32 @@ def test_values_schema_is_the_spec_schema():
     """charts/slurmk8s/values.schema.json is generated: `slurmk8s spec chart-schema > charts/slurmk8s/values.schema.json`."""
     assert (CHART / "values.schema.json").read_text() == values_schema_text(), \
         "values.schema.json is stale: run `slurmk8s spec chart-schema > charts/slurmk8s/values.schema.json`"
+
+
+def test_chart_defaults_are_the_spec_defaults():
+    """charts/slurmk8s/templates/_defaults.tpl is generated from provisioner/config.py."""
+    assert (CHART / "templates" / "_defaults.tpl").read_text() == chart_defaults_text(), \
+        "_defaults.tpl is stale: run `python -m provisioner.chartdefaults > charts/slurmk8s/templates/_defaults.tpl`"
+
+
+# A default written into a template (`default "ClusterIP"`, `default 3306`, `ternary $x.enabled true
+# (hasKey ...)`) instead of taken from "slurmk8s.defaults"; `default dict` / `default list` (a section
+# left out) and `default $d.X.y` are fine.
+_LITERAL_DEFAULT = re.compile(r"""\bdefault\s+(?:"|'|`|-?\d|true\b|false\b|nil\b)|\bternary\s+\S+\s+(?:"|-?\d|true\b|false\b)[^)]*\(hasKey""")
+
+
+def test_templates_take_every_default_from_the_generated_defaults():
+    found = [f"{p.name}:{n}: {line.strip()}"
+             for p in sorted((CHART / "templates").iterdir()) if p.name != "_defaults.tpl"
+             for n, line in enumerate(p.read_text().splitlines(), 1) if _LITERAL_DEFAULT.search(line)]
+    assert not found, ("defaults written by hand in the chart's templates; take them from "
+                       "`$d := include \"slurmk8s.defaults\" . | fromJson` (generated from provisioner/config.py):\n  "
+                       + "\n  ".join(found))
+    assert _LITERAL_DEFAULT.search('($l.service_type | default "ClusterIP")')
+    assert _LITERAL_DEFAULT.search("(int64 ($e.port | default 3306))")
+    assert _LITERAL_DEFAULT.search('(ternary $a.enabled true (hasKey $a "enabled"))')
+    assert not _LITERAL_DEFAULT.search('(ternary $a.enabled $d.Accounting.enabled (hasKey $a "enabled"))')
+    assert not _LITERAL_DEFAULT.search("$v.users | default list")
 
 
 def test_without_helm_the_chart_tests_fail_saying_how_to_get_it(tmp_path, monkeypatch):
