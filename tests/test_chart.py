@@ -6,8 +6,11 @@ object, field by field. The only differences admitted are listed in ``_expected_
 with its reason); anything else fails with the object and the field path. So a change to a builder
 in provisioner/manifests/ that the chart does not follow fails here.
 
-Needs the helm binary (PATH, or the toolchain's /var/cache/slurmk8s/toolchain/bin/helm, which
-.ci/run builds); skipped with that reason when it is missing.
+The tests marked ``chart`` need the helm binary: on PATH, or the toolchain's (``bin/helm`` under
+$SLURMK8S_TOOLCHAIN_DIR, default /var/cache/slurmk8s/toolchain), which .ci/run builds. Without it
+they fail, never skip (a skip would let CI pass with the chart untested), saying how to get helm;
+a developer without helm leaves them out explicitly: ``pytest -m 'not chart'``. The generated-file
+tests (values.schema.json, _defaults.tpl) need no helm and always run.
 """
 
 from __future__ import annotations
@@ -16,10 +19,11 @@ import base64
 import copy
 import json
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import pytest
 import yaml
@@ -27,22 +31,37 @@ from factories import aws_fleet, node
 
 from provisioner import manifests as m
 from provisioner.chart import needs_nodes, render_files, values_schema_text
-from provisioner.generate import generate_for_kubernetes
+from provisioner.chartdefaults import chart_defaults_text
 from provisioner.config import load_spec, parse_spec
 from provisioner.deploy import program as prog
+from provisioner.deploy.automation import toolchain_dir
 from provisioner.deploy.secrets import generate
+from provisioner.generate import generate_for_kubernetes
 
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "charts" / "slurmk8s"
-TOOLCHAIN_HELM = "/var/cache/slurmk8s/toolchain/bin/helm"
 LINUX = {"kubernetes.io/os": "linux"}
 
 
+def find_helm(env: Mapping[str, str] = os.environ) -> tuple[str | None, Path]:
+    """(helm on PATH, else the toolchain's bin/helm if built, else None; the toolchain path looked at)."""
+    toolchain_helm = toolchain_dir(env) / "bin" / "helm"
+    found = shutil.which("helm", path=env.get("PATH", os.defpath))
+    if not found and os.access(toolchain_helm, os.X_OK):
+        found = str(toolchain_helm)
+    return found, toolchain_helm
+
+
 def _helm() -> str:
-    found = shutil.which("helm") or (TOOLCHAIN_HELM if os.access(TOOLCHAIN_HELM, os.X_OK) else None)
+    """The helm binary; a test marked `chart` that cannot have it fails (never skips), saying how to get it."""
+    found, toolchain_helm = find_helm()
     if not found:
-        pytest.skip("helm not found on PATH nor at /var/cache/slurmk8s/toolchain/bin/helm "
-                    "(build it: bash provisioner/localk8s/toolchain.sh build)")
+        pytest.fail(
+            f"helm not found on PATH nor at {toolchain_helm}: the chart tests need it and fail without it "
+            "(a skip would let CI pass with the chart untested). Get it: `bash provisioner/localk8s/toolchain.sh "
+            "build helm` (or `slurmk8s toolchain build helm`: built from the Go module proxy, a few minutes; "
+            "needs Go), or put a helm v3 binary on PATH. Or leave these tests out: `pytest -m 'not chart'`.",
+            pytrace=False)
     return found
 
 
@@ -284,6 +303,7 @@ def compare(spec, chart: dict[str, dict], pulumi: dict[str, dict], nodes: list[d
 # ---------------------------------------------------------------- tests
 
 
+@pytest.mark.chart
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_chart_deploys_what_the_pulumi_program_deploys(case, pulumi_run):
     spec, pulumi, chart, nodes = _render(case, pulumi_run)
@@ -293,6 +313,7 @@ def test_chart_deploys_what_the_pulumi_program_deploys(case, pulumi_run):
                           + "\n  ".join(problems))
 
 
+@pytest.mark.chart
 def test_a_builder_change_the_chart_does_not_follow_fails_naming_object_and_field(pulumi_run, monkeypatch):
     """The comparison can fail: a new env var in the slurmctld container, a changed login port name."""
     real_sts, real_svc = m.controller_statefulset, m.login_service
@@ -322,6 +343,50 @@ def test_values_schema_is_the_spec_schema():
         "values.schema.json is stale: run `slurmk8s spec chart-schema > charts/slurmk8s/values.schema.json`"
 
 
+def test_chart_defaults_are_the_spec_defaults():
+    """charts/slurmk8s/templates/_defaults.tpl is generated from provisioner/config.py."""
+    assert (CHART / "templates" / "_defaults.tpl").read_text() == chart_defaults_text(), \
+        "_defaults.tpl is stale: run `python -m provisioner.chartdefaults > charts/slurmk8s/templates/_defaults.tpl`"
+
+
+# A default written into a template (`default "ClusterIP"`, `default 3306`, `ternary $x.enabled true
+# (hasKey ...)`) instead of taken from "slurmk8s.defaults"; `default dict` / `default list` (a section
+# left out) and `default $d.X.y` are fine.
+_LITERAL_DEFAULT = re.compile(r"""\bdefault\s+(?:"|'|`|-?\d|true\b|false\b|nil\b)|\bternary\s+\S+\s+(?:"|-?\d|true\b|false\b)[^)]*\(hasKey""")
+
+
+def test_templates_take_every_default_from_the_generated_defaults():
+    found = [f"{p.name}:{n}: {line.strip()}"
+             for p in sorted((CHART / "templates").iterdir()) if p.name != "_defaults.tpl"
+             for n, line in enumerate(p.read_text().splitlines(), 1) if _LITERAL_DEFAULT.search(line)]
+    assert not found, ("defaults written by hand in the chart's templates; take them from "
+                       "`$d := include \"slurmk8s.defaults\" . | fromJson` (generated from provisioner/config.py):\n  "
+                       + "\n  ".join(found))
+    assert _LITERAL_DEFAULT.search('($l.service_type | default "ClusterIP")')
+    assert _LITERAL_DEFAULT.search("(int64 ($e.port | default 3306))")
+    assert _LITERAL_DEFAULT.search('(ternary $a.enabled true (hasKey $a "enabled"))')
+    assert not _LITERAL_DEFAULT.search('(ternary $a.enabled $d.Accounting.enabled (hasKey $a "enabled"))')
+    assert not _LITERAL_DEFAULT.search("$v.users | default list")
+
+
+def test_without_helm_the_chart_tests_fail_saying_how_to_get_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setenv("SLURMK8S_TOOLCHAIN_DIR", str(tmp_path / "toolchain"))
+    assert find_helm() == (None, tmp_path / "toolchain" / "bin" / "helm")
+    with pytest.raises(pytest.fail.Exception) as failed:
+        _helm()
+    message = str(failed.value)
+    assert f"helm not found on PATH nor at {tmp_path}/toolchain/bin/helm" in message
+    assert "toolchain.sh build helm" in message and "pytest -m 'not chart'" in message
+
+    (tmp_path / "toolchain" / "bin").mkdir(parents=True)  # the toolchain's helm, not on PATH: found
+    helm = tmp_path / "toolchain" / "bin" / "helm"
+    helm.write_text("#!/bin/sh\n")
+    helm.chmod(0o755)
+    assert _helm() == str(helm)
+
+
+@pytest.mark.chart
 def test_helm_lint_is_clean():
     out = subprocess.run([_helm(), "lint", "--strict", str(CHART), "--namespace", "slurm-lint"],
                          capture_output=True, text=True, timeout=120)
@@ -334,6 +399,7 @@ def test_default_values_are_a_valid_spec():
     parse_spec(values)
 
 
+@pytest.mark.chart
 @pytest.mark.parametrize("values, message", [
     ({"namespace": "elsewhere"}, "namespace: the values say \"elsewhere\" but the release namespace is \"slurm-x\""),
     ({"pools": []}, "pools"),
@@ -348,6 +414,7 @@ def test_bad_values_are_refused_naming_the_field(values, message, tmp_path):
     assert out.returncode != 0 and message in out.stderr, out.stderr
 
 
+@pytest.mark.chart
 def test_render_config_entry_point_writes_the_files(tmp_path, monkeypatch):
     """slurmk8s-render-config as the init container runs it: spec from the chart's spec.json; a
     spec without pinned pools reads no nodes."""

@@ -4,14 +4,17 @@ renders both for the same specs and fails, naming the object and the field, when
 */}}
 
 {{/*
-slurmk8s.spec: the values with the spec's defaults filled in where the builders read them
-(provisioner/config.py), as JSON. Use: {{- $s := include "slurmk8s.spec" . | fromJson }}
+slurmk8s.spec: the values with the spec's defaults filled in where the builders read them, as
+JSON. Use: {{- $s := include "slurmk8s.spec" . | fromJson }}
+Every default comes from "slurmk8s.defaults" ($d; _defaults.tpl, generated from provisioner/config.py);
+none is written here (tests/test_chart.py fails on a literal one).
 Full validation (cross-field rules, pool and user checks) runs in the cluster, in the
 render-config init container, with the same Python code as `slurmk8s up`.
 */}}
 {{- define "slurmk8s.spec" -}}
 {{- $v := .Values -}}
 {{- $ns := .Release.Namespace -}}
+{{- $d := include "slurmk8s.defaults" . | fromJson -}}
 {{- if not $v.name -}}
 {{- fail "name: required: the cluster name (a DNS label, at most 30 characters)" -}}
 {{- end -}}
@@ -20,20 +23,22 @@ render-config init container, with the same Python code as `slurmk8s up`.
 {{- end -}}
 {{- $c := $v.chart | default dict -}}
 {{- $img := $v.images | default dict -}}
-{{- $images := dict "controller" ($img.controller | default "slurmk8s/slurmctld:dev") "worker" ($img.worker | default "slurmk8s/slurmd:dev") "login" ($img.login | default "slurmk8s/login:dev") "slurmdbd" ($img.slurmdbd | default "slurmk8s/slurmdbd:dev") "database" ($img.database | default "slurmk8s/mariadb:dev") "pull_policy" ($img.pull_policy | default "IfNotPresent") -}}
+{{- $images := dict -}}
+{{- range $k, $dflt := $d.Images }}{{ $_ := set $images $k (get $img $k | default $dflt) }}{{ end -}}
 {{- $a := $v.accounting | default dict -}}
-{{- $accounting := dict "enabled" (ternary $a.enabled true (hasKey $a "enabled")) "database_buffer_pool" (toString ($a.database_buffer_pool | default "256Mi")) -}}
+{{- $accounting := dict "enabled" (ternary $a.enabled $d.Accounting.enabled (hasKey $a "enabled")) "database_buffer_pool" (toString ($a.database_buffer_pool | default $d.Accounting.database_buffer_pool)) -}}
 {{- if $a.external_database -}}
 {{- $e := $a.external_database -}}
 {{- $ps := $e.password_secret -}}
-{{- $_ := set $accounting "external_database" (dict "host" $e.host "port" (int64 ($e.port | default 3306)) "database" ($e.database | default "slurm_acct_db") "user" ($e.user | default "slurm") "password_secret" (dict "name" $ps.name "key" ($ps.key | default "password"))) -}}
+{{- $ed := $d.ExternalDatabase -}}
+{{- $_ := set $accounting "external_database" (dict "host" $e.host "port" (int64 ($e.port | default $ed.port)) "database" ($e.database | default $ed.database) "user" ($e.user | default $ed.user) "password_secret" (dict "name" $ps.name "key" ($ps.key | default $d.SecretRef.key))) -}}
 {{- end -}}
 {{- $l := $v.login | default dict -}}
-{{- $login := dict "enabled" (ternary $l.enabled true (hasKey $l "enabled")) "service_type" ($l.service_type | default "ClusterIP") -}}
+{{- $login := dict "enabled" (ternary $l.enabled $d.Login.enabled (hasKey $l "enabled")) "service_type" ($l.service_type | default $d.Login.service_type) -}}
 {{- /* idle teardown (manifests.sleeps / login_sleeps) */ -}}
 {{- $el := $v.elasticity | default dict -}}
 {{- $sleeps := not (kindIs "invalid" $el.idle_teardown) -}}
-{{- $_ := set $login "sleeps" (and $login.enabled ($l.sleeps_with_control_tier | default false)) -}}
+{{- $_ := set $login "sleeps" (and $login.enabled ($l.sleeps_with_control_tier | default $d.Login.sleeps_with_control_tier)) -}}
 {{- if not (kindIs "invalid" $l.node_port) -}}
 {{- $_ := set $login "node_port" (int64 $l.node_port) -}}
 {{- end -}}
@@ -42,21 +47,22 @@ render-config init container, with the same Python code as `slurmk8s up`.
 {{- $gid := $u.uid -}}
 {{- if not (kindIs "invalid" $u.gid) }}{{ $gid = $u.gid }}{{ end -}}
 {{- $keys := list -}}
-{{- range $k := $u.ssh_keys | default list }}{{ $keys = append $keys (trim $k) }}{{ end -}}
-{{- $users = append $users (dict "name" $u.name "uid" (int64 $u.uid) "gid" (int64 $gid) "shell" ($u.shell | default "/bin/bash") "groups" ($u.groups | default list) "ssh_keys" $keys) -}}
+{{- range $k := $u.ssh_keys | default $d.User.ssh_keys }}{{ $keys = append $keys (trim $k) }}{{ end -}}
+{{- $users = append $users (dict "name" $u.name "uid" (int64 $u.uid) "gid" (int64 $gid) "shell" ($u.shell | default $d.User.shell) "groups" ($u.groups | default $d.User.groups) "ssh_keys" $keys) -}}
 {{- end -}}
 {{- $groups := list -}}
 {{- range $g := $v.groups | default list -}}
 {{- $groups = append $groups (dict "name" $g.name "gid" (int64 $g.gid)) -}}
 {{- end -}}
-{{- /* storage: a section left out takes its default volume; a volume given takes access_mode ReadWriteOnce unless set (config.Volume) */ -}}
+{{- /* storage: a section left out takes its default volume (config.Storage); a volume given takes the access_mode default of config.Volume unless set */ -}}
 {{- $st := $v.storage | default dict -}}
 {{- $storage := dict -}}
-{{- range $key, $dflt := dict "home" (dict "size" "10Gi" "access_mode" "ReadWriteMany") "controller_state" (dict "size" "1Gi" "access_mode" "ReadWriteOnce") "database" (dict "size" "2Gi" "access_mode" "ReadWriteOnce") -}}
-{{- $vol := $dflt -}}
+{{- range $key, $dflt := $d.Storage -}}
+{{- $vol := dict "size" $dflt.size "access_mode" $dflt.access_mode -}}
+{{- if $dflt.storage_class }}{{ $_ := set $vol "storage_class" $dflt.storage_class }}{{ end -}}
 {{- if hasKey $st $key -}}
 {{- $given := index $st $key | default dict -}}
-{{- $vol = dict "size" (toString $given.size) "access_mode" ($given.access_mode | default "ReadWriteOnce") -}}
+{{- $vol = dict "size" (toString $given.size) "access_mode" ($given.access_mode | default $d.Volume.access_mode) -}}
 {{- if $given.storage_class }}{{ $_ := set $vol "storage_class" $given.storage_class }}{{ end -}}
 {{- end -}}
 {{- $_ := set $storage $key $vol -}}
@@ -64,11 +70,12 @@ render-config init container, with the same Python code as `slurmk8s up`.
 {{- $pools := list -}}
 {{- range $p := $v.pools | default list -}}
 {{- $net := $p.network | default dict -}}
-{{- $network := dict "host_network" ($net.host_network | default false) "multus_networks" ($net.multus_networks | default list) "nccl_env" ($net.nccl_env | default dict) -}}
-{{- $pools = append $pools (dict "name" $p.name "image" ($p.image | default $images.worker) "node_selector" ($p.node_selector | default dict) "tolerations" ($p.tolerations | default list) "network" $network) -}}
+{{- $network := dict "host_network" ($net.host_network | default $d.Network.host_network) "multus_networks" ($net.multus_networks | default $d.Network.multus_networks) "nccl_env" ($net.nccl_env | default $d.Network.nccl_env) -}}
+{{- /* Pool.image: unset takes images.worker */ -}}
+{{- $pools = append $pools (dict "name" $p.name "mode" ($p.mode | default $d.Pool.mode) "image" ($p.image | default $images.worker) "node_selector" ($p.node_selector | default $d.Pool.node_selector) "tolerations" ($p.tolerations | default $d.Pool.tolerations) "network" $network) -}}
 {{- end -}}
-{{- $site := dict "cluster_domain" ($c.clusterDomain | default "cluster.local") "host_network_sources" ($c.hostNetworkSources | default list) -}}
-{{- $chart := dict "createSecrets" (ternary $c.createSecrets true (hasKey $c "createSecrets")) -}}
+{{- $site := dict "cluster_domain" ($c.clusterDomain | default $d.chart.clusterDomain) "host_network_sources" ($c.hostNetworkSources | default $d.chart.hostNetworkSources) -}}
+{{- $chart := dict "createSecrets" (ternary $c.createSecrets $d.chart.createSecrets (hasKey $c "createSecrets")) -}}
 {{- $cluster := $v.name | replace "-" "_" -}}
 {{- if and $v.slurm $v.slurm.cluster_name }}{{ $cluster = $v.slurm.cluster_name }}{{ end -}}
 {{- toJson (dict "name" $v.name "namespace" $ns "sleeps" $sleeps "cluster_name" $cluster "images" $images "login" $login "users" $users "groups" $groups "storage" $storage "pools" $pools "site" $site "chart" $chart "accounting" $accounting) -}}
