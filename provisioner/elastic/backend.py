@@ -37,6 +37,9 @@ class Worker:
     # died and how, where the backend knows it; a job running on it then lost its processes
     died_at: float | None = None
     died_how: str = ""  # e.g. "Error (exit 137)"
+    # this worker's identity: the pod's metadata.uid, the container's id. A node's next worker has
+    # the same name but another uid: one resume attempt, one uid
+    uid: str = ""
 
 
 class NodeBackend(Protocol):

@@ -254,6 +254,7 @@ class DockerBackend:
                 phase=PHASES.get(state, "Unknown"),
                 reason=item.get("Status", "") if state in ("created", "exited", "dead") else "",
                 created_at=float(item.get("Created", 0)) or None,
+                uid=str(item.get("Id") or ""),
             )
         return workers
 

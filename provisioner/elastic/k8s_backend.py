@@ -147,6 +147,7 @@ def worker_from_pod(pod: Mapping[str, Any]) -> Worker:
                        if c.get("type") == "Ready" and c.get("status") == "True"), None),
         died_at=died_at,
         died_how=died_how,
+        uid=str(meta.get("uid") or ""),
     )
 
 

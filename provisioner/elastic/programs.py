@@ -323,22 +323,48 @@ def _fail_all(ctx: Context, names: Sequence[str], why: str) -> RunResult:
     return RunResult(1, failures)
 
 
-def _pool_backoffs(ctx: Context) -> dict[str, str]:
-    """pool -> refusal reason for the pools in backoff; {} when the ledger cannot be read (logged)."""
-    from .ledger import LedgerError, Policy, active_backoffs
+def _pool_gates(ctx: Context, now: float) -> dict:
+    """pool -> ledger.Gate for the pools in backoff; {} when the ledger cannot be read (logged)."""
+    from .ledger import LedgerError, Policy, pool_gates
 
     ledger = ctx.ledger()
     if ledger is None:
         return {}
     try:
-        return active_backoffs(ledger, time.time(), Policy.from_env(ctx.env))
+        return pool_gates(ledger, now, Policy.from_env(ctx.env))
     except LedgerError as err:
         ctx.log.write(f"{err}; resuming without the pool backoff check")
         return {}
 
 
-def _record_failures(ctx: Context, nodes: Mapping[str, str], inventory) -> None:
-    """Failed resumes -> the pool failure ledger (drives the backoff)."""
+def _backoff(ctx: Context, names: Sequence[str], inventory, workers: Mapping) -> tuple[dict[str, str], dict[str, str]]:
+    """(pool -> refusal reason, node -> trial reason): cooling-off pools refuse their nodes; a
+    half-open pool lets one node through as its trial (claimed in the ledger) and refuses the rest."""
+    from .ledger import LedgerError
+    from .plan import trial_candidates
+
+    now = time.time()
+    gates = _pool_gates(ctx, now)
+    refuse = {pool: g.detail for pool, g in gates.items()}
+    trials: dict[str, str] = {}
+    for pool, node in trial_candidates(names, inventory, workers, [p for p, g in gates.items() if g.trial]).items():
+        try:
+            claimed = ctx.ledger().claim_trial(pool, node, now)
+        except LedgerError as err:
+            ctx.log.write(f"{err}; {node} resumes as pool {pool}'s trial unrecorded")
+            claimed = True
+        if claimed:
+            trials[node] = f"trial resume of pool {pool} after its backoff"
+            refuse[pool] = f"{gates[pool].why}; cooled off: {node} is the trial resume"
+        else:
+            refuse[pool] = f"{gates[pool].why}; cooled off: another trial resume is in progress"
+    return refuse, trials
+
+
+def _record_failures(ctx: Context, nodes: Mapping[str, str], inventory,
+                     attempts: Mapping[str, str] | None = None) -> None:
+    """Failed resumes -> the pool failure ledger (drives the backoff); `attempts`: node -> the uid
+    of the worker that failed (one attempt counts once, whoever reports it)."""
     from .ledger import LedgerError
 
     ledger = ctx.ledger()
@@ -349,7 +375,7 @@ def _record_failures(ctx: Context, nodes: Mapping[str, str], inventory) -> None:
         if node not in inventory:
             continue
         try:
-            ledger.record_failure(inventory[node].pool, node, reason, now)
+            ledger.record_failure(inventory[node].pool, node, reason, now, (attempts or {}).get(node, ""))
         except LedgerError as err:
             ctx.log.write(f"{err}; failure of {node} not recorded")
             return
@@ -368,7 +394,7 @@ def _node_names(args: Sequence[str], ctx: Context, program: str) -> list[str] | 
 
 def run_resume(args: Sequence[str], ctx: Context, resume_file_text: str | None) -> RunResult:
     from .backend import BackendError
-    from .plan import Action, InputError, parse_resume_file, plan_resume
+    from .plan import Action, InputError, Reason, parse_resume_file, plan_resume
 
     names = _node_names(args, ctx, "resume")
     if names is None:
@@ -394,13 +420,26 @@ def run_resume(args: Sequence[str], ctx: Context, resume_file_text: str | None) 
         ctx.backend()
     except BackendError as err:
         return _fail_all(ctx, names, f"backend unavailable: {err.reason}")
-    backoff = _pool_backoffs(ctx)
-    decisions = plan_resume(names, inventory, _workers(ctx), request, backoff)
+    workers = _workers(ctx)
+    refuse, trials = _backoff(ctx, names, inventory, workers)
+    decisions = plan_resume(names, inventory, workers, request, refuse, trials)
     result = _finish(ctx, decisions, "")
     # failures of the backend (and of our budget) count towards the pool's backoff; refusals
     # (unknown node, unavailable, backoff itself) do not
     counted = {d.node for d in decisions if d.action in (Action.CREATE, Action.REPLACE)}
     _record_failures(ctx, {n: r for n, r in result.down.items() if n in counted}, inventory)
+    # a node refused for backoff is DOWN (its jobs requeue) but still powering up: POWER_DOWN_FORCE
+    # ends that at once, so it is idle~ again after SuspendTimeout, for the pool's trial resume or
+    # another pool, instead of waiting out ResumeTimeout (and being handed to resume-fail)
+    refused = [n for n in (d.node for d in decisions if d.reason is Reason.BACKOFF) if n in result.down]
+    if refused:
+        from ..slurm.commands import SlurmCommandError
+
+        try:
+            ctx.slurm.power_down(refused)
+            ctx.log.write(f"powered down {','.join(refused)} (refused for backoff)")
+        except SlurmCommandError as err:
+            ctx.log.write(f"could not power down {','.join(refused)}: {err}; they return at ResumeTimeout")
     return result
 
 
@@ -439,14 +478,18 @@ def run_resume_fail(args: Sequence[str], ctx: Context) -> RunResult:
     except BackendError as err:
         ctx.log.write(f"backend unavailable, workers of {','.join(names)} may be left behind: {err.reason}")
         return RunResult(1)
-    result = _finish(ctx, plan_resume_fail(names, _workers(ctx)), "worker not removed after failed resume: ")
+    workers = _workers(ctx)
+    result = _finish(ctx, plan_resume_fail(names, workers), "worker not removed after failed resume: ")
     try:
         inventory = ctx.inventory()
     except (OSError, ValueError, KeyError, TypeError) as err:
         ctx.log.write(f"inventory unreadable, failures not recorded for the pool backoff: {err}")
     else:
-        _record_failures(ctx, {n: "slurmk8s resume-failed: no registration within ResumeTimeout" for n in names},
-                         inventory)
+        # only a node that had a worker failed here: Slurm hands over every node still powering up,
+        # nodes the resume program refused or whose create failed (counted then) included
+        had = [n for n in names if n in workers]
+        _record_failures(ctx, {n: "slurmk8s resume-failed: no registration within ResumeTimeout" for n in had},
+                         inventory, {n: workers[n].uid for n in had})
     # Slurm left these nodes DOWN+POWERED_DOWN (reason kept, jobs requeued). With no worker left
     # behind, return them to powered-down IDLE so a later job can try again: a node that failed
     # is retried at most once per ResumeTimeout, and requeued jobs wait 120 s before they retry.

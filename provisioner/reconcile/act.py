@@ -66,7 +66,7 @@ def _do(op: Op, finding: Finding, slurm: SlurmClient, backend: NodeBackend, ledg
     elif op is Op.RETURN_TO_SERVICE:
         argv = resume_argv([name], scontrol)
     elif op is Op.RECORD_FAILURE:
-        ledger.record_failure(finding.pool or "unknown", name, finding.down_reason, now)
+        ledger.record_failure(finding.pool or "unknown", name, finding.down_reason, now, finding.uid)
         return ()
     elif op is Op.RECORD_SUCCESS:
         ledger.record_success(finding.pool, now)

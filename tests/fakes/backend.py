@@ -4,6 +4,7 @@ node name to the BackendError reason its create raises.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Mapping
 
@@ -18,12 +19,16 @@ class FakeBackend:
     workers: dict[str, Worker] = field(default_factory=dict)
     fail: dict[str, str] = field(default_factory=dict)
     calls: list[tuple[str, str]] = field(default_factory=list)
+    created: int = 0  # workers created so far: each gets its own uid
 
     def create(self, node: SlurmNode) -> None:
         self.calls.append(("create", node.name))
         if node.name in self.fail:
             raise BackendError(node.name, self.fail[node.name])
-        self.workers.setdefault(node.name, Worker(node.name, "Running", host=node.k8s_node))
+        if node.name not in self.workers:
+            self.created += 1
+            self.workers[node.name] = Worker(node.name, "Running", host=node.k8s_node, created_at=time.time(),
+                                             uid=f"{node.name}-uid-{self.created}")
 
     def delete(self, name: str) -> None:
         self.calls.append(("delete", name))
