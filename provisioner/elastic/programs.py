@@ -48,6 +48,7 @@ DEFAULT_LOG = "/var/log/slurmk8s/elastic.log"
 DEFAULT_INVENTORY = "/etc/slurm/inventory.json"
 DEFAULT_BUDGET = 20.0
 DEFAULT_PARALLEL = 8
+LIST_RETRY_PAUSES = (0.5, 1.5)  # seconds between the (at most three) tries at listing the workers
 
 
 # ---------------------------------------------------------------- logging
@@ -209,8 +210,10 @@ class Context:
     """What a program run needs, gathered from the environment (or given by a test)."""
 
     def __init__(self, env: Mapping[str, str], log: Log, *, backend: "NodeBackend | None" = None,
-                 slurm: "SlurmControl | None" = None, inventory=None, ledger=None) -> None:
+                 slurm: "SlurmControl | None" = None, inventory=None, ledger=None,
+                 sleep: Callable[[float], None] | None = None) -> None:
         self.env = env
+        self._sleep = sleep
         self.log = log
         self._backend = backend
         self._slurm = slurm
@@ -222,6 +225,9 @@ class Context:
 
     def remaining(self) -> float:
         return self.budget - (time.monotonic() - self.start)
+
+    def sleep(self, seconds: float) -> None:
+        (self._sleep or time.sleep)(seconds)
 
     @property
     def slurm(self) -> "SlurmControl":
@@ -281,13 +287,31 @@ class RunResult:
 
 
 def _workers(ctx: Context) -> Mapping:
+    """The backend's workers. A failed list is an error, never an empty list: a transient one
+    (retryable) is tried again, at most three times within the budget, then raised."""
     from .backend import BackendError
 
-    try:
-        return ctx.backend().list()
-    except BackendError as err:
-        ctx.log.write(f"cannot list workers ({err.reason}); deciding as if none existed (creates are idempotent)")
-        return {}
+    for pause in (*LIST_RETRY_PAUSES, None):
+        try:
+            return ctx.backend().list()
+        except BackendError as err:
+            if not err.retryable or pause is None or ctx.remaining() < pause + 1:
+                raise
+            ctx.log.write(f"cannot list workers ({err.reason}); trying again in {pause:.1f}s")
+            ctx.sleep(pause)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _cannot_see(ctx: Context, names: Sequence[str], reason: str, why: str) -> RunResult:
+    """Suspend / resume-fail without a view of the workers: fail loudly. Exit 1 (Slurm 24.11 only
+    logs it) and the nodes DOWN with a slurmk8s reason, so none goes back to service while its
+    worker may remain; the reconcile loop then deletes the worker of a powered-down node and
+    returns the node (down-powered-down)."""
+    failures = {n: " ".join(f"slurmk8s {reason}: {why}; its worker may remain".replace('"', "'").split())[:200]
+                for n in names}
+    ctx.log.write(f"{reason} {','.join(names)}: {why}; nothing done, nodes set DOWN")
+    _set_down(ctx.slurm, failures, ctx.log)
+    return RunResult(1, failures)
 
 
 def _finish(ctx: Context, decisions: Sequence["Decision"], failure_prefix: str) -> RunResult:
@@ -420,7 +444,12 @@ def run_resume(args: Sequence[str], ctx: Context, resume_file_text: str | None) 
         ctx.backend()
     except BackendError as err:
         return _fail_all(ctx, names, f"backend unavailable: {err.reason}")
-    workers = _workers(ctx)
+    try:
+        workers = _workers(ctx)
+    except BackendError as err:
+        # creates are idempotent: each one looks at what is there (adopts a live worker, replaces a dead one)
+        ctx.log.write(f"cannot list workers ({err.reason}); deciding as if none existed")
+        workers = {}
     refuse, trials = _backoff(ctx, names, inventory, workers)
     decisions = plan_resume(names, inventory, workers, request, refuse, trials)
     result = _finish(ctx, decisions, "")
@@ -456,11 +485,12 @@ def run_suspend(args: Sequence[str], ctx: Context) -> RunResult:
     try:
         ctx.backend()
     except BackendError as err:
-        ctx.log.write(f"backend unavailable: {err.reason}")
-        failures = {n: f"slurmk8s suspend: backend unavailable: {err.reason}"[:200] for n in names}
-        _set_down(ctx.slurm, failures, ctx.log)
-        return RunResult(1, failures)
-    return _finish(ctx, plan_suspend(names, _workers(ctx)), "worker not removed: ")
+        return _cannot_see(ctx, names, "suspend", f"backend unavailable: {err.reason}")
+    try:
+        workers = _workers(ctx)
+    except BackendError as err:
+        return _cannot_see(ctx, names, "suspend", f"cannot list workers: {err.reason}")
+    return _finish(ctx, plan_suspend(names, workers), "worker not removed: ")
 
 
 def run_resume_fail(args: Sequence[str], ctx: Context) -> RunResult:
@@ -476,9 +506,11 @@ def run_resume_fail(args: Sequence[str], ctx: Context) -> RunResult:
     try:
         ctx.backend()
     except BackendError as err:
-        ctx.log.write(f"backend unavailable, workers of {','.join(names)} may be left behind: {err.reason}")
-        return RunResult(1)
-    workers = _workers(ctx)
+        return _cannot_see(ctx, names, "resume-failed", f"backend unavailable: {err.reason}")
+    try:
+        workers = _workers(ctx)
+    except BackendError as err:
+        return _cannot_see(ctx, names, "resume-failed", f"cannot list workers: {err.reason}")
     result = _finish(ctx, plan_resume_fail(names, workers), "worker not removed after failed resume: ")
     try:
         inventory = ctx.inventory()
