@@ -387,7 +387,7 @@ def test_run_once_pool_recovery_resets_the_ledger():
 
 def test_run_once_a_failing_step_stops_the_rest_and_is_reported():
     class NoDelete(FakeBackend):
-        def delete(self, name):
+        def delete(self, name, uid=None):
             raise BackendError(name, "RBAC: not allowed to delete pods")
 
     report, _, slurm, ledger, log = run([up("cpu-1")], backend=NoDelete({"cpu-1": worker("cpu-1", "Failed")}))

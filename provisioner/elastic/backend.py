@@ -1,7 +1,9 @@
 """The node-backend interface: how a Slurm node's worker (a pod, a container) is created and removed.
 
 The resume/suspend programs decide *what* to do (see ``plan``); a backend only *does* it. Every
-method is idempotent: creating a worker that exists, or deleting one that is gone, is a no-op.
+method is idempotent: creating a worker that exists, or deleting one that is gone, is a no-op. A
+delete made because of what one worker did names that worker's uid, so its replacement is never
+removed in its stead.
 Errors are raised as :class:`BackendError` with a short reason that ends up as the Slurm node's
 DOWN reason, so it must say what went wrong in words an operator can act on.
 """
@@ -21,6 +23,11 @@ class BackendError(SlurmK8sError):
         self.reason = reason
         self.retryable = retryable
         super().__init__(f"{node}: {reason}")
+
+
+class WorkerReplaced(BackendError):
+    """``delete(name, uid)``: the node's worker is another one than `uid` now (a resume replaced it);
+    nothing was deleted."""
 
 
 @dataclass(frozen=True)
@@ -45,7 +52,10 @@ class Worker:
 class NodeBackend(Protocol):
     def create(self, node: SlurmNode) -> None: ...
 
-    def delete(self, name: str) -> None: ...
+    def delete(self, name: str, uid: str | None = None) -> None:
+        """Remove the node's worker. With `uid`, only that worker: gone already is a no-op, another
+        worker by the name now raises :class:`WorkerReplaced` and is left alone."""
+        ...
 
     def list(self) -> Mapping[str, Worker]: ...
 

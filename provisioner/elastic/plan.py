@@ -50,6 +50,7 @@ class Decision:
     detail: str = ""
     slurm_node: SlurmNode | None = None  # for CREATE / REPLACE
     jobs: tuple[int, ...] = ()  # jobs Slurm resumes the node for (from SLURM_RESUME_FILE)
+    uid: str = ""  # REPLACE: the dead worker to remove (only that one, not one that replaced it)
 
     def describe(self) -> str:
         jobs = f" jobs={','.join(map(str, self.jobs))}" if self.jobs else ""
@@ -188,7 +189,7 @@ def plan_resume(
         else:
             why = f"worker is {worker.phase}" + (f" ({worker.reason})" if worker.reason else "")
             decisions.append(Decision(name, Action.REPLACE, Reason.WORKER_DEAD, why + (f"; {trial}" if trial else ""),
-                                      slurm_node=node, jobs=jobs))
+                                      slurm_node=node, jobs=jobs, uid=worker.uid))
     return decisions
 
 

@@ -137,13 +137,18 @@ class Outcome:
 
 
 def _act(backend: "NodeBackend", decision: "Decision") -> Outcome:
-    from .backend import BackendError
+    from .backend import BackendError, WorkerReplaced
     from .plan import Action
 
     start = time.monotonic()
     try:
-        if decision.action in (Action.DELETE, Action.REPLACE):
-            backend.delete(decision.node)
+        if decision.action is Action.DELETE:
+            backend.delete(decision.node)  # Slurm's word is about the node: whatever worker it has goes
+        elif decision.action is Action.REPLACE:
+            try:
+                backend.delete(decision.node, decision.uid or None)
+            except WorkerReplaced:
+                pass  # not the dead worker any more: the create looks at the one there now
         if decision.action in (Action.CREATE, Action.REPLACE):
             if decision.slurm_node is None:
                 raise BackendError(decision.node, "no inventory entry to create the worker from")

@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from provisioner.elastic.backend import BackendError, Worker
+from provisioner.elastic.backend import BackendError, Worker, WorkerReplaced
 from provisioner.inventory import SlurmNode
 
 
@@ -30,8 +30,11 @@ class FakeBackend:
             self.workers[node.name] = Worker(node.name, "Running", host=node.k8s_node, created_at=time.time(),
                                              uid=f"{node.name}-uid-{self.created}")
 
-    def delete(self, name: str) -> None:
+    def delete(self, name: str, uid: str | None = None) -> None:
         self.calls.append(("delete", name))
+        current = self.workers.get(name)
+        if uid and current is not None and current.uid and current.uid != uid:
+            raise WorkerReplaced(name, f"worker {name} was replaced since ({uid} is gone)")
         self.workers.pop(name, None)
 
     def list(self) -> Mapping[str, Worker]:
