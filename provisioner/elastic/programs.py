@@ -2,15 +2,19 @@
 and PrologSlurmctld (console scripts slurmk8s-resume, -suspend, -resume-fail, -prolog-slurmctld).
 
 Slurm discards their output, so everything goes to a log file (SLURMK8S_LOG, default
-/var/log/slurmk8s/elastic.log). They must return fast: a blocked ResumeProgram stalls slurmctld's
-script daemon, so the work is a bounded number of backend calls, run in parallel, within a total
-time budget (SLURMK8S_BUDGET seconds, default 20).
+/var/log/slurmk8s/elastic.log). Slurm 24.11 runs them asynchronously (slurmscriptd) and kills one
+still running after max(ResumeTimeout, SuspendTimeout); within that the backend calls run in
+parallel up to a deadline derived from the number of calls (20 s per wave of SLURMK8S_PARALLEL
+calls, at most that Slurm timeout less 30 s), so a resume of any size the API can serve completes;
+failures are reported (DOWN) as they come.
 
 Environment:
   SLURMK8S_BACKEND    node backend (default docker; see backend.BACKENDS)
   SLURMK8S_INVENTORY  inventory.json written with the config (default /etc/slurm/inventory.json)
   SLURMK8S_LOG        log file (default /var/log/slurmk8s/elastic.log)
-  SLURMK8S_BUDGET     seconds the resume / suspend / resume-fail programs may take (default 20)
+  SLURMK8S_BUDGET     seconds the resume / suspend / resume-fail programs may take (default:
+                      derived as above from the number of calls and slurm.conf at SLURM_CONF,
+                      default /etc/slurm/slurm.conf)
   SLURMK8S_PARALLEL   backend calls in flight at once (default 8)
   SLURMK8S_EVENTS     JSON lines, one per decision and its outcome, for the reconcile loop's
                       metrics (default /var/log/slurmk8s/events.jsonl; empty: none)
@@ -41,12 +45,16 @@ from .ledger import DEFAULT_LEDGER
 if TYPE_CHECKING:
     from ..slurm.commands import SlurmControl
     from .backend import NodeBackend
+    from .calls import Outcome
     from .plan import Decision
 
 DEFAULT_ENV_FILE = "/etc/slurmk8s/elastic.env"
 DEFAULT_LOG = "/var/log/slurmk8s/elastic.log"
 DEFAULT_INVENTORY = "/etc/slurm/inventory.json"
-DEFAULT_BUDGET = 20.0
+DEFAULT_BUDGET = 20.0  # seconds per wave of SLURMK8S_PARALLEL backend calls
+SLURM_TIMEOUT_MARGIN = 30.0  # the programs end this long before Slurm would kill them
+SLURM_DEFAULT_TIMEOUT = 60.0  # Slurm's ResumeTimeout default, when slurm.conf says nothing
+DEFAULT_SLURM_CONF = "/etc/slurm/slurm.conf"
 DEFAULT_PARALLEL = 8
 LIST_RETRY_PAUSES = (0.5, 1.5)  # seconds between the (at most three) tries at listing the workers
 
@@ -113,6 +121,19 @@ def _load_env() -> tuple[dict[str, str], str]:
         return dict(os.environ), f"cannot read the env file: {err}; using the process environment only"
 
 
+def conf_seconds(path: str, key: str) -> float | None:
+    """A number from slurm.conf (cheap scan, no parser import); None when absent/unreadable."""
+    try:
+        with open(path) as fh:
+            for line in fh:
+                k, sep, value = line.split("#", 1)[0].strip().partition("=")
+                if sep and k.strip().lower() == key.lower():
+                    return float(value.strip())
+    except (OSError, ValueError):
+        return None
+    return None
+
+
 def _env_float(env: Mapping[str, str], key: str, default: float) -> float:
     try:
         return float(env.get(key, default))
@@ -124,76 +145,6 @@ def _env_float(env: Mapping[str, str], key: str, default: float) -> float:
 
 
 # ---------------------------------------------------------------- resume / suspend / resume-fail
-
-
-class Outcome:
-    __slots__ = ("decision", "ok", "error", "seconds")
-
-    def __init__(self, decision: "Decision", ok: bool, error: str = "", seconds: float = 0.0) -> None:
-        self.decision = decision
-        self.ok = ok
-        self.error = error
-        self.seconds = seconds
-
-
-def _act(backend: "NodeBackend", decision: "Decision") -> Outcome:
-    from .backend import BackendError, WorkerReplaced
-    from .plan import Action
-
-    start = time.monotonic()
-    try:
-        if decision.action is Action.DELETE:
-            backend.delete(decision.node)  # Slurm's word is about the node: whatever worker it has goes
-        elif decision.action is Action.REPLACE:
-            try:
-                backend.delete(decision.node, decision.uid or None)
-            except WorkerReplaced:
-                pass  # not the dead worker any more: the create looks at the one there now
-        if decision.action in (Action.CREATE, Action.REPLACE):
-            if decision.slurm_node is None:
-                raise BackendError(decision.node, "no inventory entry to create the worker from")
-            backend.create(decision.slurm_node)
-    except BackendError as err:
-        return Outcome(decision, False, err.reason, time.monotonic() - start)
-    except Exception as err:  # noqa: BLE001 -- a bug for one node must still end as that node's DOWN reason
-        return Outcome(decision, False, f"internal error {type(err).__name__}: {err}", time.monotonic() - start)
-    return Outcome(decision, True, "", time.monotonic() - start)
-
-
-def execute(
-    decisions: Sequence["Decision"], backend: "NodeBackend", *, budget: float, parallel: int, log: Log
-) -> tuple[list[Outcome], list["Decision"]]:
-    """Carry out the backend actions in parallel within `budget` seconds.
-
-    Returns (outcomes of finished decisions, decisions still running when the budget ran out).
-    """
-    from concurrent.futures import ThreadPoolExecutor, wait
-
-    from .plan import Action
-
-    outcomes: list[Outcome] = []
-    work = []
-    for d in decisions:
-        if d.action == Action.NOTHING:
-            outcomes.append(Outcome(d, True))
-        elif d.action == Action.FAIL:
-            outcomes.append(Outcome(d, False, d.detail))
-        else:
-            work.append(d)
-    if not work:
-        return outcomes, []
-    pool = ThreadPoolExecutor(max_workers=max(1, min(parallel, len(work))), thread_name_prefix="slurmk8s")
-    futures = {pool.submit(_act, backend, d): d for d in work}
-    done, running = wait(futures, timeout=max(0.0, budget))
-    pool.shutdown(wait=False, cancel_futures=True)
-    for fut in done:
-        outcomes.append(fut.result())
-    for out in outcomes:
-        if out.decision.action not in (Action.NOTHING, Action.FAIL):
-            state = "ok" if out.ok else f"FAILED: {out.error}"
-            log.write(f"{out.decision.node} {out.decision.action.value} {state} ({out.seconds:.2f}s)")
-    pending = [futures[f] for f in running]
-    return outcomes, pending
 
 
 def _set_down(slurm: "SlurmControl", failures: Mapping[str, str], log: Log) -> None:
@@ -216,20 +167,35 @@ class Context:
 
     def __init__(self, env: Mapping[str, str], log: Log, *, backend: "NodeBackend | None" = None,
                  slurm: "SlurmControl | None" = None, inventory=None, ledger=None,
-                 sleep: Callable[[float], None] | None = None) -> None:
+                 sleep: Callable[[float], None] | None = None, clock: Callable[[], float] | None = None) -> None:
         self.env = env
         self._sleep = sleep
+        self.clock = clock or time.monotonic
         self.log = log
         self._backend = backend
         self._slurm = slurm
         self._inventory = inventory
-        self.start = time.monotonic()
+        self.start = self.clock()
         self._ledger = ledger
-        self.budget = _env_float(env, "SLURMK8S_BUDGET", DEFAULT_BUDGET)
-        self.parallel = int(_env_float(env, "SLURMK8S_PARALLEL", DEFAULT_PARALLEL))
+        self.budget = _env_float(env, "SLURMK8S_BUDGET", DEFAULT_BUDGET)  # before the calls (listing ...)
+        self.parallel = max(1, int(_env_float(env, "SLURMK8S_PARALLEL", DEFAULT_PARALLEL)))
 
     def remaining(self) -> float:
-        return self.budget - (time.monotonic() - self.start)
+        return self.budget - (self.clock() - self.start)
+
+    def slurm_timeout(self) -> float:
+        """When Slurm kills a power-saving program: max(ResumeTimeout, SuspendTimeout) of slurm.conf."""
+        conf = self.env.get("SLURM_CONF", DEFAULT_SLURM_CONF)
+        found = [t for t in (conf_seconds(conf, "ResumeTimeout"), conf_seconds(conf, "SuspendTimeout")) if t]
+        return max(found) if found else SLURM_DEFAULT_TIMEOUT
+
+    def budget_for(self, calls: int) -> float:
+        """Seconds (from the start) the backend calls may take: SLURMK8S_BUDGET where set, else 20 s
+        per wave of `parallel` calls, at most Slurm's timeout for the program less a margin."""
+        if "SLURMK8S_BUDGET" in self.env:
+            return self.budget
+        waves = -(-max(1, calls) // self.parallel)
+        return min(max(DEFAULT_BUDGET, self.slurm_timeout() - SLURM_TIMEOUT_MARGIN), DEFAULT_BUDGET * waves)
 
     def sleep(self, seconds: float) -> None:
         (self._sleep or time.sleep)(seconds)
@@ -283,12 +249,16 @@ class Context:
 
 
 class RunResult:
-    """What a program run did: exit code, nodes set DOWN, whether work was left running."""
+    """What a program run did: exit code, nodes set DOWN, the nodes whose calls were left running."""
 
-    def __init__(self, code: int, down: Mapping[str, str] | None = None, abandoned: bool = False) -> None:
+    def __init__(self, code: int, down: Mapping[str, str] | None = None, pending: Sequence[str] = ()) -> None:
         self.code = code
         self.down = dict(down or {})
-        self.abandoned = abandoned
+        self.pending = list(pending)
+
+    @property
+    def abandoned(self) -> bool:
+        return bool(self.pending)
 
 
 def _workers(ctx: Context) -> Mapping:
@@ -320,26 +290,36 @@ def _cannot_see(ctx: Context, names: Sequence[str], reason: str, why: str) -> Ru
 
 
 def _finish(ctx: Context, decisions: Sequence["Decision"], failure_prefix: str) -> RunResult:
-    """Log decisions, execute, set failures DOWN, log a summary."""
-    from .plan import down_reason
+    """Log decisions, execute, set failures DOWN as they come, log a summary."""
+    from .calls import execute
+    from .plan import Action, down_reason
 
     for d in decisions:
         ctx.log.write(f"decide {d.describe()}")
-    outcomes, pending = execute(decisions, ctx.backend(), budget=ctx.remaining(), parallel=ctx.parallel,
-                                log=ctx.log)
-    failures = {o.decision.node: down_reason(o.decision, f"{failure_prefix}{o.error}")
-                for o in outcomes if not o.ok}
-    for d in pending:
-        failures[d.node] = down_reason(d, f"{failure_prefix}backend did not answer within the {ctx.budget:.0f}s budget")
+    failures: dict[str, str] = {}
+
+    def down(outcomes: list) -> None:
+        batch = {o.decision.node: down_reason(o.decision, f"{failure_prefix}{o.error}") for o in outcomes}
+        failures.update(batch)
+        _set_down(ctx.slurm, batch, ctx.log)
+
+    budget = ctx.budget_for(sum(d.action not in (Action.NOTHING, Action.FAIL) for d in decisions))
+    outcomes, pending = execute(decisions, ctx.backend(), deadline=ctx.start + budget, parallel=ctx.parallel,
+                                log=ctx.log, clock=ctx.clock, on_failures=down)
     if pending:
-        ctx.log.write(f"{len(pending)} backend calls still running after {ctx.budget:.0f}s: abandoned "
+        ctx.log.write(f"{len(pending)} backend calls still running after {budget:.0f}s: abandoned "
                       f"({', '.join(d.node for d in pending)})")
-    if failures:
-        _set_down(ctx.slurm, failures, ctx.log)
+        down([_outcome(d, False, f"backend did not answer within the {budget:.0f}s budget") for d in pending])
     ctx.emit(outcomes, pending)
     ok = sum(o.ok for o in outcomes)
-    ctx.log.write(f"done in {time.monotonic() - ctx.start:.2f}s: {ok} ok, {len(failures)} failed")
-    return RunResult(1 if failures else 0, failures, bool(pending))
+    ctx.log.write(f"done in {ctx.clock() - ctx.start:.2f}s: {ok} ok, {len(failures)} failed")
+    return RunResult(1 if failures else 0, failures, [d.node for d in pending])
+
+
+def _outcome(decision: "Decision", ok: bool, error: str = "") -> "Outcome":
+    from .calls import Outcome
+
+    return Outcome(decision, ok, error)
 
 
 def _fail_all(ctx: Context, names: Sequence[str], why: str) -> RunResult:
@@ -348,7 +328,7 @@ def _fail_all(ctx: Context, names: Sequence[str], why: str) -> RunResult:
     failures = {n: down_reason(Decision(n, Action.FAIL, Reason.RESUME, why)) for n in names}
     ctx.log.write(f"cannot resume {','.join(names)}: {why}")
     _set_down(ctx.slurm, failures, ctx.log)
-    ctx.emit([Outcome(Decision(n, Action.FAIL, Reason.RESUME, why), False, why) for n in names])
+    ctx.emit([_outcome(Decision(n, Action.FAIL, Reason.RESUME, why), False, why) for n in names])
     return RunResult(1, failures)
 
 
@@ -458,9 +438,10 @@ def run_resume(args: Sequence[str], ctx: Context, resume_file_text: str | None) 
     refuse, trials = _backoff(ctx, names, inventory, workers)
     decisions = plan_resume(names, inventory, workers, request, refuse, trials)
     result = _finish(ctx, decisions, "")
-    # failures of the backend (and of our budget) count towards the pool's backoff; refusals
-    # (unknown node, unavailable, backoff itself) do not
-    counted = {d.node for d in decisions if d.action in (Action.CREATE, Action.REPLACE)}
+    # failures of the backend count towards the pool's backoff; refusals (unknown node, unavailable,
+    # backoff itself) do not, nor calls abandoned at the deadline: their outcome is unknown, and a
+    # worker they made after all is judged by its uid (the loop, resume-fail)
+    counted = {d.node for d in decisions if d.action in (Action.CREATE, Action.REPLACE)} - set(result.pending)
     _record_failures(ctx, {n: r for n, r in result.down.items() if n in counted}, inventory)
     # a node refused for backoff is DOWN (its jobs requeue) but still powering up: POWER_DOWN_FORCE
     # ends that at once, so it is idle~ again after SuspendTimeout, for the pool's trial resume or
