@@ -198,8 +198,9 @@ def test_resume_refuses_a_backed_off_pool_at_once(bed: Testbed):
         assert re.search(rf"decide {name} fail \(backoff\): pool cpu: 3 consecutive", log), log
         assert re.search(rf"set DOWN {name}: slurmk8s backoff: pool cpu: 3 consecutive", log), log
         assert name not in bed.workers(), "no worker was created"
+        # SuspendTimeout is 5 s here, ResumeTimeout 60 s: back well before ResumeTimeout
         wait_for(f"{name} powered-down idle again", lambda: (n := bed.nodes()[name]) and "POWERED_DOWN" in n.state
-                 and not {"DOWN", "POWERING_UP", "POWERING_DOWN"} & set(n.state), 90)
+                 and not {"DOWN", "POWERING_UP", "POWERING_DOWN"} & set(n.state), 40)
     finally:
         bed.exec(bed.ctld, ["scancel", str(job)], check=False)
         bed.exec(bed.ctld, ["/opt/slurmk8s/bin/python", "-c",
