@@ -282,7 +282,9 @@ def test_resume_program_replaces_a_dead_worker_through_this_backend(world):
     assert decision.action == Action.REPLACE
     backend.delete(decision.node)
     backend.create(decision.slurm_node)
-    assert backend.list() == {"cpu-n1": Worker("cpu-n1", "Pending", "", backend.list()["cpu-n1"].created_at, "n1")}
+    new = api.pods[(NS, "cpu-n1")]["metadata"]["uid"]
+    assert backend.list() == {"cpu-n1": Worker("cpu-n1", "Pending", "", backend.list()["cpu-n1"].created_at, "n1",
+                                               uid=new)}
 
 
 # ---------------------------------------------------------------- e2e: the real API server

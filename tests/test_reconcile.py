@@ -24,8 +24,8 @@ from provisioner.elastic.ledger import (
     LedgerError,
     Policy,
     PoolHistory,
-    active_backoffs,
     backoff_until,
+    pool_gates,
 )
 from provisioner.elastic.plan import Reason
 from provisioner.elastic.programs import Context, run_resume, run_resume_fail, run_suspend
@@ -40,7 +40,7 @@ from provisioner.slurm.state import _num, parse_jobs, parse_nodes, running_since
 
 NOW = 1_800_000_000.0
 POLICY = Policy(grace=20, pending_timeout=60, unschedulable_timeout=180, backoff_failures=3,
-                backoff_window=600, backoff_cooloff=300, dedupe=120)
+                backoff_window=600, backoff_cooloff=300)
 DASHBOARD = Path(__file__).resolve().parents[1] / "charts" / "dashboards" / "slurmk8s.json"
 
 
@@ -263,25 +263,29 @@ def test_backoff_needs_n_failures_within_the_window_after_the_last_success():
     assert backoff_until(hist(NOW - 330, NOW - 320, NOW - 310), NOW, POLICY) is None  # cooled off
 
 
-def test_memory_ledger_dedupes_one_nodes_repeat_and_success_resets():
+def test_memory_ledger_counts_an_attempt_once_and_success_resets():
     led = MemoryLedger(POLICY)
-    led.record_failure("cpu", "cpu-0", "stuck", NOW)
-    led.record_failure("cpu", "cpu-0", "resume-failed", NOW + 60)  # same attempt, seen by resume-fail
-    led.record_failure("cpu", "cpu-1", "stuck", NOW + 61)
+    led.record_failure("cpu", "cpu-0", "stuck", NOW, "uid-a")
+    led.record_failure("cpu", "cpu-0", "resume-failed", NOW + 300, "uid-a")  # same pod, seen by resume-fail
+    led.record_failure("cpu", "cpu-1", "create refused", NOW + 61)  # no pod: always its own attempt
     assert [f.node for f in led.load()["cpu"].failures] == ["cpu-0", "cpu-1"]
-    led.record_failure("cpu", "cpu-0", "again", NOW + 200)  # a later attempt counts
+    led.record_failure("cpu", "cpu-0", "again", NOW + 200, "uid-b")  # the node's next pod: a later attempt
     assert len(led.load()["cpu"].failures) == 3
-    assert active_backoffs(led, NOW + 201, POLICY)["cpu"].startswith("3 consecutive")
+    assert pool_gates(led, NOW + 201, POLICY)["cpu"].detail.startswith("3 consecutive")
     led.record_success("cpu", NOW + 202)
-    assert active_backoffs(led, NOW + 203, POLICY) == {}
+    assert pool_gates(led, NOW + 203, POLICY) == {}
 
 
 def test_file_ledger_survives_a_new_instance(tmp_path):
     path = str(tmp_path / "spool" / "slurmk8s" / "ledger.json")
-    FileLedger(path, POLICY).record_failure("gpu", "gpu-0", "ErrImagePull", NOW)
+    FileLedger(path, POLICY).record_failure("gpu", "gpu-0", "ErrImagePull", NOW, "uid-a")
     FileLedger(path, POLICY).record_failure("gpu", "gpu-1", "ErrImagePull", NOW + 1)
+    FileLedger(path, POLICY).record_failure("gpu", "gpu-2", "x", NOW + 2)
+    assert FileLedger(path, POLICY).claim_trial("gpu", "gpu-3", NOW + 303)  # cooled off: gpu-3 is the trial
+    assert not FileLedger(path, POLICY).claim_trial("gpu", "gpu-4", NOW + 304)  # one at a time
     loaded = FileLedger(path, POLICY).load()
-    assert [f.node for f in loaded["gpu"].failures] == ["gpu-0", "gpu-1"]
+    assert [(f.node, f.attempt) for f in loaded["gpu"].failures] == [("gpu-0", "uid-a"), ("gpu-1", ""), ("gpu-2", "")]
+    assert loaded["gpu"].trial.node == "gpu-3"
     FileLedger(path, POLICY).record_success("gpu", NOW + 2)
     assert FileLedger(path, POLICY).load()["gpu"] == PoolHistory((), NOW + 2)
 
@@ -383,7 +387,7 @@ def test_run_once_pool_recovery_resets_the_ledger():
 
 def test_run_once_a_failing_step_stops_the_rest_and_is_reported():
     class NoDelete(FakeBackend):
-        def delete(self, name):
+        def delete(self, name, uid=None):
             raise BackendError(name, "RBAC: not allowed to delete pods")
 
     report, _, slurm, ledger, log = run([up("cpu-1")], backend=NoDelete({"cpu-1": worker("cpu-1", "Failed")}))
@@ -438,9 +442,11 @@ def test_resume_backend_failures_feed_the_ledger_and_resume_fail_too(tmp_path):
     run_resume(["cpu-[0-1]"], c, None)
     [f] = FileLedger(path).load()["cpu"].failures
     assert f.node == "cpu-0" and "not found" in f.reason
-    c = Context({"SLURMK8S_LEDGER": path}, Log("test"), backend=FakeBackend(), slurm=FakeSlurm(), inventory=inventory())
-    run_resume_fail(["cpu-2"], c)
-    assert [f.node for f in FileLedger(path).load()["cpu"].failures] == ["cpu-0", "cpu-2"]
+    # resume-fail counts the nodes whose worker it found (cpu-2), by its uid; not those with none
+    pending = FakeBackend({"cpu-2": Worker("cpu-2", "Pending", "Unschedulable: 0/3 nodes", uid="uid-2")})
+    c = Context({"SLURMK8S_LEDGER": path}, Log("test"), backend=pending, slurm=FakeSlurm(), inventory=inventory())
+    run_resume_fail(["cpu-[2-3]"], c)
+    assert [(f.node, f.attempt) for f in FileLedger(path).load()["cpu"].failures] == [("cpu-0", ""), ("cpu-2", "uid-2")]
 
 
 def test_programs_append_one_event_per_decision_with_its_outcome(tmp_path):

@@ -1,7 +1,9 @@
 """The node-backend interface: how a Slurm node's worker (a pod, a container) is created and removed.
 
 The resume/suspend programs decide *what* to do (see ``plan``); a backend only *does* it. Every
-method is idempotent: creating a worker that exists, or deleting one that is gone, is a no-op.
+method is idempotent: creating a worker that exists, or deleting one that is gone, is a no-op. A
+delete made because of what one worker did names that worker's uid, so its replacement is never
+removed in its stead.
 Errors are raised as :class:`BackendError` with a short reason that ends up as the Slurm node's
 DOWN reason, so it must say what went wrong in words an operator can act on.
 """
@@ -23,6 +25,11 @@ class BackendError(SlurmK8sError):
         super().__init__(f"{node}: {reason}")
 
 
+class WorkerReplaced(BackendError):
+    """``delete(name, uid)``: the node's worker is another one than `uid` now (a resume replaced it);
+    nothing was deleted."""
+
+
 @dataclass(frozen=True)
 class Worker:
     """What a backend knows about one worker."""
@@ -37,12 +44,18 @@ class Worker:
     # died and how, where the backend knows it; a job running on it then lost its processes
     died_at: float | None = None
     died_how: str = ""  # e.g. "Error (exit 137)"
+    # this worker's identity: the pod's metadata.uid, the container's id. A node's next worker has
+    # the same name but another uid: one resume attempt, one uid
+    uid: str = ""
 
 
 class NodeBackend(Protocol):
     def create(self, node: SlurmNode) -> None: ...
 
-    def delete(self, name: str) -> None: ...
+    def delete(self, name: str, uid: str | None = None) -> None:
+        """Remove the node's worker. With `uid`, only that worker: gone already is a no-op, another
+        worker by the name now raises :class:`WorkerReplaced` and is left alone."""
+        ...
 
     def list(self) -> Mapping[str, Worker]: ...
 

@@ -27,7 +27,7 @@ from typing import Any, Mapping
 
 from ..errors import SlurmK8sError
 from ..inventory import SlurmNode
-from .backend import BackendError, Worker
+from .backend import BackendError, Worker, WorkerReplaced
 
 API = "/v1.41"
 LABEL_CLUSTER = "org.slurmk8s.cluster"
@@ -225,9 +225,16 @@ class DockerBackend:
             self.client.call("DELETE", f"/containers/{name}", query={"force": "1", "v": "1"})
             raise BackendError(name, f"container start failed: {err.message}") from None
 
-    def delete(self, name: str) -> None:
+    def delete(self, name: str, uid: str | None = None) -> None:
+        """By name, or (with `uid`) by container id: the engine has no preconditions, but an id names
+        one container only, so a container that replaced it under the name is never removed."""
         try:
-            status, data = self.client.call("DELETE", f"/containers/{name}", query={"force": "1", "v": "1"})
+            status, data = self.client.call("DELETE", f"/containers/{uid or name}", query={"force": "1", "v": "1"})
+            if status == 404 and uid:
+                now, info = self.client.call("GET", f"/containers/{name}/json")
+                if now == 200 and isinstance(info, dict) and info.get("Id") != uid:
+                    raise WorkerReplaced(name, f"container {name} was replaced since (id {uid[:12]} is gone); "
+                                               "the new container is left alone")
         except (OSError, http.client.HTTPException) as err:
             raise BackendError(name, f"Docker engine unreachable at {self.client.socket_path}: {err}",
                                retryable=True) from None
@@ -254,6 +261,7 @@ class DockerBackend:
                 phase=PHASES.get(state, "Unknown"),
                 reason=item.get("Status", "") if state in ("created", "exited", "dead") else "",
                 created_at=float(item.get("Created", 0)) or None,
+                uid=str(item.get("Id") or ""),
             )
         return workers
 

@@ -33,7 +33,7 @@ from ..config import ClusterSpec, parse_spec
 from ..errors import SlurmK8sError
 from ..inventory import SlurmNode
 from ..kubeapi import MAX_REASON, ApiError, KubeConfigError, api_client, raw_call
-from .backend import BackendError, Worker
+from .backend import BackendError, Worker, WorkerReplaced
 
 DEFAULT_SPEC = f"{m.SPEC_DIR}/spec.json"
 DEFAULT_SITE = f"{m.SPEC_DIR}/site.json"
@@ -147,6 +147,7 @@ def worker_from_pod(pod: Mapping[str, Any]) -> Worker:
                        if c.get("type") == "Ready" and c.get("status") == "True"), None),
         died_at=died_at,
         died_how=died_how,
+        uid=str(meta.get("uid") or ""),
     )
 
 
@@ -265,7 +266,20 @@ class KubernetesBackend:
                                               f"{self.terminating_wait:.0f}s", retryable=True)
         raise BackendError(node.name, f"pod {node.name} kept reappearing while being replaced", retryable=True)
 
-    def delete(self, name: str) -> None:
+    def delete(self, name: str, uid: str | None = None) -> None:
+        if uid:
+            # conditional on the pod judged (the uid came from our own labelled list): a pod that
+            # replaced it under the same name fails the precondition (409) and stays
+            try:
+                self.api.delete(self.namespace, name, uid=uid)
+            except ApiError as err:
+                if err.status == 404:
+                    return
+                if err.status == 409:
+                    raise WorkerReplaced(name, f"pod {name} was replaced since (uid {uid} is gone); "
+                                               "the new pod is left alone") from None
+                raise self._error(name, "delete", err) from None
+            return
         pod = self._get(name)
         if pod is None:
             return

@@ -1,9 +1,14 @@
 """The per-pool failure ledger and the backoff computed from it.
 
 The resume / resume-fail programs and the reconcile loop record worker failures per pool in one
-JSON file on the state volume (:class:`FileLedger`); ``consecutive failures >= N within a window``
-puts the pool in backoff for a cooling-off period, during which the resume program refuses its
-nodes at once (reason ``backoff``).
+JSON file on the state volume (:class:`FileLedger`). A failure counts once per attempt: one pod uid
+is one attempt, whoever sees it fail (the loop, then resume-fail at ResumeTimeout); a create the API
+refused made no pod and is counted by the resume program alone. ``consecutive failures >= N within
+a window`` opens the pool's backoff: for a cooling-off period the resume program refuses its nodes
+at once (reason ``backoff``). Then the pool is half-open: one resume at a time goes through as a
+trial (claimed in the ledger, so concurrent programs agree), the others are still refused; the
+trial's failure opens the backoff again, its success (the loop sees its worker up) clears the
+pool's history.
 """
 
 from __future__ import annotations
@@ -24,23 +29,39 @@ class Failure:
     node: str
     at: float
     reason: str
+    attempt: str = ""  # the failed worker's uid; '' when no worker was made (the API refused the create)
+
+
+@dataclass(frozen=True)
+class Trial:
+    """The one resume let through while the pool is half-open."""
+
+    node: str
+    at: float
 
 
 @dataclass(frozen=True)
 class PoolHistory:
     failures: tuple[Failure, ...] = ()
     last_success: float | None = None
+    trial: Trial | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"failures": [{"node": f.node, "at": f.at, "reason": f.reason} for f in self.failures],
-                "last_success": self.last_success}
+        failures = [{"node": f.node, "at": f.at, "reason": f.reason, **({"attempt": f.attempt} if f.attempt else {})}
+                    for f in self.failures]
+        doc: dict[str, Any] = {"failures": failures, "last_success": self.last_success}
+        if self.trial is not None:
+            doc["trial"] = {"node": self.trial.node, "at": self.trial.at}
+        return doc
 
     @classmethod
     def from_json(cls, obj: Mapping[str, Any]) -> "PoolHistory":
-        failures = tuple(Failure(str(f["node"]), float(f["at"]), str(f.get("reason", "")))
+        failures = tuple(Failure(str(f["node"]), float(f["at"]), str(f.get("reason", "")), str(f.get("attempt") or ""))
                          for f in obj.get("failures") or () if isinstance(f, dict) and "node" in f and "at" in f)
         last = obj.get("last_success")
-        return cls(failures, float(last) if isinstance(last, (int, float)) else None)
+        t = obj.get("trial")
+        trial = Trial(str(t["node"]), float(t["at"])) if isinstance(t, dict) and "node" in t and "at" in t else None
+        return cls(failures, float(last) if isinstance(last, (int, float)) else None, trial)
 
 
 @dataclass(frozen=True)
@@ -52,8 +73,7 @@ class Policy:
     unschedulable_timeout: float = 180.0  # Unschedulable (an autoscaler may be adding capacity)
     backoff_failures: int = 3  # consecutive resume failures of a pool ...
     backoff_window: float = 600.0  # ... within this many seconds ...
-    backoff_cooloff: float = 300.0  # ... refuse its resumes for this long after the last one
-    dedupe: float = 120.0  # a node's failure seen again (by another program) within this counts once
+    backoff_cooloff: float = 300.0  # ... refuse its resumes for this long after the last one, then one trial
     keep: int = 50  # failures kept per pool
 
     @classmethod
@@ -78,7 +98,8 @@ def consecutive_failures(history: PoolHistory, now: float, policy: Policy) -> li
 
 
 def backoff_until(history: PoolHistory, now: float, policy: Policy) -> float | None:
-    """When the pool's cooling-off period ends, or None when the pool is not backed off."""
+    """When the pool's cooling-off period ends, or None when it is not cooling off (closed, or
+    half-open: see :func:`gate`)."""
     failures = consecutive_failures(history, now, policy)
     if len(failures) < max(1, policy.backoff_failures):
         return None
@@ -86,24 +107,71 @@ def backoff_until(history: PoolHistory, now: float, policy: Policy) -> float | N
     return until if until > now else None
 
 
-def backoff_detail(history: PoolHistory, now: float, policy: Policy) -> str | None:
-    """The refusal reason for a pool in backoff (None when it is not)."""
-    until = backoff_until(history, now, policy)
-    if until is None:
-        return None
+@dataclass(frozen=True)
+class Gate:
+    """What the resume program may do for a pool in backoff: refuse its nodes (``trial`` False), or
+    let one through as the trial (``trial`` True, after claiming it: :func:`take_trial`)."""
+
+    why: str  # the failures: "3 consecutive resume failures within 600s, last cpu-2: ..."
+    state: str  # "resumes refused for 290s more", "cooled off: one trial resume", ...
+    trial: bool = False
+
+    @property
+    def detail(self) -> str:
+        return f"{self.why}; {self.state}"
+
+
+def _active_trial(history: PoolHistory, last_failure: float, now: float, policy: Policy) -> Trial | None:
+    """The trial resume still being decided: claimed after the last failure, within a cooling-off."""
+    t = history.trial
+    if t is not None and t.at >= last_failure and now < t.at + policy.backoff_cooloff:
+        return t
+    return None
+
+
+def gate(history: PoolHistory, now: float, policy: Policy) -> Gate | None:
+    """The pool's backoff now: None (closed: every resume goes), a refusal while cooling off, or
+    half-open: one trial (refused while another trial is being decided). Pure."""
     failures = consecutive_failures(history, now, policy)
+    if len(failures) < max(1, policy.backoff_failures):
+        return None
     last = max(failures, key=lambda f: f.at)
-    return (f"{len(failures)} consecutive resume failures within {policy.backoff_window:.0f}s, "
-            f"last {last.node}: {last.reason}; resumes refused for {until - now:.0f}s more")
+    why = (f"{len(failures)} consecutive resume failures within {policy.backoff_window:.0f}s, "
+           f"last {last.node}: {last.reason}")
+    until = last.at + policy.backoff_cooloff
+    if until > now:
+        return Gate(why, f"resumes refused for {until - now:.0f}s more")
+    trial = _active_trial(history, last.at, now, policy)
+    if trial is not None:
+        return Gate(why, f"cooled off, trial resume of {trial.node} in progress ({now - trial.at:.0f}s)")
+    return Gate(why, "cooled off: one trial resume", trial=True)
 
 
-def add_failure(history: PoolHistory, node: str, reason: str, at: float, policy: Policy) -> PoolHistory:
-    """The history with one failure more (pure); a repeat of the same node's failure counts once."""
-    for f in history.failures:
-        if f.node == node and abs(at - f.at) < policy.dedupe and f.at > (history.last_success or -math.inf):
-            return history
-    failures = (*history.failures, Failure(node, at, reason[:200]))[-policy.keep:]
-    return PoolHistory(failures, history.last_success)
+def backoff_detail(history: PoolHistory, now: float, policy: Policy) -> str | None:
+    """Why the pool's resumes are held back (cooling off or half-open); None when they are not."""
+    g = gate(history, now, policy)
+    return g.detail if g is not None else None
+
+
+def take_trial(history: PoolHistory, node: str, at: float, policy: Policy) -> PoolHistory | None:
+    """The history with `node` as the pool's trial resume; None when no trial may go now (cooling
+    off again, or another trial is being decided). A pool not in backoff needs no trial: unchanged."""
+    g = gate(history, at, policy)
+    if g is None:
+        return history
+    if not g.trial:
+        return None
+    return replace(history, trial=Trial(node, at))
+
+
+def add_failure(history: PoolHistory, node: str, reason: str, at: float, policy: Policy,
+                attempt: str = "") -> PoolHistory:
+    """The history with one failure more (pure). An attempt (a worker uid) counts once, whoever
+    reports it; a failure without one (no worker was made) always counts."""
+    if attempt and any(f.attempt == attempt for f in history.failures):
+        return history
+    failures = (*history.failures, Failure(node, at, reason[:200], attempt))[-policy.keep:]
+    return replace(history, failures=failures)
 
 
 class LedgerError(SlurmK8sError):
@@ -115,9 +183,13 @@ class FailureLedger(Protocol):
 
     def load(self) -> dict[str, PoolHistory]: ...
 
-    def record_failure(self, pool: str, node: str, reason: str, at: float) -> None: ...
+    def record_failure(self, pool: str, node: str, reason: str, at: float, attempt: str = "") -> None: ...
 
     def record_success(self, pool: str, at: float) -> None: ...
+
+    def claim_trial(self, pool: str, node: str, at: float) -> bool:
+        """Make `node` the half-open pool's trial resume, atomically; False when it may not go."""
+        ...
 
 
 @dataclass
@@ -157,18 +229,31 @@ class FileLedger:
         except OSError as err:
             raise LedgerError(f"cannot update the failure ledger {self.path}: {err}") from None
 
-    def record_failure(self, pool: str, node: str, reason: str, at: float) -> None:
-        self._update(lambda p: {**p, pool: add_failure(p.get(pool, PoolHistory()), node, reason, at, self.policy)})
+    def record_failure(self, pool: str, node: str, reason: str, at: float, attempt: str = "") -> None:
+        self._update(lambda p: {**p, pool: add_failure(p.get(pool, PoolHistory()), node, reason, at, self.policy,
+                                                       attempt)})
 
     def record_success(self, pool: str, at: float) -> None:
         self._update(lambda p: {**p, pool: PoolHistory((), at)})
 
+    def claim_trial(self, pool: str, node: str, at: float) -> bool:
+        claimed = False
 
-def active_backoffs(ledger: FailureLedger, now: float, policy: Policy) -> dict[str, str]:
-    """pool -> refusal reason, for the pools in backoff now (used by the resume program)."""
+        def claim(pools: dict[str, PoolHistory]) -> dict[str, PoolHistory]:
+            nonlocal claimed
+            taken = take_trial(pools.get(pool, PoolHistory()), node, at, self.policy)
+            claimed = taken is not None
+            return {**pools, pool: taken} if taken is not None else pools
+
+        self._update(claim)
+        return claimed
+
+
+def pool_gates(ledger: FailureLedger, now: float, policy: Policy) -> dict[str, Gate]:
+    """pool -> its :class:`Gate`, for the pools in backoff now (used by the resume program)."""
     out = {}
     for pool, history in ledger.load().items():
-        detail = backoff_detail(history, now, policy)
-        if detail:
-            out[pool] = detail
+        g = gate(history, now, policy)
+        if g is not None:
+            out[pool] = g
     return out

@@ -50,6 +50,7 @@ class Decision:
     detail: str = ""
     slurm_node: SlurmNode | None = None  # for CREATE / REPLACE
     jobs: tuple[int, ...] = ()  # jobs Slurm resumes the node for (from SLURM_RESUME_FILE)
+    uid: str = ""  # REPLACE: the dead worker to remove (only that one, not one that replaced it)
 
     def describe(self) -> str:
         jobs = f" jobs={','.join(map(str, self.jobs))}" if self.jobs else ""
@@ -133,17 +134,37 @@ def parse_resume_file(text: str) -> ResumeRequest:
 # ---------------------------------------------------------------- plans
 
 
+def _needs_worker(worker: Worker | None) -> bool:
+    return worker is None or worker.phase not in LIVE_PHASES
+
+
+def trial_candidates(names: Iterable[str], inventory: Inventory, workers: Mapping[str, Worker],
+                     pools: Iterable[str]) -> dict[str, str]:
+    """pool -> the node to try first, for half-open `pools`: the first node Slurm asked for that is
+    in the pool, may run and has no live worker (a pool with none has no trial now)."""
+    wanted = set(pools)
+    out: dict[str, str] = {}
+    for name in names:
+        node = inventory[name] if name in inventory else None
+        if (node is not None and node.pool in wanted and node.pool not in out and not node.unavailable
+                and _needs_worker(workers.get(name))):
+            out[node.pool] = name
+    return out
+
+
 def plan_resume(
     names: Iterable[str],
     inventory: Inventory,
     workers: Mapping[str, Worker],
     request: ResumeRequest | None = None,
     backoff: Mapping[str, str] | None = None,
+    trials: Mapping[str, str] | None = None,
 ) -> list[Decision]:
     """One decision per node Slurm asked to resume (argv is authoritative; the file adds job ids).
 
-    `backoff`: pool -> why its resumes are refused now (see ``reconcile.active_backoffs``); a node
-    of such a pool that needs a worker fails at once with that reason.
+    `backoff`: pool -> why its resumes are refused now (see ``ledger.pool_gates``); a node of such a
+    pool that needs a worker fails at once with that reason, unless it is in `trials` (node -> why:
+    the half-open pool's one trial resume, claimed in the ledger).
     """
     decisions = []
     for name in names:
@@ -154,19 +175,21 @@ def plan_resume(
                                       "not in the slurmk8s inventory; regenerate the config", jobs=jobs))
             continue
         node = inventory[name]
+        trial = (trials or {}).get(name, "")
         if node.unavailable:
             decisions.append(Decision(name, Action.FAIL, Reason.UNAVAILABLE, node.unavailable, jobs=jobs))
-        elif backoff and node.pool in backoff and (worker is None or worker.phase not in LIVE_PHASES):
+        elif backoff and node.pool in backoff and _needs_worker(worker) and not trial:
             decisions.append(Decision(name, Action.FAIL, Reason.BACKOFF, f"pool {node.pool}: {backoff[node.pool]}",
                                       jobs=jobs))
         elif worker is None:
-            decisions.append(Decision(name, Action.CREATE, Reason.RESUME, slurm_node=node, jobs=jobs))
+            decisions.append(Decision(name, Action.CREATE, Reason.RESUME, trial, slurm_node=node, jobs=jobs))
         elif worker.phase in LIVE_PHASES:
             decisions.append(Decision(name, Action.NOTHING, Reason.ALREADY_RUNNING,
                                       f"worker is {worker.phase}", jobs=jobs))
         else:
             why = f"worker is {worker.phase}" + (f" ({worker.reason})" if worker.reason else "")
-            decisions.append(Decision(name, Action.REPLACE, Reason.WORKER_DEAD, why, slurm_node=node, jobs=jobs))
+            decisions.append(Decision(name, Action.REPLACE, Reason.WORKER_DEAD, why + (f"; {trial}" if trial else ""),
+                                      slurm_node=node, jobs=jobs, uid=worker.uid))
     return decisions
 
 

@@ -2,15 +2,19 @@
 and PrologSlurmctld (console scripts slurmk8s-resume, -suspend, -resume-fail, -prolog-slurmctld).
 
 Slurm discards their output, so everything goes to a log file (SLURMK8S_LOG, default
-/var/log/slurmk8s/elastic.log). They must return fast: a blocked ResumeProgram stalls slurmctld's
-script daemon, so the work is a bounded number of backend calls, run in parallel, within a total
-time budget (SLURMK8S_BUDGET seconds, default 20).
+/var/log/slurmk8s/elastic.log). Slurm 24.11 runs them asynchronously (slurmscriptd) and kills one
+still running after max(ResumeTimeout, SuspendTimeout); within that the backend calls run in
+parallel up to a deadline derived from the number of calls (20 s per wave of SLURMK8S_PARALLEL
+calls, at most that Slurm timeout less 30 s), so a resume of any size the API can serve completes;
+failures are reported (DOWN) as they come.
 
 Environment:
   SLURMK8S_BACKEND    node backend (default docker; see backend.BACKENDS)
   SLURMK8S_INVENTORY  inventory.json written with the config (default /etc/slurm/inventory.json)
   SLURMK8S_LOG        log file (default /var/log/slurmk8s/elastic.log)
-  SLURMK8S_BUDGET     seconds the resume / suspend / resume-fail programs may take (default 20)
+  SLURMK8S_BUDGET     seconds the resume / suspend / resume-fail programs may take (default:
+                      derived as above from the number of calls and slurm.conf at SLURM_CONF,
+                      default /etc/slurm/slurm.conf)
   SLURMK8S_PARALLEL   backend calls in flight at once (default 8)
   SLURMK8S_EVENTS     JSON lines, one per decision and its outcome, for the reconcile loop's
                       metrics (default /var/log/slurmk8s/events.jsonl; empty: none)
@@ -41,13 +45,18 @@ from .ledger import DEFAULT_LEDGER
 if TYPE_CHECKING:
     from ..slurm.commands import SlurmControl
     from .backend import NodeBackend
+    from .calls import Outcome
     from .plan import Decision
 
 DEFAULT_ENV_FILE = "/etc/slurmk8s/elastic.env"
 DEFAULT_LOG = "/var/log/slurmk8s/elastic.log"
 DEFAULT_INVENTORY = "/etc/slurm/inventory.json"
-DEFAULT_BUDGET = 20.0
+DEFAULT_BUDGET = 20.0  # seconds per wave of SLURMK8S_PARALLEL backend calls
+SLURM_TIMEOUT_MARGIN = 30.0  # the programs end this long before Slurm would kill them
+SLURM_DEFAULT_TIMEOUT = 60.0  # Slurm's ResumeTimeout default, when slurm.conf says nothing
+DEFAULT_SLURM_CONF = "/etc/slurm/slurm.conf"
 DEFAULT_PARALLEL = 8
+LIST_RETRY_PAUSES = (0.5, 1.5)  # seconds between the (at most three) tries at listing the workers
 
 
 # ---------------------------------------------------------------- logging
@@ -112,6 +121,19 @@ def _load_env() -> tuple[dict[str, str], str]:
         return dict(os.environ), f"cannot read the env file: {err}; using the process environment only"
 
 
+def conf_seconds(path: str, key: str) -> float | None:
+    """A number from slurm.conf (cheap scan, no parser import); None when absent/unreadable."""
+    try:
+        with open(path) as fh:
+            for line in fh:
+                k, sep, value = line.split("#", 1)[0].strip().partition("=")
+                if sep and k.strip().lower() == key.lower():
+                    return float(value.strip())
+    except (OSError, ValueError):
+        return None
+    return None
+
+
 def _env_float(env: Mapping[str, str], key: str, default: float) -> float:
     try:
         return float(env.get(key, default))
@@ -123,71 +145,6 @@ def _env_float(env: Mapping[str, str], key: str, default: float) -> float:
 
 
 # ---------------------------------------------------------------- resume / suspend / resume-fail
-
-
-class Outcome:
-    __slots__ = ("decision", "ok", "error", "seconds")
-
-    def __init__(self, decision: "Decision", ok: bool, error: str = "", seconds: float = 0.0) -> None:
-        self.decision = decision
-        self.ok = ok
-        self.error = error
-        self.seconds = seconds
-
-
-def _act(backend: "NodeBackend", decision: "Decision") -> Outcome:
-    from .backend import BackendError
-    from .plan import Action
-
-    start = time.monotonic()
-    try:
-        if decision.action in (Action.DELETE, Action.REPLACE):
-            backend.delete(decision.node)
-        if decision.action in (Action.CREATE, Action.REPLACE):
-            if decision.slurm_node is None:
-                raise BackendError(decision.node, "no inventory entry to create the worker from")
-            backend.create(decision.slurm_node)
-    except BackendError as err:
-        return Outcome(decision, False, err.reason, time.monotonic() - start)
-    except Exception as err:  # noqa: BLE001 -- a bug for one node must still end as that node's DOWN reason
-        return Outcome(decision, False, f"internal error {type(err).__name__}: {err}", time.monotonic() - start)
-    return Outcome(decision, True, "", time.monotonic() - start)
-
-
-def execute(
-    decisions: Sequence["Decision"], backend: "NodeBackend", *, budget: float, parallel: int, log: Log
-) -> tuple[list[Outcome], list["Decision"]]:
-    """Carry out the backend actions in parallel within `budget` seconds.
-
-    Returns (outcomes of finished decisions, decisions still running when the budget ran out).
-    """
-    from concurrent.futures import ThreadPoolExecutor, wait
-
-    from .plan import Action
-
-    outcomes: list[Outcome] = []
-    work = []
-    for d in decisions:
-        if d.action == Action.NOTHING:
-            outcomes.append(Outcome(d, True))
-        elif d.action == Action.FAIL:
-            outcomes.append(Outcome(d, False, d.detail))
-        else:
-            work.append(d)
-    if not work:
-        return outcomes, []
-    pool = ThreadPoolExecutor(max_workers=max(1, min(parallel, len(work))), thread_name_prefix="slurmk8s")
-    futures = {pool.submit(_act, backend, d): d for d in work}
-    done, running = wait(futures, timeout=max(0.0, budget))
-    pool.shutdown(wait=False, cancel_futures=True)
-    for fut in done:
-        outcomes.append(fut.result())
-    for out in outcomes:
-        if out.decision.action not in (Action.NOTHING, Action.FAIL):
-            state = "ok" if out.ok else f"FAILED: {out.error}"
-            log.write(f"{out.decision.node} {out.decision.action.value} {state} ({out.seconds:.2f}s)")
-    pending = [futures[f] for f in running]
-    return outcomes, pending
 
 
 def _set_down(slurm: "SlurmControl", failures: Mapping[str, str], log: Log) -> None:
@@ -209,19 +166,39 @@ class Context:
     """What a program run needs, gathered from the environment (or given by a test)."""
 
     def __init__(self, env: Mapping[str, str], log: Log, *, backend: "NodeBackend | None" = None,
-                 slurm: "SlurmControl | None" = None, inventory=None, ledger=None) -> None:
+                 slurm: "SlurmControl | None" = None, inventory=None, ledger=None,
+                 sleep: Callable[[float], None] | None = None, clock: Callable[[], float] | None = None) -> None:
         self.env = env
+        self._sleep = sleep
+        self.clock = clock or time.monotonic
         self.log = log
         self._backend = backend
         self._slurm = slurm
         self._inventory = inventory
-        self.start = time.monotonic()
+        self.start = self.clock()
         self._ledger = ledger
-        self.budget = _env_float(env, "SLURMK8S_BUDGET", DEFAULT_BUDGET)
-        self.parallel = int(_env_float(env, "SLURMK8S_PARALLEL", DEFAULT_PARALLEL))
+        self.budget = _env_float(env, "SLURMK8S_BUDGET", DEFAULT_BUDGET)  # before the calls (listing ...)
+        self.parallel = max(1, int(_env_float(env, "SLURMK8S_PARALLEL", DEFAULT_PARALLEL)))
 
     def remaining(self) -> float:
-        return self.budget - (time.monotonic() - self.start)
+        return self.budget - (self.clock() - self.start)
+
+    def slurm_timeout(self) -> float:
+        """When Slurm kills a power-saving program: max(ResumeTimeout, SuspendTimeout) of slurm.conf."""
+        conf = self.env.get("SLURM_CONF", DEFAULT_SLURM_CONF)
+        found = [t for t in (conf_seconds(conf, "ResumeTimeout"), conf_seconds(conf, "SuspendTimeout")) if t]
+        return max(found) if found else SLURM_DEFAULT_TIMEOUT
+
+    def budget_for(self, calls: int) -> float:
+        """Seconds (from the start) the backend calls may take: SLURMK8S_BUDGET where set, else 20 s
+        per wave of `parallel` calls, at most Slurm's timeout for the program less a margin."""
+        if "SLURMK8S_BUDGET" in self.env:
+            return self.budget
+        waves = -(-max(1, calls) // self.parallel)
+        return min(max(DEFAULT_BUDGET, self.slurm_timeout() - SLURM_TIMEOUT_MARGIN), DEFAULT_BUDGET * waves)
+
+    def sleep(self, seconds: float) -> None:
+        (self._sleep or time.sleep)(seconds)
 
     @property
     def slurm(self) -> "SlurmControl":
@@ -272,45 +249,77 @@ class Context:
 
 
 class RunResult:
-    """What a program run did: exit code, nodes set DOWN, whether work was left running."""
+    """What a program run did: exit code, nodes set DOWN, the nodes whose calls were left running."""
 
-    def __init__(self, code: int, down: Mapping[str, str] | None = None, abandoned: bool = False) -> None:
+    def __init__(self, code: int, down: Mapping[str, str] | None = None, pending: Sequence[str] = ()) -> None:
         self.code = code
         self.down = dict(down or {})
-        self.abandoned = abandoned
+        self.pending = list(pending)
+
+    @property
+    def abandoned(self) -> bool:
+        return bool(self.pending)
 
 
 def _workers(ctx: Context) -> Mapping:
+    """The backend's workers. A failed list is an error, never an empty list: a transient one
+    (retryable) is tried again, at most three times within the budget, then raised."""
     from .backend import BackendError
 
-    try:
-        return ctx.backend().list()
-    except BackendError as err:
-        ctx.log.write(f"cannot list workers ({err.reason}); deciding as if none existed (creates are idempotent)")
-        return {}
+    for pause in (*LIST_RETRY_PAUSES, None):
+        try:
+            return ctx.backend().list()
+        except BackendError as err:
+            if not err.retryable or pause is None or ctx.remaining() < pause + 1:
+                raise
+            ctx.log.write(f"cannot list workers ({err.reason}); trying again in {pause:.1f}s")
+            ctx.sleep(pause)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _cannot_see(ctx: Context, names: Sequence[str], reason: str, why: str) -> RunResult:
+    """Suspend / resume-fail without a view of the workers: fail loudly. Exit 1 (Slurm 24.11 only
+    logs it) and the nodes DOWN with a slurmk8s reason, so none goes back to service while its
+    worker may remain; the reconcile loop then deletes the worker of a powered-down node and
+    returns the node (down-powered-down)."""
+    failures = {n: " ".join(f"slurmk8s {reason}: {why}; its worker may remain".replace('"', "'").split())[:200]
+                for n in names}
+    ctx.log.write(f"{reason} {','.join(names)}: {why}; nothing done, nodes set DOWN")
+    _set_down(ctx.slurm, failures, ctx.log)
+    return RunResult(1, failures)
 
 
 def _finish(ctx: Context, decisions: Sequence["Decision"], failure_prefix: str) -> RunResult:
-    """Log decisions, execute, set failures DOWN, log a summary."""
-    from .plan import down_reason
+    """Log decisions, execute, set failures DOWN as they come, log a summary."""
+    from .calls import execute
+    from .plan import Action, down_reason
 
     for d in decisions:
         ctx.log.write(f"decide {d.describe()}")
-    outcomes, pending = execute(decisions, ctx.backend(), budget=ctx.remaining(), parallel=ctx.parallel,
-                                log=ctx.log)
-    failures = {o.decision.node: down_reason(o.decision, f"{failure_prefix}{o.error}")
-                for o in outcomes if not o.ok}
-    for d in pending:
-        failures[d.node] = down_reason(d, f"{failure_prefix}backend did not answer within the {ctx.budget:.0f}s budget")
+    failures: dict[str, str] = {}
+
+    def down(outcomes: list) -> None:
+        batch = {o.decision.node: down_reason(o.decision, f"{failure_prefix}{o.error}") for o in outcomes}
+        failures.update(batch)
+        _set_down(ctx.slurm, batch, ctx.log)
+
+    budget = ctx.budget_for(sum(d.action not in (Action.NOTHING, Action.FAIL) for d in decisions))
+    outcomes, pending = execute(decisions, ctx.backend(), deadline=ctx.start + budget, parallel=ctx.parallel,
+                                log=ctx.log, clock=ctx.clock, on_failures=down)
     if pending:
-        ctx.log.write(f"{len(pending)} backend calls still running after {ctx.budget:.0f}s: abandoned "
+        ctx.log.write(f"{len(pending)} backend calls still running after {budget:.0f}s: abandoned "
                       f"({', '.join(d.node for d in pending)})")
-    if failures:
-        _set_down(ctx.slurm, failures, ctx.log)
+        down([_outcome(d, False, f"backend did not answer within the {budget:.0f}s budget") for d in pending])
     ctx.emit(outcomes, pending)
     ok = sum(o.ok for o in outcomes)
-    ctx.log.write(f"done in {time.monotonic() - ctx.start:.2f}s: {ok} ok, {len(failures)} failed")
-    return RunResult(1 if failures else 0, failures, bool(pending))
+    ctx.log.write(f"done in {ctx.clock() - ctx.start:.2f}s: {ok} ok, {len(failures)} failed")
+    return RunResult(1 if failures else 0, failures, [d.node for d in pending])
+
+
+def _outcome(decision: "Decision", ok: bool, error: str = "") -> "Outcome":
+    from .calls import Outcome
+
+    return Outcome(decision, ok, error)
 
 
 def _fail_all(ctx: Context, names: Sequence[str], why: str) -> RunResult:
@@ -319,26 +328,52 @@ def _fail_all(ctx: Context, names: Sequence[str], why: str) -> RunResult:
     failures = {n: down_reason(Decision(n, Action.FAIL, Reason.RESUME, why)) for n in names}
     ctx.log.write(f"cannot resume {','.join(names)}: {why}")
     _set_down(ctx.slurm, failures, ctx.log)
-    ctx.emit([Outcome(Decision(n, Action.FAIL, Reason.RESUME, why), False, why) for n in names])
+    ctx.emit([_outcome(Decision(n, Action.FAIL, Reason.RESUME, why), False, why) for n in names])
     return RunResult(1, failures)
 
 
-def _pool_backoffs(ctx: Context) -> dict[str, str]:
-    """pool -> refusal reason for the pools in backoff; {} when the ledger cannot be read (logged)."""
-    from .ledger import LedgerError, Policy, active_backoffs
+def _pool_gates(ctx: Context, now: float) -> dict:
+    """pool -> ledger.Gate for the pools in backoff; {} when the ledger cannot be read (logged)."""
+    from .ledger import LedgerError, Policy, pool_gates
 
     ledger = ctx.ledger()
     if ledger is None:
         return {}
     try:
-        return active_backoffs(ledger, time.time(), Policy.from_env(ctx.env))
+        return pool_gates(ledger, now, Policy.from_env(ctx.env))
     except LedgerError as err:
         ctx.log.write(f"{err}; resuming without the pool backoff check")
         return {}
 
 
-def _record_failures(ctx: Context, nodes: Mapping[str, str], inventory) -> None:
-    """Failed resumes -> the pool failure ledger (drives the backoff)."""
+def _backoff(ctx: Context, names: Sequence[str], inventory, workers: Mapping) -> tuple[dict[str, str], dict[str, str]]:
+    """(pool -> refusal reason, node -> trial reason): cooling-off pools refuse their nodes; a
+    half-open pool lets one node through as its trial (claimed in the ledger) and refuses the rest."""
+    from .ledger import LedgerError
+    from .plan import trial_candidates
+
+    now = time.time()
+    gates = _pool_gates(ctx, now)
+    refuse = {pool: g.detail for pool, g in gates.items()}
+    trials: dict[str, str] = {}
+    for pool, node in trial_candidates(names, inventory, workers, [p for p, g in gates.items() if g.trial]).items():
+        try:
+            claimed = ctx.ledger().claim_trial(pool, node, now)
+        except LedgerError as err:
+            ctx.log.write(f"{err}; {node} resumes as pool {pool}'s trial unrecorded")
+            claimed = True
+        if claimed:
+            trials[node] = f"trial resume of pool {pool} after its backoff"
+            refuse[pool] = f"{gates[pool].why}; cooled off: {node} is the trial resume"
+        else:
+            refuse[pool] = f"{gates[pool].why}; cooled off: another trial resume is in progress"
+    return refuse, trials
+
+
+def _record_failures(ctx: Context, nodes: Mapping[str, str], inventory,
+                     attempts: Mapping[str, str] | None = None) -> None:
+    """Failed resumes -> the pool failure ledger (drives the backoff); `attempts`: node -> the uid
+    of the worker that failed (one attempt counts once, whoever reports it)."""
     from .ledger import LedgerError
 
     ledger = ctx.ledger()
@@ -349,7 +384,7 @@ def _record_failures(ctx: Context, nodes: Mapping[str, str], inventory) -> None:
         if node not in inventory:
             continue
         try:
-            ledger.record_failure(inventory[node].pool, node, reason, now)
+            ledger.record_failure(inventory[node].pool, node, reason, now, (attempts or {}).get(node, ""))
         except LedgerError as err:
             ctx.log.write(f"{err}; failure of {node} not recorded")
             return
@@ -368,7 +403,7 @@ def _node_names(args: Sequence[str], ctx: Context, program: str) -> list[str] | 
 
 def run_resume(args: Sequence[str], ctx: Context, resume_file_text: str | None) -> RunResult:
     from .backend import BackendError
-    from .plan import Action, InputError, parse_resume_file, plan_resume
+    from .plan import Action, InputError, Reason, parse_resume_file, plan_resume
 
     names = _node_names(args, ctx, "resume")
     if names is None:
@@ -394,13 +429,32 @@ def run_resume(args: Sequence[str], ctx: Context, resume_file_text: str | None) 
         ctx.backend()
     except BackendError as err:
         return _fail_all(ctx, names, f"backend unavailable: {err.reason}")
-    backoff = _pool_backoffs(ctx)
-    decisions = plan_resume(names, inventory, _workers(ctx), request, backoff)
+    try:
+        workers = _workers(ctx)
+    except BackendError as err:
+        # creates are idempotent: each one looks at what is there (adopts a live worker, replaces a dead one)
+        ctx.log.write(f"cannot list workers ({err.reason}); deciding as if none existed")
+        workers = {}
+    refuse, trials = _backoff(ctx, names, inventory, workers)
+    decisions = plan_resume(names, inventory, workers, request, refuse, trials)
     result = _finish(ctx, decisions, "")
-    # failures of the backend (and of our budget) count towards the pool's backoff; refusals
-    # (unknown node, unavailable, backoff itself) do not
-    counted = {d.node for d in decisions if d.action in (Action.CREATE, Action.REPLACE)}
+    # failures of the backend count towards the pool's backoff; refusals (unknown node, unavailable,
+    # backoff itself) do not, nor calls abandoned at the deadline: their outcome is unknown, and a
+    # worker they made after all is judged by its uid (the loop, resume-fail)
+    counted = {d.node for d in decisions if d.action in (Action.CREATE, Action.REPLACE)} - set(result.pending)
     _record_failures(ctx, {n: r for n, r in result.down.items() if n in counted}, inventory)
+    # a node refused for backoff is DOWN (its jobs requeue) but still powering up: POWER_DOWN_FORCE
+    # ends that at once, so it is idle~ again after SuspendTimeout, for the pool's trial resume or
+    # another pool, instead of waiting out ResumeTimeout (and being handed to resume-fail)
+    refused = [n for n in (d.node for d in decisions if d.reason is Reason.BACKOFF) if n in result.down]
+    if refused:
+        from ..slurm.commands import SlurmCommandError
+
+        try:
+            ctx.slurm.power_down(refused)
+            ctx.log.write(f"powered down {','.join(refused)} (refused for backoff)")
+        except SlurmCommandError as err:
+            ctx.log.write(f"could not power down {','.join(refused)}: {err}; they return at ResumeTimeout")
     return result
 
 
@@ -417,11 +471,12 @@ def run_suspend(args: Sequence[str], ctx: Context) -> RunResult:
     try:
         ctx.backend()
     except BackendError as err:
-        ctx.log.write(f"backend unavailable: {err.reason}")
-        failures = {n: f"slurmk8s suspend: backend unavailable: {err.reason}"[:200] for n in names}
-        _set_down(ctx.slurm, failures, ctx.log)
-        return RunResult(1, failures)
-    return _finish(ctx, plan_suspend(names, _workers(ctx)), "worker not removed: ")
+        return _cannot_see(ctx, names, "suspend", f"backend unavailable: {err.reason}")
+    try:
+        workers = _workers(ctx)
+    except BackendError as err:
+        return _cannot_see(ctx, names, "suspend", f"cannot list workers: {err.reason}")
+    return _finish(ctx, plan_suspend(names, workers), "worker not removed: ")
 
 
 def run_resume_fail(args: Sequence[str], ctx: Context) -> RunResult:
@@ -437,16 +492,22 @@ def run_resume_fail(args: Sequence[str], ctx: Context) -> RunResult:
     try:
         ctx.backend()
     except BackendError as err:
-        ctx.log.write(f"backend unavailable, workers of {','.join(names)} may be left behind: {err.reason}")
-        return RunResult(1)
-    result = _finish(ctx, plan_resume_fail(names, _workers(ctx)), "worker not removed after failed resume: ")
+        return _cannot_see(ctx, names, "resume-failed", f"backend unavailable: {err.reason}")
+    try:
+        workers = _workers(ctx)
+    except BackendError as err:
+        return _cannot_see(ctx, names, "resume-failed", f"cannot list workers: {err.reason}")
+    result = _finish(ctx, plan_resume_fail(names, workers), "worker not removed after failed resume: ")
     try:
         inventory = ctx.inventory()
     except (OSError, ValueError, KeyError, TypeError) as err:
         ctx.log.write(f"inventory unreadable, failures not recorded for the pool backoff: {err}")
     else:
-        _record_failures(ctx, {n: "slurmk8s resume-failed: no registration within ResumeTimeout" for n in names},
-                         inventory)
+        # only a node that had a worker failed here: Slurm hands over every node still powering up,
+        # nodes the resume program refused or whose create failed (counted then) included
+        had = [n for n in names if n in workers]
+        _record_failures(ctx, {n: "slurmk8s resume-failed: no registration within ResumeTimeout" for n in had},
+                         inventory, {n: workers[n].uid for n in had})
     # Slurm left these nodes DOWN+POWERED_DOWN (reason kept, jobs requeued). With no worker left
     # behind, return them to powered-down IDLE so a later job can try again: a node that failed
     # is retried at most once per ResumeTimeout, and requeued jobs wait 120 s before they retry.

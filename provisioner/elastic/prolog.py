@@ -10,7 +10,7 @@ import time
 from typing import Callable, Sequence
 
 from ..logs import Log
-from .programs import DEFAULT_LOG, _env_float, _load_env
+from .programs import DEFAULT_LOG, _env_float, _load_env, conf_seconds
 
 PROLOG_POLL = 0.1
 PROLOG_DEFAULT_TIMEOUT = 300.0
@@ -20,15 +20,7 @@ GIVE_UP_STATES = ("down", "drain", "fail", "inval", "unknown")
 
 def resume_timeout_from_conf(path: str) -> float | None:
     """ResumeTimeout from slurm.conf (cheap scan, no parser import); None when absent/unreadable."""
-    try:
-        with open(path) as fh:
-            for line in fh:
-                key, sep, value = line.split("#", 1)[0].strip().partition("=")
-                if sep and key.strip().lower() == "resumetimeout":
-                    return float(value.strip())
-    except (OSError, ValueError):
-        return None
-    return None
+    return conf_seconds(path, "ResumeTimeout")
 
 
 def node_states(nodelist: str, sinfo: str = "sinfo", timeout: float = 10.0) -> list[str] | None:

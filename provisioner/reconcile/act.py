@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ..elastic.backend import BackendError, NodeBackend
+from ..elastic.backend import BackendError, NodeBackend, WorkerReplaced
 from ..elastic.ledger import FailureLedger, LedgerError, Policy
 from ..slurm.commands import (
     SlurmClient,
@@ -34,6 +34,11 @@ class Done:
     ok: bool
     error: str = ""
     argv: tuple[str, ...] = ()
+    skipped: bool = False  # not done: the worker judged was replaced meanwhile (the finding is stale)
+
+    @property
+    def outcome(self) -> str:
+        return "skipped" if self.skipped else "ok" if self.ok else "failed"
 
 
 @dataclass
@@ -57,7 +62,7 @@ def _do(op: Op, finding: Finding, slurm: SlurmClient, backend: NodeBackend, ledg
     """Carry out one op; returns the argv it ran (Slurm ops). Raises on failure."""
     name = finding.node
     if op is Op.DELETE_WORKER:
-        backend.delete(name)
+        backend.delete(name, finding.uid or None)  # only the worker judged, never its replacement
         return ()
     if op is Op.SET_DOWN:
         argv = down_argv([name], finding.down_reason, scontrol)
@@ -66,7 +71,7 @@ def _do(op: Op, finding: Finding, slurm: SlurmClient, backend: NodeBackend, ledg
     elif op is Op.RETURN_TO_SERVICE:
         argv = resume_argv([name], scontrol)
     elif op is Op.RECORD_FAILURE:
-        ledger.record_failure(finding.pool or "unknown", name, finding.down_reason, now)
+        ledger.record_failure(finding.pool or "unknown", name, finding.down_reason, now, finding.uid)
         return ()
     elif op is Op.RECORD_SUCCESS:
         ledger.record_success(finding.pool, now)
@@ -123,6 +128,12 @@ def run_once(slurm: SlurmClient, backend: NodeBackend, inventory: "Inventory", l
         for op in finding.ops:
             try:
                 argv = _do(op, finding, slurm, backend, ledger, now, scontrol)
+            except WorkerReplaced as err:
+                # a resume replaced the worker since the list: the finding is about a worker that
+                # is gone; the node's new attempt is not set DOWN nor counted for it
+                report.done.append(Done(finding, op, False, err.reason, skipped=True))
+                steps.append(f"{op.value} skipped, and the rest: {err.reason}")
+                break
             except (BackendError, SlurmCommandError, LedgerError) as err:
                 error = err.reason if isinstance(err, BackendError) else str(err)
                 report.done.append(Done(finding, op, False, error))

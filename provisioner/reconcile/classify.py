@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import TYPE_CHECKING, Mapping
 
@@ -77,6 +77,7 @@ class Finding:
     kind: Kind
     detail: str = ""
     pool: str = ""
+    uid: str = ""  # the uid of the worker the finding was made about ('' for none)
 
     @property
     def ops(self) -> tuple[Op, ...]:
@@ -188,8 +189,11 @@ def classify(snapshot: Snapshot, now: float, policy: Policy = Policy()) -> list[
     """Every Slurm node and every worker -> findings (OK ones included), then one per pool in
     backoff. Pure: no I/O, no clock."""
     names = sorted(set(snapshot.nodes) | set(snapshot.workers))
-    findings = [classify_pair(n, snapshot.nodes.get(n), snapshot.workers.get(n), snapshot, now, policy)
-                for n in names]
+    findings = []
+    for n in names:
+        finding = classify_pair(n, snapshot.nodes.get(n), snapshot.workers.get(n), snapshot, now, policy)
+        worker = snapshot.workers.get(n)
+        findings.append(replace(finding, uid=worker.uid) if worker is not None else finding)
     for pool, history in sorted(snapshot.history.items()):
         detail = backoff_detail(history, now, policy)
         if detail:

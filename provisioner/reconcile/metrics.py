@@ -95,7 +95,7 @@ class Metrics:
             for f in report.acted:
                 self.findings.labels(f.kind.value).inc()
             for d in report.done:
-                self.actions.labels(d.op.value, "ok" if d.ok else "failed").inc()
+                self.actions.labels(d.op.value, d.outcome).inc()
             pools = set(backoff_pools)
             self._set_gauge("backoff", self.backoff, {(p,): 1.0 for p in pools})
             snap = report.snapshot

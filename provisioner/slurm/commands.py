@@ -81,6 +81,11 @@ class SlurmControl(Protocol):
         """DOWN+POWERED_DOWN -> IDLE+POWERED_DOWN: the next job that needs the node resumes it again."""
         ...
 
+    def power_down(self, names: Sequence[str]) -> None:
+        """POWER_DOWN_FORCE: a node set DOWN while powering up stops powering up (no ResumeTimeout
+        wait) and is suspended; with idle_on_node_suspend it is IDLE+POWERED_DOWN after SuspendTimeout."""
+        ...
+
 
 @dataclass(frozen=True)
 class Scontrol:
@@ -95,6 +100,9 @@ class Scontrol:
 
     def return_to_service(self, names: Sequence[str]) -> None:
         self.run(resume_argv(names, self.scontrol))
+
+    def power_down(self, names: Sequence[str]) -> None:
+        self.run(power_down_argv(names, self.scontrol))
 
 
 # ---------------------------------------------------------------- the reconcile loop's needs

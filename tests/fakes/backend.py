@@ -4,10 +4,11 @@ node name to the BackendError reason its create raises.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from provisioner.elastic.backend import BackendError, Worker
+from provisioner.elastic.backend import BackendError, Worker, WorkerReplaced
 from provisioner.inventory import SlurmNode
 
 
@@ -18,15 +19,22 @@ class FakeBackend:
     workers: dict[str, Worker] = field(default_factory=dict)
     fail: dict[str, str] = field(default_factory=dict)
     calls: list[tuple[str, str]] = field(default_factory=list)
+    created: int = 0  # workers created so far: each gets its own uid
 
     def create(self, node: SlurmNode) -> None:
         self.calls.append(("create", node.name))
         if node.name in self.fail:
             raise BackendError(node.name, self.fail[node.name])
-        self.workers.setdefault(node.name, Worker(node.name, "Running", host=node.k8s_node))
+        if node.name not in self.workers:
+            self.created += 1
+            self.workers[node.name] = Worker(node.name, "Running", host=node.k8s_node, created_at=time.time(),
+                                             uid=f"{node.name}-uid-{self.created}")
 
-    def delete(self, name: str) -> None:
+    def delete(self, name: str, uid: str | None = None) -> None:
         self.calls.append(("delete", name))
+        current = self.workers.get(name)
+        if uid and current is not None and current.uid and current.uid != uid:
+            raise WorkerReplaced(name, f"worker {name} was replaced since ({uid} is gone)")
         self.workers.pop(name, None)
 
     def list(self) -> Mapping[str, Worker]:

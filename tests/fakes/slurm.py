@@ -15,6 +15,7 @@ class FakeSlurm:
 
     down: dict[str, str] = field(default_factory=dict)
     returned: list[str] = field(default_factory=list)
+    powered_down: list[str] = field(default_factory=list)
     fail: bool = False
 
     def set_down(self, names: Sequence[str], reason: str) -> None:
@@ -27,6 +28,11 @@ class FakeSlurm:
         if self.fail:
             raise SlurmCommandError("scontrol: slurm_update error: Unable to contact slurm controller")
         self.returned += names
+
+    def power_down(self, names: Sequence[str]) -> None:
+        if self.fail:
+            raise SlurmCommandError("scontrol: slurm_update error: Unable to contact slurm controller")
+        self.powered_down += names
 
 
 @dataclass
