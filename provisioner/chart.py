@@ -88,7 +88,7 @@ def render_files(spec: ClusterSpec, k8s_nodes: Sequence[Mapping[str, Any]],
     gen = generate_for_kubernetes(spec, k8s_nodes, cluster_domain)
     m.check_names(spec, gen.inventory)
     excluded = [f"{e.k8s_node} ({e.pool}): {e.reason}" for e in gen.inventory.excluded]
-    return dict(m.slurm_config_map(spec, gen.files)["data"]), excluded
+    return m.config_map_files(m.slurm_config_map(spec, gen.files)), excluded
 
 
 def read_nodes(env: Mapping[str, str]) -> list[dict[str, Any]]:

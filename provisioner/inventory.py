@@ -165,6 +165,20 @@ class Inventory:
         }
 
     @classmethod
+    def read(cls, path: str) -> "Inventory":
+        """The inventory written with the config: ``path``, or ``path.gz`` beside it (the Pulumi
+        program's ConfigMap carries it gzipped)."""
+        import gzip
+        import json
+        import os
+
+        if not os.path.exists(path) and os.path.exists(path + ".gz"):
+            with gzip.open(path + ".gz", "rt") as fh:
+                return cls.from_json(json.load(fh))
+        with open(path) as fh:
+            return cls.from_json(json.load(fh))
+
+    @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "Inventory":
         return cls(
             nodes=tuple(SlurmNode.from_json(n) for n in d.get("nodes", ())),

@@ -70,8 +70,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     path = os.environ.get("SLURMK8S_INVENTORY", "/etc/slurm/inventory.json")
     log = Log("slurmk8s-sync-nodes", stream=sys.stderr).write
     try:
-        with open(path) as fh:
-            inventory = Inventory.from_json(json.load(fh))
+        inventory = Inventory.read(path)
     except (OSError, ValueError, KeyError) as err:
         log(f"cannot read the inventory {path}: {err}")
         return 1

@@ -209,7 +209,7 @@ def _expected_differences(spec, chart: dict[str, dict], pulumi: dict[str, dict],
     slurm_config = pulumi.pop(f"ConfigMap {ns}/slurm-config")
     domain = json.loads(pulumi[f"ConfigMap {ns}/{m.SPEC_CONFIG}"]["data"]["site.json"])["cluster_domain"]
     files, _ = render_files(parse_spec(spec.model_dump(mode="json")), nodes, domain)
-    assert files == slurm_config["data"], "the in-cluster render differs from the Pulumi program's slurm-config"
+    assert files == m.config_map_files(slurm_config), "the in-cluster render differs from the Pulumi program's slurm-config"
     sts = chart[f"StatefulSet {ns}/slurmctld"]["spec"]["template"]
     psts = pulumi[f"StatefulSet {ns}/slurmctld"]["spec"]["template"]
     (init,) = sts["spec"].pop("initContainers")

@@ -16,6 +16,7 @@ import pytest
 from test_chart import CASES, _ints
 from typer.testing import CliRunner
 
+from provisioner import manifests as m
 from provisioner.chart import render_files
 from provisioner.cli import app
 from provisioner.config import load_spec
@@ -43,7 +44,7 @@ def pulumi_config_map(pulumi_run, spec_path: Path, nodes: list[dict], domain: st
     run = pulumi_run.run(prog.inline_program(spec, nodes), cfg, list(cfg))
     [cm] = [_ints(copy.deepcopy(r.inputs)) for r in run.kubernetes()
             if r.inputs.get("kind") == "ConfigMap" and r.inputs["metadata"]["name"] == "slurm-config"]
-    return cm["data"]
+    return m.config_map_files(cm)
 
 
 @pytest.mark.parametrize("case", CASE_NAMES)

@@ -70,7 +70,7 @@ esac
 
 # Drain the Slurm nodes whose Kubernetes node is cordoned or NotReady (inventory.json) once
 # slurmctld answers; runs in the background, reaped by tini.
-if [ -x /opt/slurmk8s/bin/slurmk8s-sync-nodes ] && [ -r "$CONF_DIR/inventory.json" ]; then
+if [ -x /opt/slurmk8s/bin/slurmk8s-sync-nodes ] && { [ -r "$CONF_DIR/inventory.json" ] || [ -r "$CONF_DIR/inventory.json.gz" ]; }; then
     # Double fork: the job's parent exits at once, so it is re-parented to tini (PID 1), which
     # reaps it; a plain `( ... ) &` would stay a child of the exec'd slurmctld (a zombie).
     ( ( SLURMK8S_INVENTORY="$CONF_DIR/inventory.json" \

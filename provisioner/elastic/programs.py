@@ -238,13 +238,9 @@ class Context:
 
     def inventory(self):
         if self._inventory is None:
-            import json
-
             from ..inventory import Inventory
 
-            path = self.env.get("SLURMK8S_INVENTORY", DEFAULT_INVENTORY)
-            with open(path) as fh:
-                self._inventory = Inventory.from_json(json.load(fh))
+            self._inventory = Inventory.read(self.env.get("SLURMK8S_INVENTORY", DEFAULT_INVENTORY))
         return self._inventory
 
 

@@ -37,8 +37,8 @@ from .network import network_policies
 from .rbac import (control_tier_role, control_tier_role_binding, control_tier_workloads, controller_service_account,
                    login_agent_role, login_agent_role_binding, login_agent_service_account, worker_role,
                    worker_role_binding)
-from .slurmctld import (accounting_container, controller_service, controller_state_pvc, controller_statefulset,
-                        slurm_config_map, spec_config_map)
+from .slurmctld import (accounting_container, config_map_files, controller_service, controller_state_pvc,
+                        controller_statefulset, slurm_config_map, spec_config_map)
 from .workers import worker_pod, worker_pod_template, worker_template_config_map, workers_pdb, workers_service
 
 __all__ = [
@@ -50,7 +50,7 @@ __all__ = [
     "SLURM_CONF_DIR", "SLURM_UID", "SPEC_CONFIG", "SPEC_DIR", "SSH_HOST_KEYS_SECRET", "SSH_HOST_KEY_TYPES",
     "SSH_PORT", "TEMPLATE_PREFIX", "TIER_CONTROL", "TIER_ROLE", "WAKE_PORT", "WORKERS", "WORKER_GRACE_SECONDS",
     "WORKER_ROLE", "accounting_container", "accounting_objects", "all_objects", "auth_secret",
-    "authorized_keys_secret", "check_home_access", "check_names", "control_tier_role", "control_tier_role_binding",
+    "authorized_keys_secret", "check_home_access", "check_names", "config_map_files", "control_tier_role", "control_tier_role_binding",
     "control_tier_workloads", "controller_address", "controller_service", "controller_service_account",
     "controller_state_pvc", "controller_statefulset", "db_check_pod", "db_endpoint", "dns_searches", "home_pvc",
     "kept_claims", "login_agent_role", "login_agent_role_binding", "login_agent_service_account", "login_deployment",

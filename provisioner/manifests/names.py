@@ -74,6 +74,7 @@ SSH_HOST_KEY_TYPES = ("ed25519", "ecdsa", "rsa")
 
 # Files of render_all() that go to the slurmctld config directory (the rest are users' files).
 SLURM_FILES = ("slurm.conf", "topology.conf", "gres.conf", "inventory.json")
+GZIPPED_FILES = ("inventory.json",)  # in the ConfigMap as <name>.gz: it grows with the node count
 USER_FILES = ("passwd", "group")
 
 # Capabilities the entrypoints need as root: chown/chmod of state and home dirs, munged and

@@ -5,7 +5,6 @@ docstring for how it is run and what it does each period.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import socket
 import sys
@@ -36,8 +35,7 @@ DEFAULT_METRICS_PORT = 9410
 def _load_inventory(path: str) -> "Inventory":
     from ..inventory import Inventory
 
-    with open(path) as fh:
-        return Inventory.from_json(json.load(fh))
+    return Inventory.read(path)
 
 
 def _deployment_id(backend: NodeBackend, log: "Log") -> str:
