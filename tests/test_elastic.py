@@ -377,6 +377,9 @@ def test_prolog_stops_waiting_when_a_node_went_down():
     clock = FakeClock()
     outcome, *_ = wait_for_boot("cpu-[0-1]", 60, states_sequence(["allocated#", "down~"]), clock, clock.sleep)
     assert outcome == "gave-up"
+    # a node refused for backoff is DOWN and pending power-down: no boot suffix, yet not booted
+    outcome, *_ = wait_for_boot("cpu-0", 60, states_sequence(["down!"]), clock, clock.sleep)
+    assert outcome == "gave-up"
 
 
 def test_prolog_main_never_fails(monkeypatch, tmp_path: Path):

@@ -66,10 +66,10 @@ def wait_for_boot(
         states = states_of(nodelist)
         polls += 1
         if states is not None:
+            if gave_up(states):  # first: a DOWN node pending power-down ('down!') has no boot suffix
+                return "gave-up", clock() - start, polls, states
             if booted(states):
                 return "booted", clock() - start, polls, states
-            if gave_up(states):
-                return "gave-up", clock() - start, polls, states
         if clock() - start >= timeout:
             return "timeout", clock() - start, polls, states
         sleep(poll)

@@ -195,7 +195,7 @@ def test_resume_refuses_a_backed_off_pool_at_once(bed: Testbed):
 
         name = wait_for("a node refused for backoff and powered down", refused, 30)
         log = bed.elastic_log()
-        assert re.search(rf"decide {name} fail \(backoff\): pool cpu: 3 consecutive", log), log
+        assert re.search(rf"decide {name} fail \(backoff\)( jobs=\d+)?: pool cpu: 3 consecutive", log), log
         assert re.search(rf"set DOWN {name}: slurmk8s backoff: pool cpu: 3 consecutive", log), log
         assert name not in bed.workers(), "no worker was created"
         # SuspendTimeout is 5 s here, ResumeTimeout 60 s: back well before ResumeTimeout
