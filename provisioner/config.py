@@ -179,6 +179,11 @@ class User(Model):
                 )
             if "PRIVATE KEY" in key:
                 raise ValueError(f"ssh_keys[{i}] looks like a private key; give the public key (.pub)")
+            if any(c in key.strip() for c in "\r\n\0"):
+                raise ValueError(
+                    f"ssh_keys[{i}] holds a line break: it would become several authorized_keys lines; "
+                    "give each key as its own list item, one line each"
+                )
         return tuple(k.strip() for k in keys)
 
     @field_validator("shell")

@@ -8,7 +8,9 @@ UTC with milliseconds, the program and its pid, then the message; one line per r
 :class:`Log` is what the programs hold: a :class:`logging.Logger` of its own (not registered
 globally, so short-lived programs and tests leave nothing behind) with one handler, a file or a
 stream. A log file that cannot be opened falls back to stderr, so a wrong log path never stops a
-program from doing its work. ``lines`` keeps what was written (tests, final summaries).
+program from doing its work. A log file past ``max_bytes`` (16 MiB) is renamed to ``<file>.1`` and
+started anew, so the logs stay within the small emptyDir they share. ``lines`` keeps what was
+written (tests, final summaries).
 """
 
 from __future__ import annotations
@@ -48,6 +50,39 @@ class _Stream(logging.StreamHandler):
 
 
 class _File(logging.FileHandler):
+    """Appends to ``path``; past ``max_bytes`` the file is renamed to ``path.1`` (one generation
+    kept) and a new one started, so the logs cannot fill the small volume they live on. Several
+    programs may append to one file: the one that finds it too big renames it, and any other that
+    still writes to the renamed file notices (another inode at ``path``) and reopens ``path``."""
+
+    def __init__(self, path: str, max_bytes: int) -> None:
+        super().__init__(path, mode="a", encoding="utf-8")
+        self.max_bytes = max_bytes
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.max_bytes and self.stream is not None:
+            self._maybe_rotate()
+        super().emit(record)
+
+    def _maybe_rotate(self) -> None:
+        try:
+            mine = os.fstat(self.stream.fileno())
+            try:
+                current = os.stat(self.baseFilename)
+            except FileNotFoundError:
+                current = None
+            if current is None or current.st_ino != mine.st_ino:  # rotated by another program
+                self._reopen()
+            elif mine.st_size >= self.max_bytes:
+                os.replace(self.baseFilename, self.baseFilename + ".1")
+                self._reopen()
+        except OSError:
+            pass  # rotation is best effort; the line is still written
+
+    def _reopen(self) -> None:
+        self.stream.close()
+        self.stream = self._open()
+
     def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 (logging's name)
         pass  # a full disk must not stop the program; the line is lost, the work goes on
 
@@ -60,10 +95,14 @@ class _Null:
         pass
 
 
+MAX_BYTES = 16 * 1024 * 1024  # per log file; with the one kept generation, 32 MiB at most
+
+
 class Log:
     """Timestamped lines to one file (or a stream), through :mod:`logging`."""
 
-    def __init__(self, program: str, path: str | None = None, stream: TextIO | None = None) -> None:
+    def __init__(self, program: str, path: str | None = None, stream: TextIO | None = None,
+                 max_bytes: int = MAX_BYTES) -> None:
         self.program = f"{program}[{os.getpid()}]"
         self.path = path
         self.logger = logging.Logger(f"slurmk8s.{program}", logging.INFO)
@@ -77,7 +116,7 @@ class Log:
         if stream is None and path:
             try:
                 os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-                self._handler = _File(path, mode="a", encoding="utf-8")
+                self._handler = _File(path, max_bytes)
             except OSError as err:
                 stream, problem = sys.stderr, f"cannot open log file {path}: {err}; logging to stderr"
         if self._handler is None and stream is not None:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 
+MAX_EVENTS_BYTES = 16 * 1024 * 1024  # then the file is renamed to <file>.1 (see append_events)
 DEFAULT_EVENTS = "/var/log/slurmk8s/events.jsonl"
 
 
@@ -22,18 +23,20 @@ class EventTail:
     path: str
     offset: int | None = None
     _partial: str = ""
+    _inode: int | None = None
 
     def read(self) -> list[dict[str, Any]]:
         try:
-            size = os.path.getsize(self.path)
+            st = os.stat(self.path)
         except OSError:
             if self.offset is None:
                 self.offset = 0  # no file yet (a fresh cluster): everything written to it later is new
             return []
+        size, inode, self._inode = st.st_size, self._inode, st.st_ino
         if self.offset is None:
             self.offset = size
             return []
-        if size < self.offset:  # truncated / rotated
+        if size < self.offset or (inode is not None and inode != st.st_ino):  # truncated / rotated
             self.offset, self._partial = 0, ""
         if size == self.offset:
             return []

@@ -39,7 +39,7 @@ import time
 from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 from ..logs import Log
-from .events import DEFAULT_EVENTS
+from .events import DEFAULT_EVENTS, MAX_EVENTS_BYTES
 from .ledger import DEFAULT_LEDGER
 
 if TYPE_CHECKING:
@@ -81,6 +81,11 @@ def append_events(path: str, program: str, outcomes: Sequence["Outcome"], pendin
     data = "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows).encode()
     try:
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        try:
+            if os.path.getsize(path) >= MAX_EVENTS_BYTES:  # keep one generation: the log volume is small
+                os.replace(path, path + ".1")
+        except OSError:
+            pass
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
             os.write(fd, data)
