@@ -1,8 +1,11 @@
 """P1 on Kubernetes: `sbatch` -> job RUNNING, from zero workers and from idle workers, beside a bare
 pod start (same slurmd image, cached) measured in the same run.
 
-Deploys (or reuses) the e2e cluster shape of examples/local.yaml with a short SuspendTime, then runs
-the measuring loop *inside one SSH session* on the login pod so SSH set-up never counts.
+Deploys (or reuses, from its own state directory) the e2e cluster shape of examples/local.yaml with a
+short SuspendTime as its own cluster `bench-p1` (namespace slurm-bench-p1, its own static volumes),
+beside whatever else runs, then runs the measuring loop *inside one SSH session* on the login pod so
+SSH set-up never counts. A slurm-bench-p1 namespace this benchmark did not make is never touched
+(refused before anything runs; `slurmk8s up` also refuses a namespace another stack owns).
 
 Usage: KUBECONFIG=... python bench/k8s_submit_latency.py [--runs 10] [--keep]
 Target (issue #6): p50 <= 8 s and <= 3x the bare pod start.
@@ -26,7 +29,12 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "e2e"))
 
-from helpers import NAMESPACE, e2e_spec, kjson, kubeconfig, kubectl, kubectl_exe, slurmk8s  # noqa: E402
+from helpers import (NotOurs, e2e_spec, kjson, kubeconfig, kubectl, kubectl_exe, mark_made_by,  # noqa: E402
+                     refuse_foreign, slurmk8s, static_volumes)
+
+NAME = "bench-p1"  # its own cluster: never the quickstart's or the e2e suite's `local`
+NAMESPACE = f"slurm-{NAME}"
+MADE_BY = "bench"
 
 LOOP = r"""
 set -e
@@ -80,11 +88,23 @@ def main() -> None:
     work.mkdir(exist_ok=True)
     key = asyncssh.generate_private_key("ssh-ed25519")
     spec = e2e_spec(key.export_public_key().decode().strip() + " bench")
+    spec["name"] = NAME
     spec["elasticity"] = {"suspend_time": 5, "suspend_timeout": 5, "resume_timeout": 120}
     (work / "spec.yaml").write_text(yaml.safe_dump(spec))
     log = work / "slurmk8s.log"
+    try:
+        refuse_foreign(NAMESPACE, MADE_BY)
+    except NotOurs as err:
+        sys.exit(f"cannot run: {err}")
+    subprocess.run([kubectl_exe(), "--kubeconfig", kubeconfig(), "apply", "-f", "-"], text=True, check=True,
+                   capture_output=True, input=json.dumps({"apiVersion": "v1", "kind": "List",
+                                                          "items": static_volumes(NAME, NAMESPACE)}))
     t0 = time.monotonic()
-    if slurmk8s("up", "--spec", str(work / "spec.yaml"), "--state", str(work / "state"), log=log).returncode:
+    try:
+        failed = slurmk8s("up", "--spec", str(work / "spec.yaml"), "--state", str(work / "state"), log=log).returncode
+    finally:
+        mark_made_by(NAMESPACE, MADE_BY)
+    if failed:
         sys.exit(f"slurmk8s up failed: see {log}")
     print(f"slurmk8s up: {time.monotonic() - t0:.1f} s")
     host = kjson("get", "service", "-n", NAMESPACE, "login")["spec"]["clusterIP"]

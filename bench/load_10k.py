@@ -1,9 +1,11 @@
 """P-load (issue #8 part 5): a burst of short jobs, arrays and singles of mixed sizes, queued at once on
 a pool of real worker pods that starts from zero; slurmctld must stay responsive and every job must end.
 
-Deploys the e2e cluster (examples/local.yaml as e2e/helpers.py changes it) plus a pool `load` of
---nodes one-slot nodes with --cpus Slurm CPUs each (overcommitted on purpose: the pods request 10m
-CPU and 64Mi), then runs everything *inside one SSH session* on the login pod:
+Deploys the e2e cluster shape (examples/local.yaml as e2e/helpers.py changes it) as its own cluster
+`bench-load` (namespace slurm-bench-load, its own static volumes, beside whatever else runs; a
+slurm-bench-load namespace this benchmark did not make is refused, never touched) plus a pool `load`
+of --nodes one-slot nodes with --cpus Slurm CPUs each (overcommitted on purpose: the pods request
+10m CPU and 64Mi), then runs everything *inside one SSH session* on the login pod:
 
 - a prober times `squeue` every 0.5 s for the whole burst (p50 / p99 / max latency);
 - arrays are submitted first (one sbatch each), then the singles one by one, each sbatch timed
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import re
 import shutil
 import sys
@@ -36,8 +39,13 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "e2e"))
 
-from helpers import (LOCAL_KUBECONFIG, LOCAL_VOLUMES, NAMESPACE, e2e_spec, kjson, kubeconfig, kubectl,  # noqa: E402
-                     slurmk8s)
+from helpers import (LOCAL_KUBECONFIG, NotOurs, clear_leftover, e2e_spec, kjson, kubeconfig, kubectl,  # noqa: E402
+                     mark_made_by, slurmk8s, static_volumes)
+
+NAME = "bench-load"  # its own cluster: never the quickstart's or the e2e suite's `local`
+NAMESPACE = f"slurm-{NAME}"
+VOLUMES = f"/var/lib/slurmk8s/volumes/{NAME}"
+MADE_BY = "bench"
 
 POOL = "load"
 CONTROLLER = "slurmctld-0"
@@ -113,16 +121,21 @@ def load_pods() -> int:
     return len(pods)
 
 
-def from_nothing() -> None:
-    """As the e2e fixture does: no namespace, Slurm state or volumes left from an earlier run."""
-    kubectl("delete", "namespace", NAMESPACE, "--ignore-not-found", "--wait=true", "--timeout=180s", timeout=200)
+def from_nothing(work: Path) -> None:
+    """As the e2e fixture does: no namespace, Slurm state or volumes left from an earlier run of this
+    benchmark; a namespace it did not make is refused (exit), never touched."""
+    try:
+        clear_leftover(NAMESPACE, MADE_BY)
+    except NotOurs as err:
+        sys.exit(f"cannot run: {err}")
+    kubectl("delete", "pv", "-l", f"slurmk8s.io/e2e={NAME}", "--ignore-not-found", "--wait=true", timeout=120)
     if kubeconfig() == LOCAL_KUBECONFIG:
-        shutil.rmtree(LOCAL_VOLUMES, ignore_errors=True)
-    kubectl("apply", "-f", str(ROOT / "examples" / "localk8s" / "storage.yaml"))
-    for pv in kjson("get", "pv", "-l", "slurmk8s.io/volume")["items"]:
-        if pv["status"].get("phase") == "Released":
-            kubectl("patch", "pv", pv["metadata"]["name"], "--type", "json",
-                    "-p", '[{"op": "remove", "path": "/spec/claimRef/uid"}]')
+        shutil.rmtree(VOLUMES, ignore_errors=True)
+    shutil.rmtree(work / "state", ignore_errors=True)  # the stack of the cluster just removed
+    kubectl("apply", "-f", str(ROOT / "examples" / "localk8s" / "storage.yaml"))  # the StorageClass
+    (work / "volumes.json").write_text(json.dumps({"apiVersion": "v1", "kind": "List",
+                                                   "items": static_volumes(NAME, NAMESPACE)}))
+    kubectl("apply", "-f", str(work / "volumes.json"))
 
 
 def main() -> None:
@@ -140,6 +153,7 @@ def main() -> None:
     work.mkdir(exist_ok=True)
     key = asyncssh.generate_private_key("ssh-ed25519")
     spec = e2e_spec(key.export_public_key().decode().strip() + " bench")
+    spec["name"] = NAME
     spec["elasticity"] = {"suspend_time": 10, "resume_timeout": 180}
     spec["pools"].append({"name": POOL, "mode": "slots", "cpus": args.cpus, "memory": "2Gi",
                           "pod_cpu_request": "10m", "pod_memory_request": "64Mi",
@@ -150,9 +164,13 @@ def main() -> None:
         spec.setdefault("slurm", {})["extra_conf"] = {"MaxJobCount": str(3 * args.jobs)}
     (work / "spec.yaml").write_text(yaml.safe_dump(spec))
     log = work / "slurmk8s.log"
-    from_nothing()
+    from_nothing(work)
     t0 = time.monotonic()
-    if slurmk8s("up", "--spec", str(work / "spec.yaml"), "--state", str(work / "state"), log=log).returncode:
+    try:
+        failed = slurmk8s("up", "--spec", str(work / "spec.yaml"), "--state", str(work / "state"), log=log).returncode
+    finally:
+        mark_made_by(NAMESPACE, MADE_BY)
+    if failed:
         sys.exit(f"slurmk8s up failed: see {log}")
     print(f"slurmk8s up: {time.monotonic() - t0:.1f} s")
     host = kjson("get", "service", "-n", NAMESPACE, "login")["spec"]["clusterIP"]

@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "e2e"))
 sys.path.insert(0, str(ROOT / "tests"))  # the fakes package
 
-from helpers import kjson, kubectl, kubectl_exe, kubeconfig  # noqa: E402
+from helpers import NotOurs, kjson, kubectl, kubectl_exe, kubeconfig, mark_made_by, refuse_foreign  # noqa: E402
 
 from provisioner.config import parse_spec  # noqa: E402
 from provisioner.elastic.programs import Context, run_resume, run_suspend  # noqa: E402
@@ -59,7 +59,12 @@ def main() -> None:
     subprocess.run([str(Path(sys.executable).with_name("slurmk8s")), "cluster", "kwok-node", "p4b",
                     "--count", str(kwok_nodes), "-l", f"{ZONE}=p4b", "--pods", str(per_node), "--cpu", "1000",
                     "--memory", "4Ti"], check=True, capture_output=True)
+    try:  # a slurm-p4b namespace this benchmark did not make is never touched (it deletes its own at the end)
+        refuse_foreign(NS, "bench")
+    except NotOurs as err:
+        sys.exit(f"cannot run: {err}")
     kubectl("create", "namespace", NS, check=False)
+    mark_made_by(NS, "bench")
     # /home as the worker pods mount it: a claim bound at once to a throwaway volume
     volume = {"apiVersion": "v1", "kind": "List", "items": [
         {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": "p4b-home"},

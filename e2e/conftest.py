@@ -18,7 +18,10 @@ import asyncssh
 import pytest
 import yaml
 
-from helpers import LOCAL_KUBECONFIG, LOCAL_VOLUMES, NAMESPACE, ROOT, Cluster, e2e_spec, kjson, kubeconfig, kubectl, slurmk8s
+from helpers import (LOCAL_KUBECONFIG, LOCAL_VOLUMES, NAMESPACE, ROOT, Cluster, NotOurs, clear_leftover, e2e_spec,
+                     kjson, kubeconfig, kubectl, mark_made_by, slurmk8s)
+
+MADE_BY = "e2e"  # the label the suite puts on the namespaces it deploys (helpers.MADE_BY)
 
 
 @pytest.fixture(scope="session")
@@ -37,8 +40,12 @@ def cluster(cluster_reachable, tmp_path_factory) -> Iterator[Cluster]:
     spec_path.write_text(yaml.safe_dump(e2e_spec(key.export_public_key().decode().strip() + " e2e")))
     state = work / "state"
     log = work / "slurmk8s.log"
-    # from nothing: a namespace left by an earlier run (its volumes, Slurm state, jobs) goes first
-    kubectl("delete", "namespace", NAMESPACE, "--ignore-not-found", "--wait=true", "--timeout=180s", timeout=200)
+    # from nothing: a namespace left by an earlier run (its volumes, Slurm state, jobs) goes first; one the
+    # suite did not make (the quickstart's cluster `local`, an engineer's) is never touched
+    try:
+        clear_leftover(NAMESPACE, MADE_BY)
+    except NotOurs as err:
+        pytest.fail(str(err), pytrace=False)
     if kubeconfig() == LOCAL_KUBECONFIG:  # the local cluster's static volumes keep their data on the host
         shutil.rmtree(LOCAL_VOLUMES, ignore_errors=True)
     kubectl("apply", "-f", str(ROOT / "examples" / "localk8s" / "storage.yaml"))
@@ -47,7 +54,10 @@ def cluster(cluster_reachable, tmp_path_factory) -> Iterator[Cluster]:
             kubectl("patch", "pv", pv["metadata"]["name"], "--type", "json",
                     "-p", '[{"op": "remove", "path": "/spec/claimRef/uid"}]')
     t0 = time.monotonic()
-    proc = slurmk8s("up", "--spec", str(spec_path), "--state", str(state), log=log)
+    try:
+        proc = slurmk8s("up", "--spec", str(spec_path), "--state", str(state), log=log)
+    finally:
+        mark_made_by(NAMESPACE, MADE_BY)
     elapsed = time.monotonic() - t0
     if proc.returncode != 0:
         pytest.fail(f"`slurmk8s up` failed (exit {proc.returncode}):\n{log.read_text()[-6000:]}")

@@ -54,6 +54,71 @@ def kjson(*args: str) -> Any:
     return json.loads(kubectl(*args, "-o", "json").stdout)
 
 
+# ---------------------------------------------------------------- clusters a run made, and only those
+
+MADE_BY = "slurmk8s.io/made-by"  # label a test or benchmark run puts on the namespace it deployed
+
+
+class NotOurs(Exception):
+    """The namespace a run would deploy into holds something this kind of run did not make."""
+
+
+def namespace_doc(ns: str) -> dict[str, Any] | None:
+    got = kubectl("get", "namespace", ns, "-o", "json", check=False)
+    if got.returncode != 0:
+        if "NotFound" in got.stderr or "not found" in got.stderr:
+            return None
+        raise NotOurs(f"cannot read namespace {ns}: {got.stderr.strip()}")
+    return json.loads(got.stdout)
+
+
+def refuse_foreign(ns: str, made_by: str) -> bool:
+    """Raise NotOurs when namespace `ns` exists without the label MADE_BY=`made_by` (a cluster someone
+    else made: a quickstart, an engineer's, another harness's), so a run never touches it. Returns
+    whether a namespace of this harness is there (left by an earlier run)."""
+    doc = namespace_doc(ns)
+    if doc is None:
+        return False
+    meta = doc["metadata"]
+    if (meta.get("labels") or {}).get(MADE_BY) == made_by:
+        return True
+    owner = (meta.get("annotations") or {}).get("slurmk8s.io/owner-description") or "no owner record"
+    raise NotOurs(f"namespace {ns} exists and was not made by a {made_by} run (label {MADE_BY}={made_by} missing; "
+                  f"owner: {owner}); this run does not touch it. Fix: remove it where it was made "
+                  f"(`slurmk8s down --purge` with its state directory), or point KUBECONFIG at another cluster")
+
+
+def clear_leftover(ns: str, made_by: str) -> None:
+    """Before deploying into `ns` from nothing: a namespace an earlier `made_by` run left goes; any
+    other is refused (NotOurs), never deleted."""
+    if refuse_foreign(ns, made_by):
+        kubectl("delete", "namespace", ns, "--ignore-not-found", "--wait=true", "--timeout=180s", timeout=200)
+
+
+def mark_made_by(ns: str, made_by: str) -> None:
+    """After a run's `slurmk8s up` (even a failed one: the namespace, if any, is this run's)."""
+    if namespace_doc(ns) is not None:
+        kubectl("label", "namespace", ns, f"{MADE_BY}={made_by}", "--overwrite")
+
+
+def static_volumes(name: str, ns: str) -> list[dict[str, Any]]:
+    """hostPath PersistentVolumes (class slurmk8s-local, /var/lib/slurmk8s/volumes/<name>) bound to the
+    three claims of the cluster in `ns`: the local cluster has no dynamic provisioner. Labelled
+    slurmk8s.io/e2e=<name> (delete them with `kubectl delete pv -l slurmk8s.io/e2e=<name>`)."""
+    out = []
+    for claim, mode in (("home", "ReadWriteMany"), ("slurmctld-state", "ReadWriteOnce"),
+                        ("accounting-db", "ReadWriteOnce")):
+        out.append({
+            "apiVersion": "v1", "kind": "PersistentVolume",
+            "metadata": {"name": f"slurmk8s-local-{name}-{claim}", "labels": {"slurmk8s.io/volume": claim,
+                                                                             "slurmk8s.io/e2e": name}},
+            "spec": {"storageClassName": "slurmk8s-local", "capacity": {"storage": "1Gi"}, "accessModes": [mode],
+                     "persistentVolumeReclaimPolicy": "Retain", "claimRef": {"namespace": ns, "name": claim},
+                     "hostPath": {"path": f"/var/lib/slurmk8s/volumes/{name}/{claim}", "type": "DirectoryOrCreate"}},
+        })
+    return out
+
+
 def slurmk8s(*args: str, log: Path, timeout: float = 600) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, KUBECONFIG=kubeconfig(), PATH=f"{TOOLCHAIN_BIN}:{os.environ.get('PATH', '')}")
     with log.open("a") as fh:

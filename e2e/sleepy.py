@@ -19,30 +19,19 @@ import asyncssh
 import pytest
 import yaml
 
-from helpers import LOCAL_KUBECONFIG, SLURMK8S, TOOLCHAIN_BIN, Login, e2e_spec, kjson, login_in, kubeconfig, kubectl, slurmk8s, wait_for
+from helpers import (LOCAL_KUBECONFIG, SLURMK8S, TOOLCHAIN_BIN, Login, clear_leftover, e2e_spec, kjson, kubeconfig,
+                     kubectl, login_in, mark_made_by, slurmk8s, static_volumes, wait_for)
 
 NAME = "sleepy"
 NS = f"slurm-{NAME}"
 VOLUMES = f"/var/lib/slurmk8s/volumes/{NAME}"
 SUSPEND = 10
 IDLE_TEARDOWN = 20
-CLASS = "slurmk8s-local"
 
 
 def volumes() -> list[dict[str, Any]]:
     """Static hostPath volumes bound to this cluster's three claims (no dynamic provisioner here)."""
-    out = []
-    for claim, mode in (("home", "ReadWriteMany"), ("slurmctld-state", "ReadWriteOnce"),
-                        ("accounting-db", "ReadWriteOnce")):
-        out.append({
-            "apiVersion": "v1", "kind": "PersistentVolume",
-            "metadata": {"name": f"{CLASS}-{NAME}-{claim}", "labels": {"slurmk8s.io/volume": claim,
-                                                                      "slurmk8s.io/e2e": NAME}},
-            "spec": {"storageClassName": CLASS, "capacity": {"storage": "1Gi"}, "accessModes": [mode],
-                     "persistentVolumeReclaimPolicy": "Retain", "claimRef": {"namespace": NS, "name": claim},
-                     "hostPath": {"path": f"{VOLUMES}/{claim}", "type": "DirectoryOrCreate"}},
-        })
-    return out
+    return static_volumes(NAME, NS)
 
 
 def spec(public_key: str, login_sleeps: bool = False) -> dict[str, Any]:
@@ -79,7 +68,10 @@ class Sleepy:
         return proc, wall, time.monotonic() - t0
 
 
-def deploy(work: Path, login_sleeps: bool = False) -> Sleepy:
+def deploy(work: Path, login_sleeps: bool = False, made_by: str = "e2e") -> Sleepy:
+    """Deploy the sleepy cluster from nothing. A slurm-sleepy namespace that an earlier `made_by` run
+    left is removed first; any other (a bench's while the e2e suite runs, or the reverse) is refused
+    (helpers.NotOurs), never touched."""
     key = asyncssh.generate_private_key("ssh-ed25519")
     key_path = work / "id_ed25519"
     key.write_private_key(str(key_path))
@@ -88,23 +80,27 @@ def deploy(work: Path, login_sleeps: bool = False) -> Sleepy:
     spec_path.write_text(yaml.safe_dump(spec(key.export_public_key().decode().strip() + " e2e-sleep", login_sleeps)))
     state = work / "state"
     log = work / "slurmk8s-sleepy.log"
-    remove(state, spec_path, log, quiet=True)
+    clear_leftover(NS, made_by)
+    kubectl("delete", "pv", "-l", f"slurmk8s.io/e2e={NAME}", "--ignore-not-found", "--wait=true", timeout=120)
     if kubeconfig() == LOCAL_KUBECONFIG:
         shutil.rmtree(VOLUMES, ignore_errors=True)
     manifest = work / "volumes.json"
     manifest.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": volumes()}))
     kubectl("apply", "-f", str(manifest))
-    proc = slurmk8s("up", "--spec", str(spec_path), "--state", str(state), log=log)
+    try:
+        proc = slurmk8s("up", "--spec", str(spec_path), "--state", str(state), log=log)
+    finally:
+        mark_made_by(NS, made_by)
     if proc.returncode != 0:
         pytest.fail(f"`slurmk8s up` of {NAME} failed (exit {proc.returncode}):\n{log.read_text()[-6000:]}")
     return Sleepy(spec_path, state, log, key, key_path)
 
 
-def remove(state: Path, spec_path: Path, log: Path, quiet: bool = False) -> None:
-    """Everything of the sleepy cluster: stack (if any), namespace, volumes and their data."""
+def remove(state: Path, spec_path: Path, log: Path, made_by: str = "e2e") -> None:
+    """Everything of the sleepy cluster this run deployed: stack, namespace, volumes and their data."""
     if state.exists():
         slurmk8s("down", "--spec", str(spec_path), "--state", str(state), "--purge", "--yes", log=log)
-    kubectl("delete", "namespace", NS, "--ignore-not-found", "--wait=true", "--timeout=180s", timeout=200)
+    clear_leftover(NS, made_by)  # what `down --purge` left, if it failed
     kubectl("delete", "pv", "-l", f"slurmk8s.io/e2e={NAME}", "--ignore-not-found", "--wait=true", timeout=120)
     if kubeconfig() == LOCAL_KUBECONFIG:
         shutil.rmtree(VOLUMES, ignore_errors=True)

@@ -19,8 +19,8 @@ import asyncssh
 import pytest
 import yaml
 
-from helpers import (LOCAL_KUBECONFIG, ROOT, SUSPEND_TIME, TOOLCHAIN_BIN, Login, e2e_spec, job_state, kjson,
-                     kubeconfig, kubectl, submit, wait_for, wait_job)
+from helpers import (LOCAL_KUBECONFIG, MADE_BY, ROOT, SUSPEND_TIME, TOOLCHAIN_BIN, Login, NotOurs, e2e_spec, job_state,
+                     kjson, kubeconfig, kubectl, refuse_foreign, submit, wait_for, wait_job)
 
 pytestmark = pytest.mark.e2e
 
@@ -99,13 +99,19 @@ def release(cluster_reachable, tmp_path_factory) -> Iterator[Release]:
     values["pools"].append({"name": "pin", "node_selector": {"kubernetes.io/os": "linux"}, "reserve_cpu": "1",
                             "reserve_memory": "16Gi", "partition": "pinned"})
     values["chart"] = {}
+    try:  # never over a slurm-helm namespace the suite did not make
+        refuse_foreign(NAMESPACE, "e2e")
+    except NotOurs as err:
+        pytest.fail(str(err), pytrace=False)
     _clean()  # from nothing: a release left by an earlier run goes first
     kubectl("apply", "-f", str(ROOT / "examples" / "localk8s" / "storage.yaml"))  # the StorageClass
     for pv in (_pv(PVS[0], "home", "ReadWriteMany"), _pv(PVS[1], "slurmctld-state", "ReadWriteOnce"),
                _pv(PVS[2], "accounting-db", "ReadWriteOnce")):
         _apply(pv)
     # the namespace as `slurmk8s up` makes it (Pod Security labels), from the same builder
-    _apply(m.namespace(parse_spec({k: v for k, v in values.items() if k != "chart"})))
+    ns = m.namespace(parse_spec({k: v for k, v in values.items() if k != "chart"}))
+    ns["metadata"]["labels"][MADE_BY] = "e2e"
+    _apply(ns)
     rel = Release(work, key, values)
     t0 = time.monotonic()
     out = helm("install", RELEASE, str(CHART), "-n", NAMESPACE, "--values", str(rel.values_file()),

@@ -188,6 +188,10 @@ def engine_env(tool: Toolchain, state: Path, env: Mapping[str, str] | None = Non
     out = {
         "PULUMI_SKIP_UPDATE_CHECK": "true",
         "PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION": "true",
+        # one stack per namespace (provisioner/deploy/owner.py checks it first), so this stack's apply wins
+        # over a `kubectl edit` of a field it declares (which moved the field to another manager: a plain
+        # server-side apply would stop on the conflict instead of restoring it); undeclared fields stay theirs
+        "PULUMI_K8S_ENABLE_PATCH_FORCE": env.get("PULUMI_K8S_ENABLE_PATCH_FORCE", "true"),
         "PULUMI_HOME": str(engine_home(tool, state, env)),
         "PATH": os.pathsep.join(
             # an installed plugin is found in PULUMI_HOME; only an ambient one must be on PATH
@@ -433,7 +437,8 @@ def preflight(session: Session, echo: Printer, *, database: bool) -> None:
 
 def preview(session: Session, echo: Printer, *, diff: bool = False) -> Result:
     t0 = time.monotonic()
-    res = _run(session, "preview", lambda: session.stack.preview(on_output=echo, color="never", diff=diff), t0)
+    res = _run(session, "preview", lambda: session.stack.preview(on_output=echo, color="never", diff=diff,
+                                                                  refresh=True), t0)
     changes = dict(getattr(res, "change_summary", {}) or {})
     wall = sum(session.timings.values())
     return Result("preview", changes, session.timings["preview"], wall, {})
@@ -441,7 +446,8 @@ def preview(session: Session, echo: Printer, *, diff: bool = False) -> Result:
 
 def up(session: Session, echo: Printer, *, diff: bool = False) -> Result:
     t0 = time.monotonic()
-    res = _run(session, "up", lambda: session.stack.up(on_output=echo, color="never", diff=diff), t0)
+    # refresh first: objects deleted or changed behind this stack's back are restored (one refresh per up)
+    res = _run(session, "up", lambda: session.stack.up(on_output=echo, color="never", diff=diff, refresh=True), t0)
     summary, changes, seconds = _summary(res)
     outputs = {k: ("[secret]" if v.secret else v.value) for k, v in (res.outputs or {}).items()}
     return Result(summary, changes, seconds, sum(session.timings.values()), outputs)

@@ -21,6 +21,9 @@ WaitOpt = Annotated[bool, typer.Option(
     "--wait/--no-wait", help="Wait for slurmctld and login to be ready (--no-wait: pulumi.com/skipAwait).")]
 RepairOpt = Annotated[bool, typer.Option(
     "--repair", help="First remove a stale lock and pending operations of an interrupted run, then refresh.")]
+TakeOverOpt = Annotated[bool, typer.Option(
+    "--take-over", help="The namespace is owned by another stack whose state directory is lost for good: make this "
+    "stack its owner (up keeps the cluster's running keys).")]
 
 
 def _automation() -> Any:
@@ -54,6 +57,16 @@ def _session(spec: Path, *, state: Optional[Path], stack: Optional[str], kubecon
         _fail(err)
 
 
+def _owner_check(session: Any, op: str, take_over: bool = False) -> None:
+    """Before anything is applied or deleted: this stack must own the cluster's namespace, or may take
+    it (provisioner/deploy/owner.py). Raises NotOwner (a SlurmK8sError) otherwise."""
+    from . import owner
+
+    decision = owner.check(session, op, _echo_line, take_over=take_over)
+    if op == "up" and decision.took_over:
+        owner.adopt_keys(session, _echo_line)
+
+
 def _report(op: str, result: Any, session: Any) -> None:
     a = _automation()
 
@@ -71,13 +84,15 @@ def _print_outputs(outputs: dict[str, Any]) -> None:
 
 def up(spec: SpecOpt, kubeconfig: KubeOpt = None, state: StateOpt = None, stack: StackOpt = None,
        wait: WaitOpt = True, repair: RepairOpt = False,
-       diff: Annotated[bool, typer.Option("--diff", help="Show a detailed diff.")] = False) -> None:
+       diff: Annotated[bool, typer.Option("--diff", help="Show a detailed diff.")] = False,
+       take_over: TakeOverOpt = False) -> None:
     """Create or update the cluster (Pulumi Automation API, local state)."""
     from ..errors import SlurmK8sError
     a = _automation()
 
     session = _session(spec, state=state, stack=stack, kubeconfig=kubeconfig, need_cluster=True)
     try:
+        _owner_check(session, "up", take_over)
         a.preflight(session, _echo_line, database=True)
         made = a.ensure_stack_config(session, wait=wait, spec_path=spec)
         if made:
@@ -100,6 +115,7 @@ def preview(spec: SpecOpt, kubeconfig: KubeOpt = None, state: StateOpt = None, s
 
     session = _session(spec, state=state, stack=stack, kubeconfig=kubeconfig, need_cluster=True)
     try:
+        _owner_check(session, "preview")
         a.preflight(session, _echo_line, database=False)
         a.ensure_stack_config(session, wait=wait, spec_path=spec)
         result = a.preview(session, _echo_line, diff=diff)
@@ -113,13 +129,17 @@ def down(spec: SpecOpt, kubeconfig: KubeOpt = None, state: StateOpt = None, stac
                                                           "accounting database) and the namespace.")]
          = False,
          yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask before --purge.")] = False,
-         repair: RepairOpt = False) -> None:
+         repair: RepairOpt = False, take_over: TakeOverOpt = False) -> None:
     """Tear the cluster down. Keeps the PersistentVolumeClaims (and the namespace) unless --purge."""
     from ..errors import SlurmK8sError
     a = _automation()
 
     session = _session(spec, state=state, stack=stack, kubeconfig=kubeconfig, need_cluster=False)
     ns = session.spec.namespace_name
+    try:
+        _owner_check(session, "down", take_over)  # before asking about --purge: a refusal needs no answer
+    except SlurmK8sError as err:
+        _fail(err)
     if purge and not yes:
         from ..manifests import kept_claims
 

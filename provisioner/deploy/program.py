@@ -15,6 +15,9 @@ Stack configuration it reads (namespace ``slurmk8s``; see ``stacks/Pulumi.*.yaml
 - ``wait`` (default true): wait for slurmctld / login to become ready; false adds
   ``pulumi.com/skipAwait`` (e.g. while images are not loaded yet);
 - ``clusterDomain`` (default ``cluster.local``);
+- ``owner``, ``ownerDescription`` (plain; ``slurmk8s up`` sets them): the stack's owner id and who
+  deploys it from where, put on the Namespace as ``slurmk8s.io/owner`` /
+  ``slurmk8s.io/owner-description`` (:mod:`provisioner.deploy.owner`); absent, no annotation;
 - ``spec`` (stacks/ only): path of the cluster spec; ``nodes`` (optional): a saved
   ``kubectl get nodes -o json`` to use instead of the live cluster (offline previews, tests);
 - ``kubernetes:kubeconfig`` (path or content) and ``kubernetes:context``: the cluster, for the
@@ -38,6 +41,7 @@ import pulumi_kubernetes as k8s
 from .. import manifests as m
 from ..config import ClusterSpec
 from ..generate import Generated, generate_for_kubernetes
+from .owner import DESCRIPTION_CONFIG, OWNER_CONFIG, annotations
 from .secrets import CONFIG_NAMESPACE, public_key, secrets_from_config
 
 PROJECT = "slurmk8s"
@@ -255,7 +259,7 @@ class SlurmCluster(pulumi.ComponentResource):
 
     def __init__(self, name: str, spec: ClusterSpec, gen: Generated, secrets: m.ClusterSecrets, site: m.K8sSite, *,
                  wait: bool = True, kubeconfig: str | None = None, context: str | None = None,
-                 opts: pulumi.ResourceOptions | None = None) -> None:
+                 owner: Mapping[str, str] | None = None, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("slurmk8s:index:Cluster", name, None, opts)
         m.check_names(spec, gen.inventory)
         m.check_home_access(spec, gen.inventory)
@@ -267,6 +271,8 @@ class SlurmCluster(pulumi.ComponentResource):
             context=context, enable_config_map_mutable=True, enable_secret_mutable=True,
             opts=pulumi.ResourceOptions(parent=self))
         ns_obj = m.namespace(spec)
+        if owner:  # which stack owns the namespace (provisioner/deploy/owner.py); not in the Helm chart
+            ns_obj["metadata"]["annotations"] = dict(owner)
         ns = k8s_resource(f"{spec.name}-namespace", ns_obj,
                           pulumi.ResourceOptions(parent=self, provider=provider, retain_on_delete=True),
                           skip_await=not wait)
@@ -343,7 +349,8 @@ def cluster_program(spec: ClusterSpec, k8s_nodes: Sequence[Mapping[str, Any]] | 
     wait = cfg.get_bool("wait")
     kcfg = pulumi.Config("kubernetes")
     cluster = SlurmCluster(spec.name, spec, gen, secrets, site, wait=True if wait is None else wait,
-                           kubeconfig=kcfg.get("kubeconfig"), context=kcfg.get("context"))
+                           kubeconfig=kcfg.get("kubeconfig"), context=kcfg.get("context"),
+                           owner=annotations(cfg.get(OWNER_CONFIG), cfg.get(DESCRIPTION_CONFIG)))
 
     for ex in gen.inventory.excluded:
         pulumi.log.info(f"Kubernetes node {ex.k8s_node} left out of pool {ex.pool}: {ex.reason}")
