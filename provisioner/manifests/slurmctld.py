@@ -20,7 +20,8 @@ from .names import (A_CONFIG_HASH, A_SPEC_HASH, A_USERS_HASH, AUTH_SECRET, BASE_
 
 
 def slurm_config_map(spec: ClusterSpec, files: Mapping[str, str]) -> dict[str, Any]:
-    """slurm.conf, topology.conf, gres.conf and inventory.json, mounted at /etc/slurm on slurmctld."""
+    """slurm.conf, topology.conf, gres.conf (+ gres-slurmctld.conf) and inventory.json, mounted at
+    /etc/slurm on slurmctld."""
     return {
         "apiVersion": "v1", "kind": "ConfigMap",
         "metadata": _meta(spec, SLURM_CONFIG, CONTROLLER),
