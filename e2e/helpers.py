@@ -33,6 +33,9 @@ NAMESPACE = "slurm-local"  # examples/local.yaml's cluster "local"; its static v
 SUSPEND_TIME = 20
 HEALTH_INTERVAL = 15
 MISSING_IMAGE = "slurmk8s/missing:none"  # never built: ErrImageNeverPull under pull_policy Never
+# the cpu pool's network.nccl_env: NCCL settings only (inert without NCCL; UCX_* would steer MPI),
+# values with '=', ',' and '^' as NCCL's own syntax has them
+NCCL_ENV = {"NCCL_DEBUG": "WARN", "NCCL_IB_HCA": "=mlx5_0:1,mlx5_1:1", "NCCL_SOCKET_IFNAME": "^lo,docker0"}
 
 
 def kubeconfig() -> str:
@@ -208,7 +211,8 @@ def e2e_spec(public_key: str) -> dict[str, Any]:
     spec["health"] = {"interval": HEALTH_INTERVAL}
     small = {"mode": "slots", "cpus": 1, "memory": "1Gi", "pod_cpu_request": "50m", "pod_memory_request": "128Mi"}
     spec["pools"] = [
-        {"name": "cpu", **small, "domains": [{"name": "local", "count": 3}]},
+        # a job environment (Slurm's TaskProlog exports it into every task: test_e2e_cluster.py)
+        {"name": "cpu", **small, "domains": [{"name": "local", "count": 3}], "network": {"nccl_env": NCCL_ENV}},
         # fault tests only (no pods at rest): outages with 4 jobs running at once
         {"name": "ctl", **small, "domains": [{"name": "local", "count": 4}]},
         # resume that cannot be satisfied: an image that is not there (pull policy Never) ...

@@ -12,8 +12,8 @@ import pytest
 
 import yaml
 
-from helpers import (NAMESPACE, SUSPEND_TIME, Cluster, accounting_log, job_state, kjson, kubectl, sacct_jobs, slurmk8s,
-                     submit, wait_for, wait_job, worker_pods)
+from helpers import (NAMESPACE, NCCL_ENV, SUSPEND_TIME, Cluster, accounting_log, job_state, kjson, kubectl, sacct_jobs,
+                     slurmk8s, submit, wait_for, wait_job, worker_pods)
 
 pytestmark = pytest.mark.e2e
 
@@ -97,6 +97,49 @@ def test_mpi_allreduce_across_two_worker_pods(cluster: Cluster):
     assert len(lines) == 2, out
     assert all(l.endswith("sum 3014") for l in lines), out  # (1*1000+7) + (2*1000+7)
     assert len({l.split()[5] for l in lines}) == 2, "the two ranks must run on two worker pods"
+
+
+def test_every_job_step_gets_its_pools_nccl_env(cluster: Cluster):
+    """pools[].network.nccl_env reaches the batch step and each task of an srun step on every node
+    (Slurm's TaskProlog exports it), over what the submitter's environment had."""
+    login = cluster.login()
+    # NCCL_DEBUG set in the submitting shell (sbatch --export=ALL,NAME=value would make slurmd load the
+    # user's login environment, which kills slurmd in an unprivileged pod: "fatal: clone: Operation
+    # not permitted")
+    script = "#!/bin/bash\n#SBATCH -p cpu -N2 -n2 -o env-%j.out\nenv | sed 's/^/batch: /'\nsrun -l env"
+    job = login.run(f"cat > env-job.sh <<'EOF'\n{script}\nEOF\n"
+                    "NCCL_DEBUG=INFO sbatch --parsable env-job.sh").stdout.strip()
+    assert job.isdigit(), f"sbatch printed {job!r}"
+    final = wait_job(login, job, 180)
+    out = login.run(f"cat ~/env-{job}.out").stdout
+    assert final["job_state"] == ["COMPLETED"], out
+    tasks: dict[str, dict[str, str]] = {}
+    for line in out.splitlines():
+        who, sep, var = line.partition(": ")
+        who = who.strip()
+        if sep and "=" in var and (who == "batch" or who.isdigit()):
+            name, _, value = var.partition("=")
+            tasks.setdefault(who, {})[name] = value
+    assert set(tasks) == {"batch", "0", "1"}, sorted(tasks)
+    for who, env in tasks.items():
+        assert {k: env.get(k) for k in NCCL_ENV} == NCCL_ENV, (who, {k: v for k, v in env.items() if "NCCL" in k})
+    assert tasks["0"]["SLURMD_NODENAME"] != tasks["1"]["SLURMD_NODENAME"], "the two tasks must run on two pods"
+
+
+def test_venv_made_on_the_login_pod_runs_in_a_job(cluster: Cluster):
+    """The login and worker images share one Python: a venv made in /home on the login pod runs
+    unchanged in a job, and its interpreter is the very same build."""
+    login = cluster.login()
+    probe = "import sys; print(sys.prefix); print(sys.version)"
+    made = login.run(f"rm -rf ~/e2e-venv && python3 -m venv ~/e2e-venv && ~/e2e-venv/bin/python -c '{probe}' "
+                     "&& ~/e2e-venv/bin/pip --version").stdout
+    job = submit(login, f"#!/bin/bash\n#SBATCH -p cpu -N1 -o venv-%j.out\n~/e2e-venv/bin/python -c '{probe}' "
+                        "&& srun ~/e2e-venv/bin/pip --version")
+    final = wait_job(login, job, 180)
+    out = login.run(f"cat ~/venv-{job}.out").stdout
+    assert final["job_state"] == ["COMPLETED"], out
+    assert out == made, f"login:\n{made}\njob:\n{out}"
+    assert out.splitlines()[0] == "/home/alice/e2e-venv"
 
 
 def test_jobs_are_charged_to_each_users_account_with_fair_share(cluster: Cluster):

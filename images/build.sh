@@ -51,7 +51,7 @@ done
 inputs() {
     local common=(images/Dockerfile images/common images/entrypoint/lib.sh .dockerignore)
     case "$1" in
-        slurmd) printf '%s\n' "${common[@]}" images/entrypoint/slurmd.sh images/health provisioner/health.py ;;
+        slurmd) printf '%s\n' "${common[@]}" images/entrypoint/slurmd.sh images/health images/slurmd provisioner/health.py ;;
         login) printf '%s\n' "${common[@]}" images/entrypoint/login.sh images/login ;;
         slurmctld) printf '%s\n' "${common[@]}" images/entrypoint/slurmctld.sh pyproject.toml provisioner ;;
         slurmdbd) printf '%s\n' "${common[@]}" images/entrypoint/slurmdbd.sh ;;

@@ -85,7 +85,8 @@ def render(
                                                   "(default: its pod, slurmctld-0)."),
     controller_addr: Optional[str] = typer.Option(None, help="Address of slurmctld, if not its hostname."),
 ) -> None:
-    """Write slurm.conf, topology.conf, gres.conf, passwd, group and inventory.json (all or nothing)."""
+    """Write slurm.conf, topology.conf, gres.conf (+ gres-slurmctld.conf), passwd, group and inventory.json
+    (all or nothing)."""
     from .config import load_spec
     from .errors import SlurmK8sError
     from dataclasses import replace

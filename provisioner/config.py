@@ -521,6 +521,10 @@ class Network(Model):
                 raise ValueError(
                     f"nccl_env key {key!r} is not a NCCL/UCX/OMPI/PMIX/FI/UCC/NVSHMEM/CUDA variable"
                 )
+        for key, value in env.items():
+            # Slurm's TaskProlog protocol is one `export NAME=value` line per variable
+            if any(c in value for c in "\n\r\0"):
+                raise ValueError(f"nccl_env {key}: a value may not hold a line break or NUL; put it on one line")
         return env
 
 
@@ -658,6 +662,12 @@ class Pool(Model):
     @property
     def partition_name(self) -> str:
         return self.partition or self.name
+
+    @property
+    def job_env(self) -> dict[str, str]:
+        """The environment every job step on the pool's nodes gets (Slurm's TaskProlog exports it):
+        today ``network.nccl_env``."""
+        return dict(sorted(self.network.nccl_env.items()))
 
     @property
     def node_prefix(self) -> str:

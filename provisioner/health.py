@@ -17,8 +17,10 @@ Thresholds: the renderer writes one comment line into slurm.conf, which configle
 
 ``SLURMK8S_HEALTH_<KEY>`` environment variables override single values (tests, debugging).
 
-This module runs inside the slurmd image under Debian's ``python3-minimal``: standard library only
-(no ``shutil``, ``shlex``), no import of the rest of the package, nothing happens at import time.
+This module runs inside the slurmd image under its ``python3`` (the users' Python, userenv stage):
+standard library only, and only what ``python3-minimal`` has too (no ``shutil``, ``shlex``), so a
+worker image of its own with the minimal Python still runs it; no import of the rest of the package,
+nothing happens at import time.
 """
 
 from __future__ import annotations
@@ -247,14 +249,95 @@ def parse_gres_gpus(gres: str) -> int:
     return total
 
 
-def check_gpu(enabled: bool, node: SlurmNode | None, smi_list: Proc | None, smi: Proc | None) -> Result:
-    """GPU pools: `nvidia-smi -L` lists as many GPUs as the node's Gres, and `nvidia-smi` succeeds."""
+def expand_hostlist(expr: str) -> list[str]:
+    """A Slurm hostlist -> its names, in order: 'gpu-[0-2,5]' -> gpu-0 gpu-1 gpu-2 gpu-5;
+    '/dev/nvidia4,/dev/nvidia5' -> both. Raises ValueError on a malformed expression."""
+    items, depth, cur = [], 0, ""
+    for ch in expr:
+        depth += (ch == "[") - (ch == "]")
+        if ch == "," and depth == 0:
+            items.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    items.append(cur)
+    out: list[str] = []
+    for item in (i.strip() for i in items):
+        if item:
+            out += _expand_one(item)
+    return out
+
+
+def _expand_one(item: str) -> list[str]:
+    start = item.find("[")
+    if start < 0:
+        return [item]
+    end = item.index("]", start)
+    prefix, body, rest = item[:start], item[start + 1:end], item[end + 1:]
+    tails = _expand_one(rest)
+    out = []
+    for part in body.split(","):
+        lo, _, hi = part.partition("-")
+        for n in range(int(lo), int(hi or lo) + 1):
+            out += [f"{prefix}{n:0{len(lo)}d}{tail}" for tail in tails]
+    return out
+
+
+def parse_gres_conf(text: str, read: Callable[[str], str | None], base_dir: str = "/",
+                    depth: int = 0) -> list[dict[str, str]]:
+    """gres.conf text -> its records ({lowercased key: value}), with `Include`d files read in place
+    (relative paths from `base_dir`, as Slurm resolves them from slurm.conf's directory)."""
+    records: list[dict[str, str]] = []
+    for raw in text.splitlines():
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        if line.lower().startswith("include") and line[7:8].isspace():
+            path = line[7:].strip()
+            path = path if path.startswith("/") else os.path.join(base_dir, path)
+            included = read(path) if depth < 4 else None
+            if included is not None:
+                records += parse_gres_conf(included, read, base_dir, depth + 1)
+            continue
+        records.append({k.lower(): v for k, _, v in (tok.partition("=") for tok in line.split())})
+    return records
+
+
+def gpu_device_files(records: Sequence[Mapping[str, str]], node: str) -> list[str]:
+    """The device files gres.conf gives `node` for Name=gpu (lines for all nodes or naming it)."""
+    files: list[str] = []
+    for rec in records:
+        if rec.get("name") != "gpu" or not rec.get("file"):
+            continue
+        try:
+            if rec.get("nodename") and node not in expand_hostlist(rec["nodename"]):
+                continue
+            files += expand_hostlist(rec["file"])
+        except ValueError:
+            continue  # slurmd refuses such a file; nothing to check here
+    return files
+
+
+def check_gpu(enabled: bool, node: SlurmNode | None, smi_list: Proc | None, smi: Proc | None,
+              files: Mapping[str, bool] | None = None) -> Result:
+    """GPU pools: each GPU device file gres.conf names for the node exists, and as many as the node's
+    Gres; `nvidia-smi -L` lists as many GPUs; `nvidia-smi` succeeds. `files`: {path: exists}, in
+    gres.conf order (None: not checked)."""
     if not enabled:
         return Result("gpu", SKIP, "gpu checks disabled")
     if node is None:
         return Result("gpu", SKIP, "node record unavailable (slurmctld not answering?)")
     if node.gpus == 0:
         return Result("gpu", SKIP, "no GPU expected (the node's Gres has none)")
+    if files is not None:
+        missing = [path for path, exists in files.items() if not exists]
+        if not files:
+            return Result("gpu", FAIL, f"gres.conf names no GPU device file for this node, Gres expects {node.gpus}")
+        if missing:
+            return Result("gpu", FAIL, f"{len(missing)} of the {len(files)} GPU device files in gres.conf missing: "
+                                       + ", ".join(missing))
+        if len(files) != node.gpus:
+            return Result("gpu", FAIL, f"gres.conf names {len(files)} GPU device files, Gres expects {node.gpus}")
     if smi_list is None:
         return Result("gpu", FAIL, f"{node.gpus} GPUs expected but nvidia-smi is missing or hung")
     if smi_list.returncode != 0:
@@ -266,7 +349,8 @@ def check_gpu(enabled: bool, node: SlurmNode | None, smi_list: Proc | None, smi:
         code = "hung" if smi is None else f"exit {smi.returncode}"
         text = "" if smi is None else (smi.stderr.strip() or smi.stdout.strip())[:120]
         return Result("gpu", FAIL, f"nvidia-smi {code} {text}".strip())
-    return Result("gpu", OK, f"{found} GPUs, nvidia-smi healthy")
+    present = f", device files {','.join(os.path.basename(p) for p in files)} present" if files else ""
+    return Result("gpu", OK, f"{found} GPUs, nvidia-smi healthy{present}")
 
 
 def parse_node_json(text: str, name: str) -> SlurmNode | None:
@@ -372,12 +456,28 @@ def mpi_env(env: Mapping[str, str]) -> dict[str, str]:
 MPI_ARGV = ("mpirun", "--oversubscribe", "-n", "2", "--mca", "pml", "ob1", "--mca", "btl", "self,sm", MPI_PROBE)
 
 
-def find_conf(env: Mapping[str, str]) -> str | None:
+def find_conf_path(env: Mapping[str, str]) -> str | None:
+    """The slurm.conf slurmd uses (configless: its cached copy)."""
     for path in ((env["SLURM_CONF"],) if env.get("SLURM_CONF") else ()) + CONF_PATHS:
-        text = read_text(path)
-        if text is not None:
-            return text
+        if read_text(path) is not None:
+            return path
     return None
+
+
+def find_conf(env: Mapping[str, str]) -> str | None:
+    path = find_conf_path(env)
+    return read_text(path) if path else None
+
+
+def configured_gpu_files(env: Mapping[str, str], node_name: str) -> list[str]:
+    """The GPU device files of this node in the gres.conf beside slurm.conf, includes followed (the
+    rendered one includes the file the worker's entrypoint wrote from the pod's /dev/nvidia<N>)."""
+    conf = find_conf_path(env)
+    if conf is None:
+        return []
+    conf_dir = os.path.dirname(conf)
+    text = read_text(os.path.join(conf_dir, "gres.conf"))
+    return gpu_device_files(parse_gres_conf(text or "", read_text, conf_dir), node_name)
 
 
 def gather(cfg: Config, node_name: str, env: Mapping[str, str],
@@ -397,11 +497,12 @@ def gather(cfg: Config, node_name: str, env: Mapping[str, str],
         mpi_proc = runner(list(MPI_ARGV), cfg.mpi_timeout, mpi_env(env))
         seconds = time.monotonic() - start
     results.append(check_mpi(cfg.mpi_loopback, probe, mpi_proc, seconds))
-    smi_list = smi = None
+    smi_list = smi = files = None
     if cfg.gpu and node is not None and node.gpus:
+        files = {path: os.path.exists(path) for path in configured_gpu_files(env, node_name)}
         smi_list = runner(["nvidia-smi", "-L"], 20)
         smi = runner(["nvidia-smi"], 20) if smi_list is not None and smi_list.returncode == 0 else None
-    results.append(check_gpu(cfg.gpu, node, smi_list, smi))
+    results.append(check_gpu(cfg.gpu, node, smi_list, smi, files))
     return results, node
 
 

@@ -100,6 +100,17 @@ class SlurmNode:
     unavailable: str | None = None  # why the node must not take jobs now (drained in Slurm)
 
     @property
+    def gres_env(self) -> dict[str, str]:
+        """What the node's worker entrypoint needs to write the node's gres.conf line from the GPU
+        device files its pod has: the count and type slurm.conf declares. Empty without GPUs."""
+        if not self.gpus:
+            return {}
+        env = {"SLURMK8S_GPUS": str(self.gpus)}
+        if self.gpu_type:
+            env["SLURMK8S_GPU_TYPE"] = self.gpu_type
+        return env
+
+    @property
     def gres(self) -> str | None:
         if not self.gpus:
             return None

@@ -47,6 +47,15 @@ class Site:
 
 
 SLURMDBD_PORT = 6819
+
+# The worker image's side of the contract (images/README.md, "slurmd"): Slurm's TaskProlog, which
+# exports the pool's job environment into every task, and the file where the worker's entrypoint
+# writes its node's gres.conf line from the GPU device files the pod really has.
+TASK_PROLOG = "/usr/local/lib/slurmk8s/task-prolog"
+NODE_GRES_CONF = "/run/slurmk8s/node-gres.conf"
+# slurmctld's own lines for that include (its entrypoint links NODE_GRES_CONF to this file of the
+# config directory; configless slurmd never fetches it)
+GRES_SLURMCTLD_CONF = "gres-slurmctld.conf"
 # priority/multifactor weights with fair share first; each can be overridden in slurm.extra_conf
 PRIORITY_DEFAULTS = {
     "PriorityWeightFairshare": "10000",
@@ -123,6 +132,11 @@ def render_slurm_conf(spec: ClusterSpec, inventory: Inventory, topology: Topolog
         ctld_params += ["power_save_interval=1", "power_save_min_interval=0"]
         # schedule a batch job at submit time instead of up to 3 s later (idle nodes: ~0.8 s, not ~2.9 s)
         _add_scheduler_parameter(extra_conf, "batch_sched_delay", "0")
+    # the pools' job environment reaches every task through the TaskProlog; a TaskProlog of the
+    # user's own (slurm.extra_conf) replaces it (it may run ours first)
+    task_prolog = None
+    if any(p.job_env for p in spec.pools) and not any(k.lower() == "taskprolog" for k in extra_conf):
+        task_prolog = TASK_PROLOG
     accounting = None
     if spec.accounting.enabled:
         accounting = {"host": site.accounting_host, "port": SLURMDBD_PORT}
@@ -141,6 +155,7 @@ def render_slurm_conf(spec: ClusterSpec, inventory: Inventory, topology: Topolog
         suspend_timeout=spec.elasticity.suspend_timeout,
         suspend_time=spec.elasticity.suspend_time,
         fast_start=spec.elasticity.fast_start,
+        task_prolog=task_prolog,
         extra_conf=sorted(extra_conf.items()),
         health=spec.health if spec.health.enabled else None,
         node_lines=node_lines,
@@ -168,15 +183,29 @@ def render_topology_conf(spec: ClusterSpec, topology: Topology) -> str | None:
     )
 
 
-def render_gres_conf(spec: ClusterSpec, inventory: Inventory) -> str | None:
+def render_gres_conf(spec: ClusterSpec, inventory: Inventory) -> tuple[str, str] | None:
+    """(gres.conf, gres-slurmctld.conf), or None without GPU nodes.
+
+    Which device files a pod gets is known only once it runs (a pod given GPUs 4-7 of a node has
+    /dev/nvidia4 ... /dev/nvidia7), so gres.conf holds no node line, only an Include of
+    NODE_GRES_CONF, a file of each host: on a worker, its entrypoint writes the node's line there
+    from the pod's /dev/nvidia<N> (images/slurmd/node-gres); on slurmctld, it is
+    gres-slurmctld.conf, a line per group of GPU nodes with their count and type. slurmctld loads
+    those before the nodes register (CLOUD nodes) and tracks GPUs by index: the file names there
+    stand for "N devices" (it never opens them), and a worker registering the same count with its
+    own files keeps that state; with no line at all slurmctld would count 0 and set a node INVAL
+    when it registers 4 under a job that already holds some (found by the test bed)."""
     gpu_nodes = [n for n in inventory.nodes if n.gpus]
     if not gpu_nodes:
         return None
-    lines = []
-    for (count, gtype), names in _group(gpu_nodes, lambda n: (n.gpus, n.gpu_type)):
-        files = "/dev/nvidia0" if count == 1 else f"/dev/nvidia[0-{count - 1}]"
-        lines.append({"names": compress(names), "type": gtype, "files": files})
-    return _ENV.get_template("gres.conf.j2").render(version=__version__, cluster=spec.slurm_cluster_name, lines=lines)
+    groups = _group(gpu_nodes, lambda n: (n.gpus, n.gpu_type))
+    lines = [{"names": compress(names), "type": gtype, "count": count,
+              "files": "/dev/nvidia0" if count == 1 else f"/dev/nvidia[0-{count - 1}]"}
+             for (count, gtype), names in groups]
+    args = {"version": __version__, "cluster": spec.slurm_cluster_name, "lines": lines, "node_conf": NODE_GRES_CONF,
+            "slurmctld_conf": GRES_SLURMCTLD_CONF}
+    return (_ENV.get_template("gres.conf.j2").render(**args),
+            _ENV.get_template("gres-slurmctld.conf.j2").render(**args))
 
 
 def render_passwd(spec: ClusterSpec) -> str:
@@ -209,7 +238,7 @@ def render_all(spec: ClusterSpec, inventory: Inventory, topology: Topology, site
         files["topology.conf"] = topo
     gres = render_gres_conf(spec, inventory)
     if gres is not None:
-        files["gres.conf"] = gres
+        files["gres.conf"], files[GRES_SLURMCTLD_CONF] = gres
     files["passwd"] = render_passwd(spec)
     files["group"] = render_group(spec)
     files["inventory.json"] = inventory_json(inventory)
@@ -304,12 +333,20 @@ def validate_rendered(files: Mapping[str, str], inventory: Inventory, topology: 
                 issues += validate_tree(switches, inventory.names)
             else:
                 issues += validate_blocks(blocks, sizes, inventory.names)
+    gpu_nodes = {n.name for n in inventory.nodes if n.gpus}
     if "gres.conf" in files:
-        gres_nodes = set()
-        for pairs in parse_conf_lines(files["gres.conf"]):
-            gres_nodes.update(expand(pairs[0][1]))
-        if gres_nodes != {n.name for n in inventory.nodes if n.gpus}:
-            issues.append(Issue("gres.conf", "GPU nodes differ from the inventory", "regenerate"))
+        # only the Include of each host's own file: a node line here would add to the pod's line
+        lines = [[k for k, _ in pairs] for pairs in parse_conf_lines(files["gres.conf"])]
+        if lines != [["Include", NODE_GRES_CONF]]:
+            issues.append(Issue("gres.conf", f"must hold only 'Include {NODE_GRES_CONF}'", "regenerate"))
+    if GRES_SLURMCTLD_CONF in files:
+        gres_nodes: list[str] = []
+        for pairs in parse_conf_lines(files[GRES_SLURMCTLD_CONF]):
+            gres_nodes += expand(pairs[0][1])
+        if sorted(gres_nodes) != sorted(gpu_nodes):
+            issues.append(Issue(GRES_SLURMCTLD_CONF, "GPU nodes differ from the inventory", "regenerate"))
+    if not (bool(gpu_nodes) == ("gres.conf" in files) == (GRES_SLURMCTLD_CONF in files)):
+        issues.append(Issue("gres.conf", "present without GPU nodes, or missing with them", "regenerate"))
     return issues
 
 

@@ -97,6 +97,9 @@ CASES: list[tuple[str, dict[str, Any], list[dict[str, Any]], type[Problem], str]
      SpecError, "topology.levels"),
     ("nccl env not a fabric variable", spec_with(pools__0__network={"nccl_env": {"PATH": "/x"}}), tree_nodes(),
      SpecError, "pools[0].network.nccl_env"),
+    ("nccl env value on two lines (TaskProlog lines)",
+     spec_with(pools__0__network={"nccl_env": {"NCCL_DEBUG": "WARN\nexport LD_PRELOAD=/x"}}), tree_nodes(),
+     SpecError, "pools[0].network.nccl_env"),
     ("node_port without NodePort", spec_with(login={"node_port": 30022}), tree_nodes(), SpecError, "login"),
     # --- inventory errors
     ("pool selects no node", spec_with(pools__0__node_selector={"pool": "none"}), tree_nodes(), InventoryError,

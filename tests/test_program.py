@@ -178,8 +178,9 @@ def test_gpu_stack_pins_pods_and_exports_partitions(pulumi_run, keys):
     assert run.outputs["partitions"] == {"h100": [f"h100-ip-10-0-0-{i}" for i in range(4)]}
     template = next(r for r in run.resources if r.name == "research-worker-template-h100")
     pod = json.loads(template.inputs["data"]["pod.json"])
-    assert pod["spec"]["containers"][0]["env"][2:] == [{"name": "NCCL_DEBUG", "value": "WARN"},
-                                                       {"name": "NCCL_SOCKET_IFNAME", "value": "eth0"}]
+    assert pod["spec"]["containers"][0]["env"][2:] == [
+        {"name": "NCCL_DEBUG", "value": "WARN"}, {"name": "NCCL_SOCKET_IFNAME", "value": "eth0"},
+        {"name": "SLURMK8S_JOB_ENV", "value": "export NCCL_DEBUG=WARN\nexport NCCL_SOCKET_IFNAME=eth0\n"}]
     assert "resources" not in pod["spec"]["containers"][0]  # sizes are per node, filled in at resume
     assert pod["spec"]["nodeSelector"] == {"pool": "gpu"}
 

@@ -3,6 +3,10 @@
 #   SLURMK8S_CONTROLLER   host[:port] of slurmctld (default port 6817); configless
 #   SLURMK8S_NODENAME     Slurm node name (default: hostname)
 #   SLURMK8S_SLURMD_CONF  optional: passed as `slurmd --conf` (e.g. "CPUs=4 RealMemory=8000")
+#   SLURMK8S_JOB_ENV      optional: the pool's job environment ("export NAME=value" lines), written
+#                         to /run/slurmk8s/job-env for Slurm's TaskProlog
+#   SLURMK8S_GPUS, SLURMK8S_GPU_TYPE  GPU nodes: the node's Gres count and type in slurm.conf;
+#                         /run/slurmk8s/node-gres.conf gets the node's gres.conf line from /dev/nvidia<N>
 #   arguments             appended to the slurmd command line (e.g. -vvv)
 set -euo pipefail
 . /usr/local/lib/slurmk8s/lib.sh
@@ -21,6 +25,24 @@ sync_users
 mkdir -p /var/spool/slurmd /run/slurm /var/log/slurm
 chmod 0755 /var/spool/slurmd
 rm -f /run/slurmd.pid
+
+# Jobs do not inherit slurmd's environment: the pool's job environment reaches every task through
+# Slurm's TaskProlog (/usr/local/lib/slurmk8s/task-prolog), which prints this file.
+install -d -m 0755 /run/slurmk8s
+printf '%s' "${SLURMK8S_JOB_ENV:-}" >/run/slurmk8s/job-env.new
+chmod 0644 /run/slurmk8s/job-env.new
+mv -f /run/slurmk8s/job-env.new /run/slurmk8s/job-env
+log "job environment: $(grep -c '^export ' /run/slurmk8s/job-env || true) variable(s) for every task"
+
+# The node's gres.conf line, from the GPU device files this pod really has (the rendered gres.conf
+# includes the file; it must exist, even empty, on every worker of a cluster with GPUs).
+/usr/local/lib/slurmk8s/node-gres "$NODENAME" "${SLURMK8S_GPUS:-0}" "${SLURMK8S_GPU_TYPE:-}" \
+    >/run/slurmk8s/node-gres.conf.new || die "cannot write the node's gres.conf line (node-gres failed)"
+chmod 0644 /run/slurmk8s/node-gres.conf.new
+mv -f /run/slurmk8s/node-gres.conf.new /run/slurmk8s/node-gres.conf
+if [ "${SLURMK8S_GPUS:-0}" != 0 ]; then
+    log "gres: $(grep -v '^#' /run/slurmk8s/node-gres.conf || echo "no GPU device file (slurm.conf: $SLURMK8S_GPUS)")"
+fi
 
 # Memlock: MPI / RDMA want it unlimited. Best effort: without CAP_SYS_RESOURCE the hard limit
 # (set by the runtime) cannot be raised, only the soft one up to it.

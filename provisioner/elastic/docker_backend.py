@@ -151,7 +151,8 @@ class DockerConfig:
 
 def container_spec(config: DockerConfig, node: SlurmNode, image: str) -> dict[str, Any]:
     """The Engine API body that creates `node`'s slurmd container (pure)."""
-    env = {**config.env, "SLURMK8S_CONTROLLER": config.controller, "SLURMK8S_NODENAME": node.name}
+    env = {**config.env, "SLURMK8S_CONTROLLER": config.controller, "SLURMK8S_NODENAME": node.name,
+           **node.gres_env}
     return {
         "Image": image,
         "Hostname": node.name,

@@ -39,7 +39,8 @@ from .rbac import (control_tier_role, control_tier_role_binding, control_tier_wo
                    worker_role_binding)
 from .slurmctld import (accounting_container, config_map_files, controller_service, controller_state_pvc,
                         controller_statefulset, slurm_config_map, spec_config_map)
-from .workers import worker_pod, worker_pod_template, worker_template_config_map, workers_pdb, workers_service
+from .workers import (task_prolog_env, worker_pod, worker_pod_template, worker_template_config_map, workers_pdb,
+                      workers_service)
 
 __all__ = [
     "ACTIVITY_DIR", "ACTIVITY_PORT", "AUTHORIZED_KEYS_SECRET", "AUTH_SECRET", "A_CONFIG_HASH", "A_MULTUS",
@@ -55,7 +56,8 @@ __all__ = [
     "controller_state_pvc", "controller_statefulset", "db_check_pod", "db_endpoint", "dns_searches", "home_pvc",
     "kept_claims", "login_agent_role", "login_agent_role_binding", "login_agent_service_account", "login_deployment",
     "login_service", "login_sleeps", "namespace", "network_policies", "service_fqdn", "sleeps", "slurm_config_map",
-    "slurmdbd_conf", "slurmdbd_host", "spec_config_map", "ssh_host_keys_secret", "users_config_map", "worker_pod",
+    "slurmdbd_conf", "slurmdbd_host", "spec_config_map", "ssh_host_keys_secret", "task_prolog_env", "users_config_map",
+    "worker_pod",
     "worker_pod_template", "worker_role", "worker_role_binding", "worker_template_config_map", "workers_pdb",
     "workers_service",
 ]

@@ -23,7 +23,8 @@ from .names import (A_CONFIG_HASH, A_SPEC_HASH, A_USERS_HASH, AUTH_SECRET, BASE_
 
 
 def slurm_config_map(spec: ClusterSpec, files: Mapping[str, str]) -> dict[str, Any]:
-    """slurm.conf, topology.conf, gres.conf and inventory.json, mounted at /etc/slurm on slurmctld.
+    """slurm.conf, topology.conf, gres.conf (+ gres-slurmctld.conf) and inventory.json, mounted at
+    /etc/slurm on slurmctld.
 
     inventory.json travels gzipped (``binaryData`` ``inventory.json.gz``): about 470 bytes a node in
     JSON would pass Kubernetes' 1 MiB object limit near 2,000 nodes; gzipped, 10,000 nodes take

@@ -51,6 +51,15 @@ def _shm_size(pool: Pool, node: SlurmNode) -> str:
     return f"{max(64, node.real_memory // 2)}Mi"
 
 
+def task_prolog_env(pool: Pool) -> str:
+    """The pool's job environment as Slurm's TaskProlog prints it: one ``export NAME=value`` line
+    per variable. The worker pod carries it (SLURMK8S_JOB_ENV); the entrypoint writes it to
+    /run/slurmk8s/job-env, which the TaskProlog (images/slurmd/task-prolog) prints for every task.
+    slurmstepd takes each value verbatim to the end of its line (the spec refuses line breaks)
+    and sets it over the submitter's."""
+    return "".join(f"export {name}={value}\n" for name, value in pool.job_env.items())
+
+
 def worker_pod_template(spec: ClusterSpec, pool: Pool, site: K8sSite = K8sSite()) -> dict[str, Any]:
     """Everything of a pool's worker pod that does not depend on the Slurm node.
 
@@ -61,6 +70,11 @@ def worker_pod_template(spec: ClusterSpec, pool: Pool, site: K8sSite = K8sSite()
     env = [{"name": "SLURMK8S_CONTROLLER", "value": controller_address(spec, site)},
            {"name": "SLURMK8S_POOL", "value": pool.name}]
     env += [{"name": k, "value": v} for k, v in sorted(net.nccl_env.items())]
+    job_env = task_prolog_env(pool)
+    if job_env:
+        # slurmd's environment does not reach jobs: the entrypoint writes this to
+        # /run/slurmk8s/job-env, which Slurm's TaskProlog exports into every task
+        env.append({"name": "SLURMK8S_JOB_ENV", "value": job_env})
     container = {
         "name": "slurmd",
         "image": pool.image or spec.images.worker,
@@ -164,6 +178,8 @@ def worker_pod(spec: ClusterSpec, node: SlurmNode, site: K8sSite = K8sSite()) ->
         pspec["affinity"] = {**pspec.get("affinity", {}), **placement}
     container = pspec["containers"][0]
     container["env"].insert(1, {"name": "SLURMK8S_NODENAME", "value": node.name})
+    # GPU nodes: the entrypoint writes the node's gres.conf line from the pod's /dev/nvidia<N> files
+    container["env"] += [{"name": k, "value": v} for k, v in node.gres_env.items()]
     container["resources"] = worker_resources(spec, node)
     for vol in pspec["volumes"]:
         if vol["name"] == "dshm":

@@ -36,6 +36,7 @@ from provisioner.config import ClusterSpec, parse_spec  # noqa: E402
 from provisioner.elastic.docker_backend import LABEL_CLUSTER  # noqa: E402
 from provisioner.generate import Generated, generate  # noqa: E402
 from provisioner.inventory import nodes_from_api  # noqa: E402
+from provisioner.manifests import worker_pod_template  # noqa: E402
 from provisioner.render import Site, compress, expand, write_files  # noqa: E402
 
 IMAGES = {
@@ -110,12 +111,13 @@ class NodeState:
 
 
 def cluster_spec(token: str, *, fast_start: bool = True, suspend_time: int = 15,
-              resume_timeout: int = 60, suspend_timeout: int = 5, pubkey: str = "") -> ClusterSpec:
+              resume_timeout: int = 60, suspend_timeout: int = 5, pubkey: str = "",
+              nccl_env: dict[str, str] | None = None) -> ClusterSpec:
     return parse_spec({
         "name": f"it-{token}",
         "slurm": {"cluster_name": f"it_{token}"},
         "pools": [{"name": "cpu", "node_selector": {"pool": "cpu"}, "name_prefix": f"{token}-",
-                   "reserve_cpu": "500m", "reserve_memory": "1Gi"}],
+                   "reserve_cpu": "500m", "reserve_memory": "1Gi", "network": {"nccl_env": nccl_env or {}}}],
         "users": [{"name": USER, "uid": UID, "ssh_keys": [pubkey] if pubkey else []}],
         "elasticity": {"suspend_time": suspend_time, "resume_timeout": resume_timeout,
                        "suspend_timeout": suspend_timeout, "fast_start": fast_start},
@@ -124,9 +126,23 @@ def cluster_spec(token: str, *, fast_start: bool = True, suspend_time: int = 15,
     })
 
 
-def fake_k8s_nodes(nodes: int) -> list[dict[str, Any]]:
+GPU_PRODUCT = "NVIDIA-H100-80GB-HBM3"  # Slurm GRES type nvidia_h100_80gb_hbm3
+
+
+def fake_k8s_nodes(nodes: int, gpus: int = 0) -> list[dict[str, Any]]:
     # 2.5 CPUs - 0.5 reserve = 2 Slurm CPUs; 2Gi - 1Gi reserve = 1024 MiB
-    return [node(f"n{i}", {"pool": "cpu"}, cpu="2500m", memory="2Gi") for i in range(nodes)]
+    labels = {"pool": "cpu", **({"nvidia.com/gpu.product": GPU_PRODUCT} if gpus else {})}
+    return [node(f"n{i}", labels, cpu="2500m", memory="2Gi", gpus=gpus) for i in range(nodes)]
+
+
+# TEST BED ONLY: what a GPU worker's health check needs of nvidia-smi (it lists the pod's GPUs)
+FAKE_NVIDIA_SMI = """#!/bin/sh
+if [ "$1" = -L ]; then
+    for f in /dev/nvidia[0-9]*; do n="${f#/dev/nvidia}"; echo "GPU $n: Fake GPU (UUID: GPU-fake-$n)"; done
+else
+    echo "fake nvidia-smi: all GPUs healthy"
+fi
+"""
 
 
 @dataclass
@@ -140,6 +156,11 @@ class Testbed:
     resume_timeout: int = 60
     suspend_timeout: int = 5
     mount_source: bool = field(default_factory=lambda: os.environ.get("SLURMK8S_TEST_MOUNT_SOURCE") == "1")
+    # the pool's job environment (pools[].network.nccl_env)
+    nccl_env: dict[str, str] = field(default_factory=dict)
+    # GPUs per node: each worker container gets the last `gpus` of 8 fake GPU device files (the host's
+    # /dev/null bind-mounted at /dev/nvidia<N>: a pod given GPUs 4-7 of 8 when gpus=4) and a fake nvidia-smi
+    gpus: int = 0
     token: str = field(default_factory=lambda: "t" + secrets.token_hex(3))
     started: list[str] = field(default_factory=list)
 
@@ -185,8 +206,9 @@ class Testbed:
         self.key = asyncssh.generate_private_key("ssh-ed25519")
         pubkey = self.key.export_public_key().decode().strip()
         self.spec = cluster_spec(self.token, fast_start=self.fast_start, suspend_time=self.suspend_time,
-                              resume_timeout=self.resume_timeout, suspend_timeout=self.suspend_timeout, pubkey=pubkey)
-        self.generated: Generated = generate(self.spec, nodes_from_api(fake_k8s_nodes(self.node_count)),
+                              resume_timeout=self.resume_timeout, suspend_timeout=self.suspend_timeout, pubkey=pubkey,
+                              nccl_env=self.nccl_env)
+        self.generated: Generated = generate(self.spec, nodes_from_api(fake_k8s_nodes(self.node_count, self.gpus)),
                                              Site(controller_host=self.ctld))
         files = self.generated.files
         write_files(files, self.workdir / "etc-slurm")
@@ -220,12 +242,28 @@ class Testbed:
             {"type": "bind", "source": str(self.workdir / "users"), "target": "/etc/slurmk8s/users", "read_only": True},
             {"type": "volume", "source": self.home_volume, "target": "/home"},
         ]
+        if self.gpus:
+            fake = self.workdir / "fake-gpu"
+            fake.mkdir(exist_ok=True)
+            for minor in range(8 - self.gpus, 8):
+                # a character device, as slurmd wants one (it only stats it): the host's /dev/null
+                worker_mounts.append({"type": "bind", "source": "/dev/null", "target": f"/dev/nvidia{minor}",
+                                      "read_only": True})
+            (fake / "nvidia-smi").write_text(FAKE_NVIDIA_SMI)
+            (fake / "nvidia-smi").chmod(0o755)
+            worker_mounts.append({"type": "bind", "source": str(fake / "nvidia-smi"),
+                                  # where the NVIDIA runtime puts it (the check runs with no PATH)
+                                  "target": "/usr/bin/nvidia-smi", "read_only": True})
+        # the worker pod's environment (the pool's job environment included), as a pod would have it
+        pod_env = worker_pod_template(self.spec, self.spec.pools[0])["spec"]["containers"][0]["env"]
+        worker_env = {e["name"]: e["value"] for e in pod_env if e["name"] != "SLURMK8S_CONTROLLER"}
         env = {
             "SLURMK8S_BACKEND": "docker",
             "SLURMK8S_DOCKER_CLUSTER": self.token,
             "SLURMK8S_DOCKER_NETWORK": self.network,
             "SLURMK8S_DOCKER_IMAGE": IMAGES["slurmd"],
             "SLURMK8S_DOCKER_MOUNTS": json.dumps(worker_mounts),
+            "SLURMK8S_DOCKER_ENV": json.dumps(worker_env),
             "SLURMK8S_CONTROLLER": f"{self.ctld}:6817",
             "SLURMK8S_DOCKER_OVERRIDES": "/etc/slurmk8s/test/overrides.json",
         }

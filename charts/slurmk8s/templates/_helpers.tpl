@@ -195,6 +195,10 @@ app.kubernetes.io/managed-by: {{ .Release.Service | quote }}
 {{- $net := $p.network -}}
 {{- $env := list (dict "name" "SLURMK8S_CONTROLLER" "value" (include "slurmk8s.controllerAddress" $s)) (dict "name" "SLURMK8S_POOL" "value" $p.name) -}}
 {{- range $k := keys $net.nccl_env | sortAlpha }}{{ $env = append $env (dict "name" $k "value" (index $net.nccl_env $k | toString)) }}{{ end -}}
+{{- /* task_prolog_env(pool): the job environment, for Slurm's TaskProlog */ -}}
+{{- $jobEnv := "" -}}
+{{- range $k := keys $net.nccl_env | sortAlpha }}{{ $jobEnv = printf "%sexport %s=%s\n" $jobEnv $k (index $net.nccl_env $k | toString) }}{{ end -}}
+{{- if $jobEnv }}{{ $env = append $env (dict "name" "SLURMK8S_JOB_ENV" "value" $jobEnv) }}{{ end -}}
 {{- $container := dict
     "name" "slurmd"
     "image" $p.image
