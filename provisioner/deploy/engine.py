@@ -1,0 +1,325 @@
+"""The Pulumi engine as a child process that `slurmk8s` can stop, and what an interrupted run leaves.
+
+The Automation API starts the ``pulumi`` CLI (the engine), which starts the Kubernetes provider
+plugin. :class:`EngineCommand` starts the engine in a process group of its own, records it under
+``<state>/run/<stack>.engine.json`` while it runs and makes the kernel send it SIGINT should
+``slurmk8s`` die (PR_SET_PDEATHSIG): an interrupted ``slurmk8s`` never leaves an engine or a provider
+behind it.
+
+- :meth:`EngineCommand.interrupt`: SIGINT, which the engine takes as "cancel": no new operations, the
+  provider's waits are cancelled, the state is written, the lock released. If the engine has not
+  exited after :data:`GRACE` seconds, its whole process group (engine and provider) is killed; its
+  state then may hold pending operations and its lock, which :func:`recover` clears.
+- :class:`Interruptible`: while an operation runs, Ctrl-C (SIGINT) and SIGTERM stop the engine as
+  above instead of killing ``slurmk8s`` alone; a second Ctrl-C kills the group at once.
+- :func:`recover`, before every ``up`` / ``preview`` / ``down``: stops engine and provider processes an
+  earlier run left (the record above), removes the stack's lock when the process that took it is
+  gone (same host, pid not a running ``pulumi``), and clears pending operations from the state, so
+  that the run resumes where the interrupted one stopped (objects it created are adopted by
+  server-side apply); each step says what it did.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Mapping, Optional
+
+from pulumi import automation as auto
+from pulumi.automation._cmd import CommandResult
+from pulumi.automation.errors import create_command_error
+
+GRACE = 20.0  # seconds the engine has to cancel before its process group is killed
+PR_SET_PDEATHSIG = 1
+PULUMI_NAMES = ("pulumi",)  # executables of the engine and its plugins (pulumi, pulumi-resource-kubernetes)
+
+Printer = Callable[[str], Any]
+
+
+# ---------------------------------------------------------------- processes
+
+
+def _stat(pid: int) -> list[str] | None:
+    """Fields of /proc/<pid>/stat after the command name (state is [0], pgrp [2], starttime [19])."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return raw.rsplit(")", 1)[1].split()
+
+
+def _exe_name(pid: int) -> str:
+    try:
+        return os.path.basename(os.readlink(f"/proc/{pid}/exe").removesuffix(" (deleted)"))
+    except OSError:
+        try:
+            return Path(f"/proc/{pid}/comm").read_text().strip()
+        except OSError:
+            return ""
+
+
+def is_pulumi(pid: int) -> bool:
+    """A live (not zombie) process running a Pulumi binary (the CLI or a plugin)."""
+    st = _stat(pid)
+    return bool(st) and st[0] != "Z" and _exe_name(pid).startswith(PULUMI_NAMES)
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live Pulumi processes of a process group (the engine and the plugins it started)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            st = _stat(int(entry))
+            if st and st[0] != "Z" and int(st[2]) == pgid and _exe_name(int(entry)).startswith(PULUMI_NAMES):
+                out.append(int(entry))
+    return sorted(out)
+
+
+def kill_group(pgid: int, sig: int = signal.SIGKILL, wait: float = 5.0) -> list[int]:
+    """Signal every Pulumi process of the group; wait until they are gone. Returns those signalled."""
+    members = group_members(pgid)
+    for pid in members:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline and group_members(pgid):
+        time.sleep(0.1)
+    return members
+
+
+def _pdeathsig() -> Callable[[], None] | None:
+    """A preexec function that has the kernel send the child SIGINT when its parent thread dies,
+    resolved here in the parent (the child, between fork and exec, only calls it)."""
+    import ctypes
+
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    sigint = int(signal.SIGINT)
+
+    def die_with_parent() -> None:
+        prctl(PR_SET_PDEATHSIG, sigint, 0, 0, 0)
+
+    return die_with_parent
+
+
+class EngineCommand(auto.PulumiCommand):
+    """`pulumi` run as the SDK runs it, but in its own process group, recorded while it runs, and
+    stoppable with :meth:`interrupt`."""
+
+    def __init__(self, root: str, run_dir: Path, stack: str) -> None:
+        super().__init__(root=root, skip_version_check=False)
+        self.run_dir = run_dir
+        self.stack = stack
+        self.record = run_dir / f"{stack}.engine.{os.getpid()}.json"  # one per slurmk8s process
+        self._lock = threading.Lock()
+        self.process: subprocess.Popen[str] | None = None
+        self.interrupted = 0  # SIGINTs sent to the running engine
+        self.killed: list[int] = []  # pids killed because the engine did not stop in time
+        self.killed_engine: int | None = None
+
+    def run(self, args: list[str], cwd: str, additional_env: Mapping[str, str],
+            on_output: Optional[Callable[[str], Any]] = None,
+            on_error: Optional[Callable[[str], Any]] = None) -> CommandResult:
+        sep = args.index("--") if "--" in args else len(args)
+        if "--non-interactive" not in args[:sep]:
+            args.insert(0, "--non-interactive")
+        env = {**os.environ, **additional_env, "PULUMI_AUTOMATION_API": "true"}
+        if os.path.isabs(self.command):
+            env["PATH"] = os.pathsep.join([os.path.dirname(self.command), env.get("PATH", "")])
+        out: list[str] = []
+        err: list[str] = []
+
+        def consume(stream: Any, callback: Optional[Callable[[str], Any]], chunks: list[str]) -> None:
+            for line in iter(stream.readline, ""):
+                line = line.rstrip()
+                if callback:
+                    callback(line)
+                chunks.append(line)
+            stream.close()
+
+        argv, preexec = [self.command, *args], None
+        if threading.current_thread() is threading.main_thread():  # PDEATHSIG follows the spawning thread
+            # util-linux's setpriv sets it and execs the engine (same pid); a preexec function would
+            # do too, but forces a plain fork, which gRPC's fork handlers log about
+            setpriv = shutil.which("setpriv")
+            if setpriv:
+                argv = [setpriv, "--pdeathsig", "INT", "--", *argv]
+            else:
+                preexec = _pdeathsig()
+        with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=cwd, env=env,
+                              encoding="utf-8", start_new_session=True, preexec_fn=preexec) as proc:
+            with self._lock:
+                self.process = proc
+            self._write_record(proc.pid, args)
+            readers = [threading.Thread(target=consume, args=(proc.stdout, on_output, out), daemon=True),
+                       threading.Thread(target=consume, args=(proc.stderr, on_error, err), daemon=True)]
+            for t in readers:
+                t.start()
+            for t in readers:
+                t.join()
+            proc.wait()
+            with self._lock:
+                self.process = None
+            left = kill_group(proc.pid, signal.SIGKILL, wait=3.0)  # a plugin the engine did not stop
+            if left:
+                self.killed += left
+            self.record.unlink(missing_ok=True)
+        result = CommandResult(stdout="\n".join(out), stderr="\n".join(err), code=proc.returncode)
+        if proc.returncode != 0:
+            raise create_command_error(result)
+        return result
+
+    def _write_record(self, pid: int, args: list[str]) -> None:
+        self.record.parent.mkdir(parents=True, exist_ok=True)
+        st = _stat(pid)
+        me = _stat(os.getpid())
+        self.record.write_text(json.dumps({"pid": pid, "pgid": pid, "start": st[19] if st else "",
+                                           "owner": os.getpid(), "owner_start": me[19] if me else "",
+                                           "command": " ".join(a for a in args[:3] if not a.startswith("--")),
+                                           "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}))
+
+    def running(self) -> int | None:
+        with self._lock:
+            return self.process.pid if self.process is not None and self.process.poll() is None else None
+
+    def interrupt(self, echo: Printer, grace: float = GRACE) -> None:
+        """Ask the running engine to cancel (SIGINT); kill its process group if it has not exited
+        after `grace` seconds (0: at once). Blocks until then; returns at once when none runs."""
+        pid = self.running()
+        if pid is None:
+            return
+        if grace > 0:
+            self.interrupted += 1
+            try:
+                os.kill(pid, signal.SIGINT)
+            except ProcessLookupError:
+                return
+            deadline = time.monotonic() + grace
+            while time.monotonic() < deadline:
+                if self.running() is None:
+                    return
+                time.sleep(0.2)
+            echo(f"the Pulumi engine (pid {pid}) did not stop within {grace:.0f}s of the cancel: killing it and "
+                 "its provider")
+        self.killed_engine = pid
+        self.killed += kill_group(pid, signal.SIGKILL)
+
+
+class Interruptible:
+    """While an operation runs (main thread only): Ctrl-C and SIGTERM cancel the engine (SIGINT,
+    then a kill after GRACE) instead of killing slurmk8s alone; a second Ctrl-C kills at once."""
+
+    def __init__(self, engine: EngineCommand, echo: Printer) -> None:
+        self.engine = engine
+        self.echo = echo
+        self.signals: list[str] = []
+        self._saved: dict[int, Any] = {}
+
+    def _handle(self, signum: int, _frame: Any) -> None:
+        name = signal.Signals(signum).name
+        self.signals.append(name)
+        if len(self.signals) == 1:
+            self.echo(f"{name} received: asking the Pulumi engine to cancel (it finishes the operations in flight, "
+                      f"at most {GRACE:.0f}s; Ctrl-C again stops it at once)")
+            threading.Thread(target=self.engine.interrupt, args=(self.echo,), daemon=True).start()
+        else:
+            self.echo(f"{name} received again: stopping the Pulumi engine and its provider now")
+            threading.Thread(target=self.engine.interrupt, args=(self.echo, 0), daemon=True).start()
+
+    def __enter__(self) -> "Interruptible":
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._saved[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, handler in self._saved.items():
+            signal.signal(sig, handler)
+
+
+# ---------------------------------------------------------------- what an interrupted run leaves
+
+
+def _owner_alive(rec: Mapping[str, Any]) -> bool:
+    """The slurmk8s process that started the engine still runs (same pid, same start time)."""
+    owner = int(rec.get("owner") or 0)
+    st = _stat(owner) if owner > 0 else None
+    return bool(st) and st[0] != "Z" and str(st[19]) == str(rec.get("owner_start"))
+
+
+def leftover_engines(run_dir: Path, stack: str) -> list[tuple[Path, dict[str, Any], list[int]]]:
+    """Records of engines whose slurmk8s process is gone, with their live Pulumi processes."""
+    out = []
+    for record in sorted(run_dir.glob(f"{stack}.engine.*.json")) if run_dir.is_dir() else []:
+        try:
+            rec = json.loads(record.read_text())
+        except (OSError, ValueError):
+            continue
+        if _owner_alive(rec):
+            continue  # another slurmk8s runs it
+        out.append((record, rec, group_members(int(rec.get("pgid") or 0)) if rec.get("pgid") else []))
+    return out
+
+
+def stack_locks(state: Path, stack: str) -> list[Path]:
+    root = state / "backend" / ".pulumi" / "locks"
+    return sorted(p for p in root.rglob("*.json") if p.parent.name == stack) if root.is_dir() else []
+
+
+def lock_is_stale(content: Mapping[str, Any], host: str | None = None) -> bool:
+    """The lock was taken on this host by a process that is no longer a running `pulumi`."""
+    if content.get("hostname") != (host or socket.gethostname()):
+        return False
+    pid = int(content.get("pid") or 0)
+    return pid <= 0 or not is_pulumi(pid)
+
+
+def recover(stack: Any, state: Path, engine: EngineCommand, echo: Printer, *, pending: bool = True) -> list[str]:
+    """Repair what an interrupted run left, saying so: its engine and provider processes, its lock,
+    its pending operations. Returns what was done (empty: nothing was left). Raises RuntimeError
+    with the reason when a live update holds the stack."""
+    done: list[str] = []
+    for record, rec, pids in leftover_engines(engine.run_dir, engine.stack):
+        if pids:
+            kill_group(int(rec["pgid"]), signal.SIGINT, wait=GRACE)
+            killed = kill_group(int(rec["pgid"]), signal.SIGKILL)
+            done.append(f"stopped the Pulumi engine and provider that an interrupted `{rec.get('command', '?')}` "
+                        f"({rec.get('started', '?')}) left running (pids {', '.join(map(str, pids))}"
+                        + (", killed" if killed else "") + ")")
+        record.unlink(missing_ok=True)
+    for lock in stack_locks(state, stack.name):
+        try:
+            content = json.loads(lock.read_text())
+        except (OSError, ValueError):
+            content = {}
+        if not lock_is_stale(content):
+            where = f"{content.get('username', '?')}@{content.get('hostname', '?')} pid {content.get('pid', '?')}"
+            raise RuntimeError(f"stack {stack.name!r} is locked by a running update ({where}, since "
+                               f"{content.get('timestamp', '?')}; lock {lock})")
+        lock.unlink()
+        done.append(f"removed the lock of an update that is no longer running (pid {content.get('pid', '?')}, "
+                    f"{content.get('timestamp', '?')})")
+    if pending:
+        deployment = stack.export_stack()
+        ops = (deployment.deployment or {}).get("pending_operations") or []
+        if ops:
+            deployment.deployment["pending_operations"] = []
+            stack.import_stack(deployment)
+            what = ", ".join(f"{op.get('type', '?')} {op.get('resource', {}).get('urn', '?').rsplit('::', 1)[-1]}"
+                             for op in ops)
+            done.append(f"cleared {len(ops)} operation(s) an interrupted update left pending ({what}); this run "
+                        "applies them again (objects that exist are adopted)")
+    for line in done:
+        echo(f"recover: {line}")
+    return done
