@@ -2,7 +2,8 @@
 
 The engine here is a stand-in `pulumi` script that behaves as the CLI does towards its caller: it
 answers `pulumi version`, starts a child in its process group (the provider plugin's place), and
-on SIGINT either cancels (exits) or, as an engine stuck in an operation, ignores it. Real
+on SIGINT either cancels (exits) or, as an engine stuck in an operation, ignores it. Like Pulumi's
+plugins, the provider runs in a process group of its own. Real
 processes, real signals, real /proc; the Pulumi state is a plain dict.
 """
 
@@ -29,7 +30,7 @@ NAMES = ("pulumi", "bash", "sleep")
 ENGINE = """#!/bin/bash
 if [ "$2" = version ] || [ "$1" = version ]; then echo v3.274.1; exit 0; fi
 echo "$$" > "$(dirname "$0")/engine.pid"
-sleep 300 &
+setsid sleep 300 &
 echo $! > "$(dirname "$0")/provider.pid"
 {on_int}
 echo "Updating (stand-in)"
@@ -79,7 +80,7 @@ def run_in_thread(cmd: eng.EngineCommand, out: list) -> threading.Thread:
     return t
 
 
-def test_engine_runs_in_its_own_group_recorded_while_it_runs(tmp_path):
+def test_engine_runs_in_its_own_session_its_tree_recorded_while_it_runs(tmp_path):
     root = engine_root(tmp_path, CANCELS)
     cmd = eng.EngineCommand(str(root), tmp_path / "run", "t20")
     out: list = []
@@ -87,9 +88,19 @@ def test_engine_runs_in_its_own_group_recorded_while_it_runs(tmp_path):
     pid = wait_file(root / "bin" / "engine.pid")
     provider = wait_file(root / "bin" / "provider.pid")
     assert os.getpgid(pid) == pid != os.getpgid(0)  # Ctrl-C at the terminal reaches slurmk8s, not the engine
-    rec = json.loads(cmd.record.read_text())
-    assert rec["pid"] == pid and rec["owner"] == os.getpid() and rec["command"] == "up"
-    assert eng.group_members(pid) == sorted([pid, provider])
+    assert os.getpgid(provider) != pid  # as Pulumi's plugins
+    def recorded() -> dict:
+        try:
+            return json.loads(cmd.record.read_text())
+        except (OSError, ValueError):
+            return {}
+
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and len(recorded().get("procs") or []) < 2:  # kept up to date every 0.5 s
+        time.sleep(0.1)
+    rec = recorded()
+    assert rec["owner"][0] == os.getpid() and rec["command"] == "up"
+    assert sorted(p[0] for p in rec["procs"]) == sorted([pid, provider])
     cmd.interrupt(print, grace=10)
     t.join(10)
     assert isinstance(out[-1], auto.CommandError) and "cancelling" in str(out[-1])
@@ -171,11 +182,11 @@ def dead_pid() -> int:
 def test_recover_stops_leftovers_removes_a_stale_lock_and_clears_pending_operations(tmp_path):
     root = engine_root(tmp_path, STUCK)
     cmd = eng.EngineCommand(str(root), tmp_path / "state" / "run", "t20")
-    # what a SIGKILLed slurmk8s left: an engine (in its own group) and its record, owned by a dead process
+    # what a SIGKILLed slurmk8s and engine left: a provider (its own group) and the record, owned by a dead process
     left = subprocess.Popen(["sleep", "300"], start_new_session=True)
     record = cmd.run_dir / "t20.engine.1.json"
     record.parent.mkdir(parents=True)
-    record.write_text(json.dumps({"pid": left.pid, "pgid": left.pid, "owner": dead_pid(), "owner_start": "1",
+    record.write_text(json.dumps({"owner": [dead_pid(), "1"], "procs": [list(eng.proc_of(left.pid))],
                                   "command": "up", "started": "2026-12-01T10:00:00+0000"}))
     stale = lock(tmp_path / "state", "t20", dead_pid())
     stack = Stack("t20", PENDING)
@@ -184,8 +195,8 @@ def test_recover_stops_leftovers_removes_a_stale_lock_and_clears_pending_operati
     left.wait(10)
     assert not record.exists() and not stale.exists()
     assert stack.imported["pending_operations"] == []
-    assert lines[0] == (f"recover: stopped the Pulumi engine and provider that an interrupted `up` "
-                        f"(2026-12-01T10:00:00+0000) left running (pids {left.pid})")
+    assert lines[0] == (f"recover: stopped the Pulumi processes that an interrupted `up` "
+                        f"(2026-12-01T10:00:00+0000) left running (sleep {left.pid})")
     assert lines[1].startswith("recover: removed the lock of an update that is no longer running (pid ")
     assert lines[2] == ("recover: cleared 2 operation(s) an interrupted update left pending (creating t20-slurmdbd, "
                         "updating t20-login); this run applies them again (objects that exist are adopted)")
@@ -215,7 +226,7 @@ def test_a_record_of_a_running_slurmk8s_is_not_a_leftover(tmp_path):
     me = eng._stat(os.getpid())
     run = tmp_path / "run"
     run.mkdir()
-    (run / "t20.engine.7.json").write_text(json.dumps({"pid": 1, "pgid": 1, "owner": os.getpid(), "owner_start": me[19]}))
+    (run / "t20.engine.7.json").write_text(json.dumps({"owner": [os.getpid(), me[19]], "procs": [[1, "0"]]}))
     assert eng.leftover_engines(run, "t20") == []
 
 
@@ -240,3 +251,17 @@ def test_a_slurmk8s_killed_outright_takes_its_engine_along(tmp_path):
     while time.monotonic() < deadline and (alive(pid) or alive(provider)):
         time.sleep(0.1)
     assert not alive(pid) and not alive(provider)
+
+
+def test_an_interrupted_command_exits_130():
+    import typer
+
+    from provisioner.deploy import commands
+    from provisioner.deploy.errors import DeployError, Interrupted
+
+    with pytest.raises(typer.Exit) as stopped:
+        commands._fail(Interrupted("`up` interrupted (SIGTERM)"))
+    assert stopped.value.exit_code == 130
+    with pytest.raises(typer.Exit) as failed:
+        commands._fail(DeployError("no"))
+    assert failed.value.exit_code == 2

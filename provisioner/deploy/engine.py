@@ -1,15 +1,16 @@
 """The Pulumi engine as a child process that `slurmk8s` can stop, and what an interrupted run leaves.
 
 The Automation API starts the ``pulumi`` CLI (the engine), which starts the Kubernetes provider
-plugin. :class:`EngineCommand` starts the engine in a process group of its own, records it under
-``<state>/run/<stack>.engine.json`` while it runs and makes the kernel send it SIGINT should
-``slurmk8s`` die (PR_SET_PDEATHSIG): an interrupted ``slurmk8s`` never leaves an engine or a provider
-behind it.
+plugin (in a process group of its own). :class:`EngineCommand` starts the engine in a session of its
+own (Ctrl-C at the terminal reaches ``slurmk8s`` only), makes the kernel send it SIGINT should
+``slurmk8s`` die (PR_SET_PDEATHSIG, through util-linux's ``setpriv``), and keeps its process tree (engine
+and plugins, pid and start time) in ``<state>/run/<stack>.engine.<pid>.json`` while it runs.
 
 - :meth:`EngineCommand.interrupt`: SIGINT, which the engine takes as "cancel": no new operations, the
   provider's waits are cancelled, the state is written, the lock released. If the engine has not
-  exited after :data:`GRACE` seconds, its whole process group (engine and provider) is killed; its
-  state then may hold pending operations and its lock, which :func:`recover` clears.
+  exited after :data:`GRACE` seconds, it and its plugins are killed; its state then may hold
+  pending operations and its lock, which :func:`recover` clears. A plugin that outlives a finished
+  engine is killed too.
 - :class:`Interruptible`: while an operation runs, Ctrl-C (SIGINT) and SIGTERM stop the engine as
   above instead of killing ``slurmk8s`` alone; a second Ctrl-C kills the group at once.
 - :func:`recover`, before every ``up`` / ``preview`` / ``down``: stops engine and provider processes an
@@ -30,7 +31,7 @@ import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 from pulumi import automation as auto
 from pulumi.automation._cmd import CommandResult
@@ -71,29 +72,55 @@ def is_pulumi(pid: int) -> bool:
     return bool(st) and st[0] != "Z" and _exe_name(pid).startswith(PULUMI_NAMES)
 
 
-def group_members(pgid: int) -> list[int]:
-    """Live Pulumi processes of a process group (the engine and the plugins it started)."""
-    out = []
+Proc = tuple[int, str]  # pid and start time (clock ticks after boot): a pid reused later does not match
+
+
+def proc_of(pid: int) -> Proc | None:
+    st = _stat(pid)
+    return (pid, st[19]) if st else None
+
+
+def same(proc: Sequence[Any]) -> bool:
+    """The process still runs (not a zombie), is the one recorded (start time) and a Pulumi binary."""
+    pid, start = int(proc[0]), str(proc[1])
+    st = _stat(pid)
+    return bool(st) and st[0] != "Z" and st[19] == start and _exe_name(pid).startswith(PULUMI_NAMES)
+
+
+def descendants(pid: int) -> list[Proc]:
+    """The process and everything it started, by parent pid (Pulumi starts each plugin in a process
+    group of its own, so the group does not find them). Only Pulumi binaries count."""
+    children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             st = _stat(int(entry))
-            if st and st[0] != "Z" and int(st[2]) == pgid and _exe_name(int(entry)).startswith(PULUMI_NAMES):
-                out.append(int(entry))
+            if st:
+                children.setdefault(int(st[1]), []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        proc = proc_of(p)
+        if proc is not None and same(proc):
+            out.append(proc)
+        todo += children.get(p, [])
     return sorted(out)
 
 
-def kill_group(pgid: int, sig: int = signal.SIGKILL, wait: float = 5.0) -> list[int]:
-    """Signal every Pulumi process of the group; wait until they are gone. Returns those signalled."""
-    members = group_members(pgid)
-    for pid in members:
-        try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
-            pass
+def stop(procs: Sequence[Sequence[Any]], sig: int, wait: float = 5.0) -> list[int]:
+    """Signal the recorded processes that still run; wait until they are gone. Returns the pids
+    signalled."""
+    hit = []
+    for proc in procs:
+        if same(proc):
+            try:
+                os.kill(int(proc[0]), sig)
+                hit.append(int(proc[0]))
+            except ProcessLookupError:
+                pass
     deadline = time.monotonic() + wait
-    while time.monotonic() < deadline and group_members(pgid):
+    while time.monotonic() < deadline and any(same(p) for p in procs):
         time.sleep(0.1)
-    return members
+    return hit
 
 
 def _pdeathsig() -> Callable[[], None] | None:
@@ -113,9 +140,31 @@ def _pdeathsig() -> Callable[[], None] | None:
     return die_with_parent
 
 
+def _follow(path: Path, proc: subprocess.Popen[Any], callback: Optional[Callable[[str], Any]],
+            lines: list[str]) -> None:
+    """Pass the lines the engine writes to `path` on as they come, until it has exited and all is read."""
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        partial = ""
+        while True:
+            chunk = fh.readline()
+            if chunk:
+                partial += chunk
+                if not partial.endswith("\n"):
+                    continue
+            elif proc.poll() is None:
+                time.sleep(0.05)
+                continue
+            elif not partial:
+                return
+            line, partial = partial.rstrip(), ""
+            if callback:
+                callback(line)
+            lines.append(line)
+
+
 class EngineCommand(auto.PulumiCommand):
-    """`pulumi` run as the SDK runs it, but in its own process group, recorded while it runs, and
-    stoppable with :meth:`interrupt`."""
+    """`pulumi` run as the SDK runs it, but in a session of its own, its process tree recorded while
+    it runs, and stoppable with :meth:`interrupt`."""
 
     def __init__(self, root: str, run_dir: Path, stack: str) -> None:
         super().__init__(root=root, skip_version_check=False)
@@ -125,8 +174,9 @@ class EngineCommand(auto.PulumiCommand):
         self._lock = threading.Lock()
         self.process: subprocess.Popen[str] | None = None
         self.interrupted = 0  # SIGINTs sent to the running engine
-        self.killed: list[int] = []  # pids killed because the engine did not stop in time
+        self.killed: list[int] = []  # pids killed: the engine did not stop in time, or a plugin outlived it
         self.killed_engine: int | None = None
+        self.procs: list[Proc] = []  # the running engine and its plugins, as last seen
 
     def run(self, args: list[str], cwd: str, additional_env: Mapping[str, str],
             on_output: Optional[Callable[[str], Any]] = None,
@@ -139,15 +189,6 @@ class EngineCommand(auto.PulumiCommand):
             env["PATH"] = os.pathsep.join([os.path.dirname(self.command), env.get("PATH", "")])
         out: list[str] = []
         err: list[str] = []
-
-        def consume(stream: Any, callback: Optional[Callable[[str], Any]], chunks: list[str]) -> None:
-            for line in iter(stream.readline, ""):
-                line = line.rstrip()
-                if callback:
-                    callback(line)
-                chunks.append(line)
-            stream.close()
-
         argv, preexec = [self.command, *args], None
         if threading.current_thread() is threading.main_thread():  # PDEATHSIG follows the spawning thread
             # util-linux's setpriv sets it and execs the engine (same pid); a preexec function would
@@ -157,37 +198,59 @@ class EngineCommand(auto.PulumiCommand):
                 argv = [setpriv, "--pdeathsig", "INT", "--", *argv]
             else:
                 preexec = _pdeathsig()
-        with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=cwd, env=env,
-                              encoding="utf-8", start_new_session=True, preexec_fn=preexec) as proc:
-            with self._lock:
-                self.process = proc
-            self._write_record(proc.pid, args)
-            readers = [threading.Thread(target=consume, args=(proc.stdout, on_output, out), daemon=True),
-                       threading.Thread(target=consume, args=(proc.stderr, on_error, err), daemon=True)]
-            for t in readers:
-                t.start()
+        # The engine writes to files, not pipes: should slurmk8s die, a write to a pipe nobody reads
+        # would kill the engine (SIGPIPE) before it cancels, releases its lock and stops its provider.
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        out_path, err_path = self.record.with_suffix(".out"), self.record.with_suffix(".err")
+        with open(out_path, "w") as out_w, open(err_path, "w") as err_w:
+            proc = subprocess.Popen(argv, stdout=out_w, stderr=err_w, stdin=subprocess.DEVNULL, cwd=cwd, env=env,
+                                    start_new_session=True, preexec_fn=preexec)
+        with self._lock:
+            self.process = proc  # type: ignore[assignment]
+        command = " ".join(a for a in args[:3] if not a.startswith("--"))
+        done = threading.Event()
+        tracker = threading.Thread(target=self._track, args=(proc, command, done), daemon=True)
+        tracker.start()
+        readers = [threading.Thread(target=_follow, args=(out_path, proc, on_output, out), daemon=True),
+                   threading.Thread(target=_follow, args=(err_path, proc, on_error, err), daemon=True)]
+        for t in readers:
+            t.start()
+        try:
+            proc.wait()
+        finally:
             for t in readers:
                 t.join()
-            proc.wait()
+            done.set()
+            tracker.join()
             with self._lock:
                 self.process = None
-            left = kill_group(proc.pid, signal.SIGKILL, wait=3.0)  # a plugin the engine did not stop
-            if left:
-                self.killed += left
-            self.record.unlink(missing_ok=True)
+            self.killed += stop(self.procs, signal.SIGKILL, wait=3.0)  # a plugin the engine did not stop
+            self.procs = []
+            for path in (self.record, out_path, err_path):
+                path.unlink(missing_ok=True)
         result = CommandResult(stdout="\n".join(out), stderr="\n".join(err), code=proc.returncode)
         if proc.returncode != 0:
             raise create_command_error(result)
         return result
 
-    def _write_record(self, pid: int, args: list[str]) -> None:
+    def _track(self, proc: subprocess.Popen[str], command: str, done: threading.Event) -> None:
+        """While the engine runs: its process tree, kept in `procs` and in the record (rewritten when
+        it changes), so that a later run finds the plugins should this process and the engine die."""
+        me = proc_of(os.getpid())
+        started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         self.record.parent.mkdir(parents=True, exist_ok=True)
-        st = _stat(pid)
-        me = _stat(os.getpid())
-        self.record.write_text(json.dumps({"pid": pid, "pgid": pid, "start": st[19] if st else "",
-                                           "owner": os.getpid(), "owner_start": me[19] if me else "",
-                                           "command": " ".join(a for a in args[:3] if not a.startswith("--")),
-                                           "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}))
+        seen: list[Proc] = []
+        while True:
+            now = descendants(proc.pid)
+            if now and now != seen:
+                seen = now
+                with self._lock:
+                    self.procs = sorted(set(self.procs) | set(now))
+                    procs = list(self.procs)
+                self.record.write_text(json.dumps({"owner": list(me) if me else None, "procs": procs,
+                                                   "command": command, "started": started}))
+            if done.wait(0.5):
+                return
 
     def running(self) -> int | None:
         with self._lock:
@@ -213,7 +276,9 @@ class EngineCommand(auto.PulumiCommand):
             echo(f"the Pulumi engine (pid {pid}) did not stop within {grace:.0f}s of the cancel: killing it and "
                  "its provider")
         self.killed_engine = pid
-        self.killed += kill_group(pid, signal.SIGKILL)
+        with self._lock:
+            procs = sorted(set(self.procs) | set(descendants(pid)))
+        self.killed += stop(procs, signal.SIGKILL)
 
 
 class Interruptible:
@@ -251,24 +316,20 @@ class Interruptible:
 # ---------------------------------------------------------------- what an interrupted run leaves
 
 
-def _owner_alive(rec: Mapping[str, Any]) -> bool:
-    """The slurmk8s process that started the engine still runs (same pid, same start time)."""
-    owner = int(rec.get("owner") or 0)
-    st = _stat(owner) if owner > 0 else None
-    return bool(st) and st[0] != "Z" and str(st[19]) == str(rec.get("owner_start"))
-
-
-def leftover_engines(run_dir: Path, stack: str) -> list[tuple[Path, dict[str, Any], list[int]]]:
-    """Records of engines whose slurmk8s process is gone, with their live Pulumi processes."""
+def leftover_engines(run_dir: Path, stack: str) -> list[tuple[Path, dict[str, Any], list[Sequence[Any]]]]:
+    """Records of engines whose slurmk8s process is gone, with their Pulumi processes still running."""
     out = []
     for record in sorted(run_dir.glob(f"{stack}.engine.*.json")) if run_dir.is_dir() else []:
         try:
             rec = json.loads(record.read_text())
         except (OSError, ValueError):
             continue
-        if _owner_alive(rec):
-            continue  # another slurmk8s runs it
-        out.append((record, rec, group_members(int(rec.get("pgid") or 0)) if rec.get("pgid") else []))
+        owner = rec.get("owner")
+        if owner:
+            st = _stat(int(owner[0]))
+            if st and st[0] != "Z" and st[19] == str(owner[1]):
+                continue  # that slurmk8s still runs it
+        out.append((record, rec, [p for p in rec.get("procs") or [] if same(p)]))
     return out
 
 
@@ -290,14 +351,15 @@ def recover(stack: Any, state: Path, engine: EngineCommand, echo: Printer, *, pe
     its pending operations. Returns what was done (empty: nothing was left). Raises RuntimeError
     with the reason when a live update holds the stack."""
     done: list[str] = []
-    for record, rec, pids in leftover_engines(engine.run_dir, engine.stack):
-        if pids:
-            kill_group(int(rec["pgid"]), signal.SIGINT, wait=GRACE)
-            killed = kill_group(int(rec["pgid"]), signal.SIGKILL)
-            done.append(f"stopped the Pulumi engine and provider that an interrupted `{rec.get('command', '?')}` "
-                        f"({rec.get('started', '?')}) left running (pids {', '.join(map(str, pids))}"
-                        + (", killed" if killed else "") + ")")
-        record.unlink(missing_ok=True)
+    for record, rec, procs in leftover_engines(engine.run_dir, engine.stack):
+        if procs:
+            names = ", ".join(f"{_exe_name(int(p[0])) or '?'} {p[0]}" for p in procs)
+            stop(procs, signal.SIGINT, wait=GRACE)
+            killed = stop(procs, signal.SIGKILL)
+            done.append(f"stopped the Pulumi processes that an interrupted `{rec.get('command', '?')}` "
+                        f"({rec.get('started', '?')}) left running ({names}" + (", killed" if killed else "") + ")")
+        for path in (record, record.with_suffix(".out"), record.with_suffix(".err")):
+            path.unlink(missing_ok=True)
     for lock in stack_locks(state, stack.name):
         try:
             content = json.loads(lock.read_text())

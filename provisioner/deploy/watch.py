@@ -236,9 +236,13 @@ def _pod_findings(pod: Obj, snap: Snapshot, claims: Mapping[str, Obj]) -> list[F
         pending = [c for c in used if c and vol.phase(claims.get(c, {})) in ("Pending", "")]
         if VOLUME_WORDS.search(why):
             if not pending:  # its claims are bound, to volumes no node it may use can reach
-                out.append(Finding(f"{uid}/volumes", subject, f"cannot be scheduled: {why}",
-                                   "its claims are bound to volumes that only nodes it may not run on reach (volume "
-                                   f"node affinity): see `kubectl -n {snap.namespace} describe pod {name}`",
+                held = ", ".join(f"{c} (PersistentVolume {(claims.get(c, {}).get('spec') or {}).get('volumeName', '?')})"
+                                 for c in used if c)
+                out.append(Finding(f"{uid}/volumes", subject,
+                                   f"cannot be scheduled: {why.rstrip('. ')}; its claims are bound: {held}",
+                                   "a volume's node affinity names no node this pod may run on: give the volume one "
+                                   "that does (a PersistentVolume's node affinity cannot change: re-create it; "
+                                   f"`kubectl get pv -o yaml`), or `slurmk8s down --purge` and use other volumes",
                                    True, CLAIM_BOUND))
             # else: the claim's finding says why
         else:
