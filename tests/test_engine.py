@@ -200,7 +200,7 @@ def test_recover_stops_leftovers_removes_a_stale_lock_and_clears_pending_operati
     assert lines[1].startswith("recover: removed the lock of an update that is no longer running (pid ")
     assert lines[2] == ("recover: cleared 2 operation(s) an interrupted update left pending (creating t20-slurmdbd, "
                         "updating t20-login); this run applies them again (objects that exist are adopted)")
-    assert len(done) == 3
+    assert len(done) == 3 and cmd.cleared_pending == 2
     assert eng.recover(stack, tmp_path / "state", cmd, lines.append) == []  # nothing left the second time
 
 

@@ -276,3 +276,18 @@ def test_preflight_refuses_a_static_volume_still_held_by_the_deleted_claim():
     # preview on the local cluster: `up` will give it back first, so it counts as free
     assert pf.storage_issues(parse_spec(SPEC), _facts(doc, local=True,
                                                       reclaimable=frozenset({"t20-rec-accounting-db"}))) == []
+
+
+def test_a_pod_whose_bound_volume_no_node_reaches_names_the_claim_and_the_volume():
+    doc = recorded("healthy")
+    pod = copy.deepcopy(doc["pods"][0])  # mariadb-0, made unschedulable as the scheduler reported it for t20-w
+    pod["spec"].pop("nodeName", None)
+    pod["status"] = {"phase": "Pending", "conditions": [{
+        "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+        "message": "0/1 nodes are available: 1 node(s) didn't match PersistentVolume's node affinity. no new claims "
+                   "to deallocate, preemption: 0/1 nodes are available: 1 Preemption is not helpful for scheduling."}]}
+    (f,) = watch.diagnose(snapshot(doc, pods=[pod]))
+    assert f.fatal and f.subject == "pod mariadb-0"
+    assert f.message.endswith("1 Preemption is not helpful for scheduling; its claims are bound: accounting-db "
+                              "(PersistentVolume t20-rec-accounting-db)")
+    assert f.fix.startswith("a volume's node affinity names no node this pod may run on")

@@ -425,13 +425,13 @@ def recover(session: Session, echo: Printer, *, pending: bool = True) -> None:
     from . import engine
 
     try:
-        done = engine.recover(session.stack, session.state, session.engine, echo, pending=pending)
+        engine.recover(session.stack, session.state, session.engine, echo, pending=pending)
     except RuntimeError as err:
         raise DeployError(f"{err}. Fix: wait for it to finish; if no slurmk8s or pulumi process runs on this stack, "
                           "rerun with --repair") from None
     except auto.CommandError as err:
         raise _explain_command_error(err, session.stack.name, session.state) from None
-    session.refresh = any("pending" in line for line in done)
+    session.refresh = session.engine.cleared_pending > 0
 
 
 def repair(session: Session, echo: Printer) -> None:

@@ -177,6 +177,7 @@ class EngineCommand(auto.PulumiCommand):
         self.killed: list[int] = []  # pids killed: the engine did not stop in time, or a plugin outlived it
         self.killed_engine: int | None = None
         self.procs: list[Proc] = []  # the running engine and its plugins, as last seen
+        self.cleared_pending = 0  # pending operations recover() cleared (the next update refreshes first)
 
     def run(self, args: list[str], cwd: str, additional_env: Mapping[str, str],
             on_output: Optional[Callable[[str], Any]] = None,
@@ -378,6 +379,7 @@ def recover(stack: Any, state: Path, engine: EngineCommand, echo: Printer, *, pe
         if ops:
             deployment.deployment["pending_operations"] = []
             stack.import_stack(deployment)
+            engine.cleared_pending += len(ops)
             what = ", ".join(f"{op.get('type', '?')} {op.get('resource', {}).get('urn', '?').rsplit('::', 1)[-1]}"
                              for op in ops)
             done.append(f"cleared {len(ops)} operation(s) an interrupted update left pending ({what}); this run "

@@ -242,7 +242,7 @@ def _pod_findings(pod: Obj, snap: Snapshot, claims: Mapping[str, Obj]) -> list[F
                                    f"cannot be scheduled: {why.rstrip('. ')}; its claims are bound: {held}",
                                    "a volume's node affinity names no node this pod may run on: give the volume one "
                                    "that does (a PersistentVolume's node affinity cannot change: re-create it; "
-                                   f"`kubectl get pv -o yaml`), or `slurmk8s down --purge` and use other volumes",
+                                   "`kubectl get pv -o yaml`), or `slurmk8s down --purge` and use other volumes",
                                    True, CLAIM_BOUND))
             # else: the claim's finding says why
         else:
