@@ -48,11 +48,8 @@ def cluster(cluster_reachable, tmp_path_factory) -> Iterator[Cluster]:
         pytest.fail(str(err), pytrace=False)
     if kubeconfig() == LOCAL_KUBECONFIG:  # the local cluster's static volumes keep their data on the host
         shutil.rmtree(LOCAL_VOLUMES, ignore_errors=True)
+    # volumes left Released by an earlier `down --purge`: `slurmk8s up` gives the local cluster's back
     kubectl("apply", "-f", str(ROOT / "examples" / "localk8s" / "storage.yaml"))
-    for pv in kjson("get", "pv", "-l", "slurmk8s.io/volume")["items"]:
-        if pv["status"].get("phase") == "Released":  # claim deleted by an earlier `down --purge`: free it again
-            kubectl("patch", "pv", pv["metadata"]["name"], "--type", "json",
-                    "-p", '[{"op": "remove", "path": "/spec/claimRef/uid"}]')
     t0 = time.monotonic()
     try:
         proc = slurmk8s("up", "--spec", str(spec_path), "--state", str(state), log=log)
@@ -75,8 +72,9 @@ def log_archive(tmp_path_factory) -> Path:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "e2e_last: runs after every other test of the session "
                                        "(the scan of all logs the e2e run produced)")
-    config.addinivalue_line("markers", "e2e_destroys: removes the session cluster for good (`down --purge`); "
-                                       "runs after the e2e_last tests, which still need its Secrets")
+    config.addinivalue_line("markers", "e2e_destroys: removes a cluster for good (`down --purge`): the session's, or "
+                                       "one of its own; runs after the e2e_last tests, which still need the "
+                                       "session cluster's Secrets")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

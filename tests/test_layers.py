@@ -31,6 +31,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("provisioner.manifests", "provisioner.specdoc"),
     ("provisioner.generate",),  # the pipeline assembled once; the pure core ends here
     ("provisioner.kubeapi", "provisioner.slurm"),  # the seams to Kubernetes and Slurm
+    ("provisioner.volumes",),  # static volumes left Released by a deleted claim (deploy and the local cluster)
     ("provisioner.elastic",),  # resume / suspend programs and their backends
     ("provisioner.controltier",),  # sleep / wake of the control tier, the login agent
     ("provisioner.reconcile", "provisioner.accounting", "provisioner.health", "provisioner.nodesync",

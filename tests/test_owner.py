@@ -289,6 +289,16 @@ def cli(monkeypatch, tmp_path) -> Cli:
     monkeypatch.setattr(a, "ensure_stack_config", record("ensure_stack_config", []))
     monkeypatch.setattr(a, "delete_leftovers", record("delete_leftovers"))
     monkeypatch.setattr(a, "describe_versions", lambda session: "versions")
+    # the engine's process handling and the watch of `up` are tests/test_engine.py's and test_watch.py's
+    monkeypatch.setattr(a, "recover", lambda *args, **kw: None)
+    monkeypatch.setattr(a, "diagnose_now", lambda *args, **kw: None)
+    monkeypatch.setattr(a, "watcher_for", lambda *args, **kw: None)
+
+    def run(session, op, fn, started, echo, watcher=None):
+        session.timings[op] = 0.0
+        return fn()
+
+    monkeypatch.setattr(a, "_run", run)
     monkeypatch.setattr(a, "set_secret_config", lambda session, key, value: state.secrets_set.__setitem__(key, value))
     monkeypatch.setattr(ow, "read", lambda kubeconfig, name: state.found)
     return state

@@ -28,9 +28,11 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from ..config import ClusterSpec, load_spec
-from ..errors import SlurmK8sError
 from ..generate import Generated, generate_for_kubernetes
 from . import secrets as keys
+from .engine import EngineCommand, Interruptible
+from .errors import DeployError, Interrupted
+from .live import delete_leftovers, diagnose_now, preflight, watcher_for
 from .program import PROJECT, inline_program, read_k8s_nodes
 
 DEFAULT_STATE_DIR = Path("~/.slurmk8s/state")
@@ -39,14 +41,8 @@ PULUMI_CLI_BUILT = "3.274.1"  # what `slurmk8s toolchain build` makes (the Go pr
 KUBECONFIG_KEY = "kubernetes:kubeconfig"
 WAIT_KEY = f"{keys.CONFIG_NAMESPACE}:wait"
 SPEC_KEY = f"{keys.CONFIG_NAMESPACE}:spec"
-NAMESPACE_GONE_TIMEOUT = 180.0
-CLAIM_PURPOSE = {"home": "/home", "slurmctld-state": "slurmctld state", "accounting-db": "accounting database"}
 
 Printer = Callable[[str], Any]
-
-
-class DeployError(SlurmK8sError):
-    """Something stops a deployment; the message says what and how to fix it."""
 
 
 def provider_version() -> str:
@@ -218,6 +214,8 @@ class Session:
     nodes: list[dict[str, Any]] | None = None
     generated: Generated | None = None
     timings: dict[str, float] = field(default_factory=dict)
+    engine: Any = None  # engine.EngineCommand: the `pulumi` processes of this session
+    refresh: bool = False  # refresh before the next update (set when recover cleared pending operations)
 
 
 def _explain_command_error(err: Exception, stack_name: str, state: Path) -> DeployError:
@@ -288,7 +286,7 @@ def open_session(spec_path: str | Path, *, state: str | Path | None = None, stac
                                    backend=auto.ProjectBackend(url=f"file://{sdir / 'backend'}"),
                                    description="slurmk8s clusters (inline Automation API program)")
     try:
-        cmd = auto.PulumiCommand(root=tool.root, skip_version_check=False)
+        cmd = EngineCommand(tool.root, sdir / "run", name)
         opts = auto.LocalWorkspaceOptions(work_dir=str(sdir / "workspace"), pulumi_home=wenv["PULUMI_HOME"],
                                           env_vars=wenv, secrets_provider="passphrase", project_settings=project,
                                           pulumi_command=cmd)
@@ -297,7 +295,7 @@ def open_session(spec_path: str | Path, *, state: str | Path | None = None, stac
                                             program=lambda: holder["program"](), opts=opts)
     except auto.CommandError as err:
         raise _explain_command_error(err, name, sdir) from None
-    session = Session(spec=spec, stack=stack, state=sdir, tool=tool, env=wenv, kubeconfig=None)
+    session = Session(spec=spec, stack=stack, state=sdir, tool=tool, env=wenv, kubeconfig=None, engine=cmd)
     session.timings["open"] = time.monotonic() - started
 
     cfg = stack.get_all_config()
@@ -379,15 +377,65 @@ def _outputs(stack: Any) -> dict[str, Any]:
     return {k: ("[secret]" if v.secret else v.value) for k, v in stack.outputs().items()}
 
 
-def _run(session: Session, op: str, fn: Callable[[], Any], started: float) -> Any:
+def _run(session: Session, op: str, fn: Callable[[], Any], started: float, echo: Printer,
+         watcher: Any = None) -> Any:
+    """Run one engine operation: Ctrl-C / SIGTERM cancel the engine (then kill it and its provider
+    after a grace period); `watcher` (watch.Watcher) may cancel it on a problem that will not go away.
+    What a cancelled or killed engine leaves (lock, pending operations) is cleared before returning."""
     from pulumi import automation as auto
 
+    guard = Interruptible(session.engine, echo)
     try:
-        return fn()
+        with guard:
+            if watcher is not None:
+                watcher.start()
+            try:
+                return fn()
+            finally:
+                if watcher is not None:
+                    watcher.stop()
     except auto.CommandError as err:
+        stopped = bool(guard.signals or (watcher is not None and watcher.stopped_by) or session.engine.killed_engine)
+        cleaned = _recover_after(session, echo) if stopped else []
+        after = (" " + "; ".join(cleaned) + ".") if cleaned else ""
+        if watcher is not None and watcher.stopped_by:
+            from .watch import report
+
+            raise DeployError(report(watcher.stopped_by, watcher.elapsed()) + after) from None
+        if guard.signals:
+            killed = " and, as it did not stop in time, killed with its provider" if session.engine.killed_engine else ""
+            raise Interrupted(
+                f"`{op}` interrupted ({guard.signals[0]}): the Pulumi engine was cancelled{killed}; no Pulumi process of "
+                f"it is left.{after} The objects applied so far stay; `slurmk8s up` continues from there") from None
         raise _explain_command_error(err, session.stack.name, session.state) from None
     finally:
         session.timings[op] = time.monotonic() - started
+
+
+def _recover_after(session: Session, echo: Printer) -> list[str]:
+    from .engine import recover
+
+    try:
+        return recover(session.stack, session.state, session.engine, echo)
+    except Exception as err:  # noqa: BLE001 - the next `up` recovers; the original failure matters more
+        return [f"clearing what it left failed ({type(err).__name__}: {err}); the next `slurmk8s up` retries"]
+
+
+def recover(session: Session, echo: Printer, *, pending: bool = True) -> None:
+    """Before an operation: stop what an interrupted run left running, remove its stale lock, clear
+    its pending operations (then refresh before the update)."""
+    from pulumi import automation as auto
+
+    from . import engine
+
+    try:
+        engine.recover(session.stack, session.state, session.engine, echo, pending=pending)
+    except RuntimeError as err:
+        raise DeployError(f"{err}. Fix: wait for it to finish; if no slurmk8s or pulumi process runs on this stack, "
+                          "rerun with --repair") from None
+    except auto.CommandError as err:
+        raise _explain_command_error(err, session.stack.name, session.state) from None
+    session.refresh = session.engine.cleared_pending > 0
 
 
 def repair(session: Session, echo: Printer) -> None:
@@ -412,42 +460,26 @@ def repair(session: Session, echo: Printer) -> None:
     echo("repair: state refreshed from the cluster")
 
 
-def preflight(session: Session, echo: Printer, *, database: bool) -> None:
-    """Checks against the live cluster before anything is applied (storage classes, volumes, the
-    external database's Secret; with `database`, a connection test of the external database)."""
-    from kubernetes.client.exceptions import ApiException
-
-    from .. import manifests as m
-    from . import preflight as pf
-    from .program import load_kubeconfig
-
-    t0 = time.monotonic()
-    if session.generated is not None:
-        m.check_home_access(session.spec, session.generated.inventory)
-    api = load_kubeconfig(session.kubeconfig)
-    try:
-        pf.check(session.spec, pf.read_cluster(session.spec, api))
-        if database:
-            pf.check_database(session.spec, api, echo)
-    except ApiException as err:
-        raise DeployError(f"preflight checks could not read the cluster: {err.status} {err.reason}") from None
-    finally:
-        session.timings["preflight"] = time.monotonic() - t0
-
-
 def preview(session: Session, echo: Printer, *, diff: bool = False) -> Result:
     t0 = time.monotonic()
     res = _run(session, "preview", lambda: session.stack.preview(on_output=echo, color="never", diff=diff,
-                                                                  refresh=True), t0)
+                                                                  refresh=True), t0, echo)
     changes = dict(getattr(res, "change_summary", {}) or {})
     wall = sum(session.timings.values())
     return Result("preview", changes, session.timings["preview"], wall, {})
 
 
-def up(session: Session, echo: Printer, *, diff: bool = False) -> Result:
+def up(session: Session, echo: Printer, *, diff: bool = False, watch: bool = True) -> Result:
+    """The update, watched (provisioner.deploy.watch): a claim that cannot bind or a pod that cannot
+    start stops it with the reason and the fix instead of Pulumi's 10-minute await timeout."""
     t0 = time.monotonic()
-    # refresh first: objects deleted or changed behind this stack's back are restored (one refresh per up)
-    res = _run(session, "up", lambda: session.stack.up(on_output=echo, color="never", diff=diff, refresh=True), t0)
+    watcher = watcher_for(session, echo) if watch else None
+    if session.refresh:
+        echo("refreshing the state from the cluster first (an interrupted update left it unsure)")
+    # refresh first, always: objects deleted or changed behind this stack's back are restored
+    # (one refresh per up)
+    res = _run(session, "up", lambda: session.stack.up(on_output=echo, color="never", diff=diff, refresh=True),
+               t0, echo, watcher)
     summary, changes, seconds = _summary(res)
     outputs = {k: ("[secret]" if v.secret else v.value) for k, v in (res.outputs or {}).items()}
     return Result(summary, changes, seconds, sum(session.timings.values()), outputs)
@@ -455,75 +487,9 @@ def up(session: Session, echo: Printer, *, diff: bool = False) -> Result:
 
 def down(session: Session, echo: Printer) -> Result:
     t0 = time.monotonic()
-    res = _run(session, "destroy", lambda: session.stack.destroy(on_output=echo, color="never"), t0)
+    res = _run(session, "destroy", lambda: session.stack.destroy(on_output=echo, color="never"), t0, echo)
     summary, changes, seconds = _summary(res)
     return Result(summary, changes, seconds, sum(session.timings.values()), {})
-
-
-def delete_leftovers(session: Session, echo: Printer, *, purge: bool) -> None:
-    """After destroy: worker pods (created by the resume program, not by Pulumi) always go; with
-    purge also the kept PVCs and the namespace."""
-    from kubernetes import client
-    from kubernetes.client.exceptions import ApiException
-
-    from .. import manifests as m
-    from .program import load_kubeconfig
-
-    spec = session.spec
-    ns = spec.namespace_name
-    core = client.CoreV1Api(load_kubeconfig(session.kubeconfig))
-    selector = f"{m.L_CLUSTER}={spec.name},{m.L_COMPONENT}=worker"
-    try:
-        pods = core.list_namespaced_pod(ns, label_selector=selector).items
-        for pod in pods:
-            core.delete_namespaced_pod(pod.metadata.name, ns, grace_period_seconds=m.WORKER_GRACE_SECONDS)
-        echo(f"deleted {len(pods)} worker pod(s) left by the resume program")
-        # the spec's claims, then any other claim of this cluster (e.g. the database's, after accounting
-        # was turned off in the spec)
-        labelled = [c.metadata.name for c in core.list_namespaced_persistent_volume_claim(
-            ns, label_selector=f"{m.L_CLUSTER}={spec.name}").items]
-        claims = m.kept_claims(spec) + sorted(set(labelled) - set(m.kept_claims(spec)))
-        if purge:
-            for claim in claims:
-                try:
-                    core.delete_namespaced_persistent_volume_claim(claim, ns)
-                    echo(f"deleted PersistentVolumeClaim {ns}/{claim}")
-                except ApiException as err:
-                    if err.status != 404:
-                        raise
-            core.delete_namespace(ns)
-            t0 = time.monotonic()
-            while time.monotonic() - t0 < NAMESPACE_GONE_TIMEOUT:  # a next `up` must not meet it Terminating
-                try:
-                    core.read_namespace(ns)
-                except ApiException as err:
-                    if err.status == 404:
-                        break
-                    raise
-                time.sleep(1)
-            else:
-                raise DeployError(f"namespace {ns} is still terminating after {NAMESPACE_GONE_TIMEOUT:.0f}s; "
-                                  f"see `kubectl get ns {ns} -o yaml` (finalizers)")
-            echo(f"deleted namespace {ns} ({time.monotonic() - t0:.1f}s)")
-        else:
-            kept = []
-            for claim in claims:
-                try:
-                    pvc = core.read_namespaced_persistent_volume_claim(claim, ns)
-                except ApiException as err:
-                    if err.status != 404:
-                        raise
-                    continue
-                size = ((pvc.status.capacity or {}) if pvc.status else {}).get("storage") \
-                    or pvc.spec.resources.requests.get("storage", "?")
-                kept.append(f"{claim} ({CLAIM_PURPOSE.get(claim, claim)}, {size})")
-            echo(f"kept namespace {ns} and {len(kept)} volume(s): {', '.join(kept) or 'none'}; "
-                 "`slurmk8s down --purge` deletes them")
-    except ApiException as err:
-        if err.status == 404:
-            echo(f"namespace {ns} is already gone")
-            return
-        raise DeployError(f"cleaning up namespace {ns} failed: {err.status} {err.reason}") from None
 
 
 def outputs(session: Session) -> dict[str, Any]:
@@ -561,7 +527,7 @@ def describe_versions(session: Session) -> str:
 
 
 __all__: Sequence[str] = (
-    "DeployError", "Toolchain", "find_toolchain", "open_session", "ensure_stack_config", "preflight", "preview", "up",
-    "down",
+    "DeployError", "Interrupted", "Toolchain", "find_toolchain", "open_session", "ensure_stack_config", "preflight",
+    "recover", "preview", "diagnose_now", "up", "down",
     "delete_leftovers", "outputs", "repair", "stack_secrets", "describe_versions",
 )

@@ -20,7 +20,8 @@ StackOpt = Annotated[Optional[str], typer.Option("--stack", help="Stack name (de
 WaitOpt = Annotated[bool, typer.Option(
     "--wait/--no-wait", help="Wait for slurmctld and login to be ready (--no-wait: pulumi.com/skipAwait).")]
 RepairOpt = Annotated[bool, typer.Option(
-    "--repair", help="First remove a stale lock and pending operations of an interrupted run, then refresh.")]
+    "--repair", help="First remove the stack's lock and pending operations whoever left them, then refresh (an "
+    "interrupted run on this host is repaired without it).")]
 TakeOverOpt = Annotated[bool, typer.Option(
     "--take-over", help="The namespace is owned by another stack whose state directory is lost for good: make this "
     "stack its owner (up keeps the cluster's running keys).")]
@@ -43,7 +44,7 @@ def _echo_line(line: str) -> None:
 
 def _fail(err: Exception, code: int = 2) -> NoReturn:
     typer.echo(f"error: {err}", err=True)
-    raise typer.Exit(code)
+    raise typer.Exit(130 if getattr(err, "reason", "") == "Interrupted" else code)
 
 
 def _session(spec: Path, *, state: Optional[Path], stack: Optional[str], kubeconfig: Optional[str],
@@ -93,12 +94,14 @@ def up(spec: SpecOpt, kubeconfig: KubeOpt = None, state: StateOpt = None, stack:
     session = _session(spec, state=state, stack=stack, kubeconfig=kubeconfig, need_cluster=True)
     try:
         _owner_check(session, "up", take_over)
-        a.preflight(session, _echo_line, database=True)
+        if repair:
+            a.repair(session, _echo_line)
+        else:  # what an interrupted run left: its processes, its lock, pending operations
+            a.recover(session, _echo_line)
+        a.preflight(session, _echo_line, database=True, reclaim=True)
         made = a.ensure_stack_config(session, wait=wait, spec_path=spec)
         if made:
             typer.echo(f"generated and stored (encrypted) in the stack config: {', '.join(made)}")
-        if repair:
-            a.repair(session, _echo_line)
         result = a.up(session, _echo_line, diff=diff)
     except SlurmK8sError as err:
         _fail(err)
@@ -116,8 +119,10 @@ def preview(spec: SpecOpt, kubeconfig: KubeOpt = None, state: StateOpt = None, s
     session = _session(spec, state=state, stack=stack, kubeconfig=kubeconfig, need_cluster=True)
     try:
         _owner_check(session, "preview")
+        a.recover(session, _echo_line, pending=False)
         a.preflight(session, _echo_line, database=False)
         a.ensure_stack_config(session, wait=wait, spec_path=spec)
+        a.diagnose_now(session, _echo_line)
         result = a.preview(session, _echo_line, diff=diff)
     except SlurmK8sError as err:
         _fail(err)
@@ -148,6 +153,8 @@ def down(spec: SpecOpt, kubeconfig: KubeOpt = None, state: StateOpt = None, stac
     try:
         if repair:
             a.repair(session, _echo_line)
+        else:
+            a.recover(session, _echo_line)
         result = a.down(session, _echo_line)
         a.delete_leftovers(session, _echo_line, purge=purge)
     except SlurmK8sError as err:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 from .. import manifests as m
+from .. import volumes
 from ..config import ClusterSpec, Volume, parse_quantity
 from ..errors import Issue, Problem
 
@@ -41,6 +42,8 @@ class ClusterFacts:
     volumes: Sequence[Mapping[str, Any]] = ()  # PersistentVolumes
     namespace_exists: bool = True
     secrets: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # name -> Secret, namespace only
+    local: bool = False  # the local cluster of this machine (`slurmk8s cluster up`)
+    reclaimable: frozenset[str] = frozenset()  # local volumes `up` gives back before it applies (preview)
 
 
 def volumes_of(spec: ClusterSpec) -> list[tuple[str, str, Volume]]:
@@ -93,7 +96,7 @@ def storage_issues(spec: ClusterSpec, facts: ClusterFacts) -> list[Issue]:
             continue
         sc = classes.get(cls_name) or {}
         if sc.get("provisioner") == STATIC_PROVISIONER:
-            issues += _static_issues(where, claim, vol, cls_name, spec.namespace_name, facts.volumes)
+            issues += _static_issues(where, claim, vol, cls_name, spec.namespace_name, facts)
     return issues
 
 
@@ -128,20 +131,32 @@ def _kept_claim_issues(where: str, claim: str, vol: Volume, pvc: Mapping[str, An
     return issues
 
 
-def _static_issues(where: str, claim: str, vol: Volume, cls: str, namespace: str,
-                   volumes: Sequence[Mapping[str, Any]]) -> list[Issue]:
+def _static_issues(where: str, claim: str, vol: Volume, cls: str, namespace: str, facts: ClusterFacts) -> list[Issue]:
     """A class without a provisioner binds only to PersistentVolumes made beforehand: one of them must
-    be free (or reserved for this claim), hold the size and offer the access mode."""
+    be free (or reserved for this claim, and not still held by a deleted claim of the same name),
+    hold the size and offer the access mode."""
     candidates = []
-    for pv in volumes:
+    uids = volumes.claim_uids({**c, "metadata": {**(c.get("metadata") or {}), "namespace": namespace}}
+                              for c in facts.claims)
+    held = []
+    for pv in facts.volumes:
         ps = pv.get("spec") or {}
         if ps.get("storageClassName") != cls:
             continue
         ref = ps.get("claimRef") or {}
         free = (pv.get("status") or {}).get("phase") == "Available"
         mine = ref.get("name") == claim and ref.get("namespace") == namespace
-        if not ref or mine or (free and not ref.get("name")):
+        if mine and volumes.stale_reference(pv, uids, [namespace]) and _name(pv) not in facts.reclaimable:
+            held.append(pv)  # Released: still bound to the deleted claim, no new claim binds to it
+        elif not ref or mine or (free and not ref.get("name")):
             candidates.append(pv)
+    if not candidates and held:
+        pv = held[0]
+        return [Issue(where, f"PersistentVolume {_name(pv)} is reserved for claim {namespace}/{claim} but still "
+                             f"belongs to the deleted claim of that name ({volumes.phase(pv) or 'phase unknown'}, e.g. "
+                             "after `slurmk8s down --purge`), so Kubernetes binds it to no new claim",
+                      volumes.release_fix(_name(pv), local=facts.local and volumes.is_local_volume(pv),
+                                          namespace=namespace))]
     if not candidates:
         return [Issue(f"{where}.storage_class",
                       f"StorageClass {cls!r} has no provisioner and no free PersistentVolume for claim "

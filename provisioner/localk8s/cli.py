@@ -62,8 +62,57 @@ def toolchain_check() -> None:
 def cluster_up(
     kwok: Annotated[bool, typer.Option("--kwok", help="Also start the kwok controller for fake nodes.")] = False,
 ) -> None:
-    """Start the local cluster (idempotent) and print the kubeconfig path."""
+    """Start the local cluster (idempotent) and print the kubeconfig path; its own volumes whose claim
+    was deleted are given back (see reclaim-volumes)."""
     _exit(run_script(CLUSTER_SCRIPT, ["up", *(["--kwok"] if kwok else [])]))
+    try:
+        give_back_volumes(None, dry_run=False, quiet=True)
+    except Exception as err:  # noqa: BLE001 - the cluster is up; the volumes are a convenience on top
+        typer.echo(f"[cluster] warning: could not check the local volumes ({type(err).__name__}: {err}); "
+                   "`slurmk8s cluster reclaim-volumes` retries", err=True)
+
+
+def give_back_volumes(namespace: str | None, *, dry_run: bool, quiet: bool = False) -> int:
+    """The local cluster's own volumes (hostPath under /var/lib/slurmk8s/volumes) that are Released
+    and whose claim is gone: delete their old data and make them Available for a new claim of the
+    same name. Returns the number of problems."""
+    from provisioner import volumes
+    from provisioner.kubeapi import api_client
+
+    api = api_client(str(volumes.localk8s_root() / "kubeconfig"))
+    pvs, claims = volumes.read_volumes_and_claims(api, namespace)
+    items = volumes.reclaimable(pvs, claims, namespace=namespace)
+    if not items:
+        if not quiet:
+            typer.echo("no local volume is held by a deleted claim" + (f" of namespace {namespace}" if namespace else ""))
+        return 0
+    if dry_run:
+        for item in items:
+            typer.echo(f"would give back {item.describe()} (deleting its old data)")
+        return 0
+    _, problems = volumes.reclaim(api, items, lambda line: typer.echo(f"[cluster] {line}"))
+    for problem in problems:
+        typer.echo(f"[cluster] error: {problem}", err=True)
+    return len(problems)
+
+
+@cluster_app.command("reclaim-volumes")
+def cluster_reclaim_volumes(
+    namespace: Annotated[str | None, typer.Option("--namespace", "-n", help="Only volumes reserved for claims of "
+                                                   "this namespace.")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what would be given back; change nothing.")] = False,
+) -> None:
+    """Give the local cluster's own volumes back once their claim is deleted (e.g. by `slurmk8s down
+    --purge`): their old data is deleted and they become Available for a new claim of the same name,
+    as with a provisioner whose reclaim policy is Delete. `cluster up` and `slurmk8s up` (for its own
+    claims) do it too."""
+    from provisioner.errors import SlurmK8sError
+
+    try:
+        _exit(1 if give_back_volumes(namespace, dry_run=dry_run) else 0)
+    except SlurmK8sError as err:
+        typer.echo(f"[cluster] error: {err}. Fix: start the local cluster (`slurmk8s cluster up`)", err=True)
+        raise typer.Exit(1) from None
 
 
 @cluster_app.command("down")

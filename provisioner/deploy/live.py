@@ -1,0 +1,168 @@
+"""The live cluster around a Pulumi operation: the checks before `up` / `preview` (and the local
+cluster's volumes `up` gives back), the watcher of `up`, one look for `preview`, and what `down`
+deletes after Pulumi (worker pods; with --purge the kept claims and the namespace)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+from ..errors import SlurmK8sError
+from .errors import DeployError
+
+NAMESPACE_GONE_TIMEOUT = 180.0
+CLAIM_PURPOSE = {"home": "/home", "slurmctld-state": "slurmctld state", "accounting-db": "accounting database"}
+
+Printer = Callable[[str], Any]
+Session = Any  # automation.Session
+
+
+def preflight(session: Session, echo: Printer, *, database: bool, reclaim: bool = False) -> None:
+    """Checks against the live cluster before anything is applied (storage classes, volumes, the
+    external database's Secret; with `database`, a connection test of the external database). On the
+    local cluster, with `reclaim`, its own volumes that a deleted claim of this cluster left Released
+    are given back first (provisioner.volumes)."""
+    from kubernetes.client.exceptions import ApiException
+
+    from .. import manifests as m
+    from .. import volumes
+    from . import preflight as pf
+    from .program import load_kubeconfig
+
+    t0 = time.monotonic()
+    if session.generated is not None:
+        m.check_home_access(session.spec, session.generated.inventory)
+    api = load_kubeconfig(session.kubeconfig)
+    try:
+        facts = pf.read_cluster(session.spec, api)
+        if volumes.is_local_cluster(api):
+            facts = _local_volumes(session, api, facts, echo, give_back=reclaim)
+        pf.check(session.spec, facts)
+        if database:
+            pf.check_database(session.spec, api, echo)
+    except ApiException as err:
+        raise DeployError(f"preflight checks could not read the cluster: {err.status} {err.reason}") from None
+    finally:
+        session.timings["preflight"] = time.monotonic() - t0
+
+
+def _local_volumes(session: Session, api: Any, facts: Any, echo: Printer, *, give_back: bool) -> Any:
+    """The local cluster: its volumes reserved for this cluster's claims and left Released by their
+    deletion (`down --purge`) are given back (old data deleted) by `up`; `preview` says it will."""
+    import dataclasses
+
+    from .. import volumes
+    from . import preflight as pf
+
+    spec = session.spec
+    items = volumes.reclaimable(facts.volumes, facts.claims, namespace=spec.namespace_name,
+                                names=[claim for _, claim, _ in pf.volumes_of(spec)])
+    if items and give_back:
+        done, problems = volumes.reclaim(api, items, echo)
+        if problems:
+            raise DeployError("cannot give the local cluster's volumes back:\n  - " + "\n  - ".join(problems))
+        return dataclasses.replace(pf.read_cluster(spec, api), local=True)
+    for item in items:
+        echo(f"note: `up` will give {item.describe()} back (its old data is deleted)")
+    return dataclasses.replace(facts, local=True, reclaimable=frozenset(i.volume for i in items))
+
+
+def watcher_for(session: Session, echo: Printer) -> Any:
+    from .. import volumes
+    from . import watch
+    from .program import load_kubeconfig
+
+    api = load_kubeconfig(session.kubeconfig)
+    local = volumes.is_local_cluster(api)
+    spec = session.spec
+
+    def look() -> watch.Snapshot:
+        return watch.read(api, spec.name, spec.namespace_name, local=local)
+
+    return watch.Watcher(look, echo, lambda: session.engine.interrupt(echo))
+
+
+def diagnose_now(session: Session, echo: Printer) -> None:
+    """One look at what is already in the cluster (for preview): claims that cannot bind, pods that
+    cannot start, printed as warnings."""
+    from .. import volumes
+    from . import watch
+    from .program import load_kubeconfig
+
+    api = load_kubeconfig(session.kubeconfig)
+    spec = session.spec
+    try:
+        snap = watch.read(api, spec.name, spec.namespace_name, local=volumes.is_local_cluster(api))
+    except SlurmK8sError as err:
+        if getattr(err, "status", None) != 404:
+            echo(f"note: cannot look at namespace {spec.namespace_name} ({err})")
+        return
+    for finding in watch.diagnose(snap):
+        if finding.fatal:
+            echo(f"warning: {finding.text()}")
+
+
+def delete_leftovers(session: Session, echo: Printer, *, purge: bool) -> None:
+    """After destroy: worker pods (created by the resume program, not by Pulumi) always go; with
+    purge also the kept PVCs and the namespace."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    from .. import manifests as m
+    from .program import load_kubeconfig
+
+    spec = session.spec
+    ns = spec.namespace_name
+    core = client.CoreV1Api(load_kubeconfig(session.kubeconfig))
+    selector = f"{m.L_CLUSTER}={spec.name},{m.L_COMPONENT}=worker"
+    try:
+        pods = core.list_namespaced_pod(ns, label_selector=selector).items
+        for pod in pods:
+            core.delete_namespaced_pod(pod.metadata.name, ns, grace_period_seconds=m.WORKER_GRACE_SECONDS)
+        echo(f"deleted {len(pods)} worker pod(s) left by the resume program")
+        # the spec's claims, then any other claim of this cluster (e.g. the database's, after accounting
+        # was turned off in the spec)
+        labelled = [c.metadata.name for c in core.list_namespaced_persistent_volume_claim(
+            ns, label_selector=f"{m.L_CLUSTER}={spec.name}").items]
+        claims = m.kept_claims(spec) + sorted(set(labelled) - set(m.kept_claims(spec)))
+        if purge:
+            for claim in claims:
+                try:
+                    core.delete_namespaced_persistent_volume_claim(claim, ns)
+                    echo(f"deleted PersistentVolumeClaim {ns}/{claim}")
+                except ApiException as err:
+                    if err.status != 404:
+                        raise
+            core.delete_namespace(ns)
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < NAMESPACE_GONE_TIMEOUT:  # a next `up` must not meet it Terminating
+                try:
+                    core.read_namespace(ns)
+                except ApiException as err:
+                    if err.status == 404:
+                        break
+                    raise
+                time.sleep(1)
+            else:
+                raise DeployError(f"namespace {ns} is still terminating after {NAMESPACE_GONE_TIMEOUT:.0f}s; "
+                                  f"see `kubectl get ns {ns} -o yaml` (finalizers)")
+            echo(f"deleted namespace {ns} ({time.monotonic() - t0:.1f}s)")
+        else:
+            kept = []
+            for claim in claims:
+                try:
+                    pvc = core.read_namespaced_persistent_volume_claim(claim, ns)
+                except ApiException as err:
+                    if err.status != 404:
+                        raise
+                    continue
+                size = ((pvc.status.capacity or {}) if pvc.status else {}).get("storage") \
+                    or pvc.spec.resources.requests.get("storage", "?")
+                kept.append(f"{claim} ({CLAIM_PURPOSE.get(claim, claim)}, {size})")
+            echo(f"kept namespace {ns} and {len(kept)} volume(s): {', '.join(kept) or 'none'}; "
+                 "`slurmk8s down --purge` deletes them")
+    except ApiException as err:
+        if err.status == 404:
+            echo(f"namespace {ns} is already gone")
+            return
+        raise DeployError(f"cleaning up namespace {ns} failed: {err.status} {err.reason}") from None
