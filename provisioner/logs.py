@@ -49,6 +49,18 @@ class _Stream(logging.StreamHandler):
         self.stream = _Null()  # keep working; nothing left to report to
 
 
+def rotate_if_full(path: str, max_bytes: int) -> bool:
+    """Rename ``path`` to ``path.1`` (the one generation kept) once it holds ``max_bytes``; True if
+    it did. Best effort: a file that cannot be read or renamed is left as it is."""
+    try:
+        if os.path.getsize(path) >= max_bytes:
+            os.replace(path, path + ".1")
+            return True
+    except OSError:
+        pass
+    return False
+
+
 class _File(logging.FileHandler):
     """Appends to ``path``; past ``max_bytes`` the file is renamed to ``path.1`` (one generation
     kept) and a new one started, so the logs cannot fill the small volume they live on. Several
@@ -73,8 +85,7 @@ class _File(logging.FileHandler):
                 current = None
             if current is None or current.st_ino != mine.st_ino:  # rotated by another program
                 self._reopen()
-            elif mine.st_size >= self.max_bytes:
-                os.replace(self.baseFilename, self.baseFilename + ".1")
+            elif rotate_if_full(self.baseFilename, self.max_bytes):
                 self._reopen()
         except OSError:
             pass  # rotation is best effort; the line is still written

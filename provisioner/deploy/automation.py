@@ -216,6 +216,8 @@ class Session:
     timings: dict[str, float] = field(default_factory=dict)
     engine: Any = None  # engine.EngineCommand: the `pulumi` processes of this session
     refresh: bool = False  # refresh before the next update (set when recover cleared pending operations)
+    api_client: Any = None  # the kubernetes ApiClient of the live checks (deploy.live), made once
+    local_cluster: bool | None = None  # whether that client talks to this machine's local cluster
 
 
 def _explain_command_error(err: Exception, stack_name: str, state: Path) -> DeployError:
@@ -440,20 +442,15 @@ def recover(session: Session, echo: Printer, *, pending: bool = True) -> None:
 
 def repair(session: Session, echo: Printer) -> None:
     """Remove a stale lock and pending operations, then refresh the state from the cluster."""
+    from .engine import clear_pending, remove_lock, stack_locks
+
     stack = session.stack
-    lock_root = session.state / "backend" / ".pulumi" / "locks"
-    removed = 0
-    if lock_root.is_dir():
-        for lock in lock_root.rglob("*.json*"):  # the lock and its .attrs
-            if f"/{session.stack.name}/" in str(lock) or lock.parent.name == session.stack.name:
-                lock.unlink()
-                removed += 1
-    echo(f"repair: removed {removed} stale lock file(s)")
-    deployment = stack.export_stack()
-    pending = (deployment.deployment or {}).get("pending_operations") or []
+    locks = stack_locks(session.state, stack.name)
+    for lock in locks:
+        remove_lock(lock)
+    echo(f"repair: removed {len(locks)} stale lock(s)")
+    pending = clear_pending(stack)
     if pending:
-        deployment.deployment["pending_operations"] = []
-        stack.import_stack(deployment)
         echo(f"repair: cleared {len(pending)} pending operation(s): "
              + ", ".join(p.get("resource", {}).get("urn", "?").rsplit("::", 1)[-1] for p in pending))
     stack.refresh(on_output=echo, color="never")

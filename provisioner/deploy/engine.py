@@ -339,6 +339,22 @@ def stack_locks(state: Path, stack: str) -> list[Path]:
     return sorted(p for p in root.rglob("*.json") if p.parent.name == stack) if root.is_dir() else []
 
 
+def remove_lock(lock: Path) -> None:
+    """A lock file and the file backend's ``.attrs`` sidecar beside it."""
+    lock.unlink(missing_ok=True)
+    lock.with_name(lock.name + ".attrs").unlink(missing_ok=True)
+
+
+def clear_pending(stack: Any) -> list[Mapping[str, Any]]:
+    """Drop the operations an interrupted update left pending from the stack's state; returns them."""
+    deployment = stack.export_stack()
+    ops = (deployment.deployment or {}).get("pending_operations") or []
+    if ops:
+        deployment.deployment["pending_operations"] = []
+        stack.import_stack(deployment)
+    return ops
+
+
 def lock_is_stale(content: Mapping[str, Any], host: str | None = None) -> bool:
     """The lock was taken on this host by a process that is no longer a running `pulumi`."""
     if content.get("hostname") != (host or socket.gethostname()):
@@ -370,15 +386,12 @@ def recover(stack: Any, state: Path, engine: EngineCommand, echo: Printer, *, pe
             where = f"{content.get('username', '?')}@{content.get('hostname', '?')} pid {content.get('pid', '?')}"
             raise RuntimeError(f"stack {stack.name!r} is locked by a running update ({where}, since "
                                f"{content.get('timestamp', '?')}; lock {lock})")
-        lock.unlink()
+        remove_lock(lock)
         done.append(f"removed the lock of an update that is no longer running (pid {content.get('pid', '?')}, "
                     f"{content.get('timestamp', '?')})")
     if pending:
-        deployment = stack.export_stack()
-        ops = (deployment.deployment or {}).get("pending_operations") or []
+        ops = clear_pending(stack)
         if ops:
-            deployment.deployment["pending_operations"] = []
-            stack.import_stack(deployment)
             engine.cleared_pending += len(ops)
             what = ", ".join(f"{op.get('type', '?')} {op.get('resource', {}).get('urn', '?').rsplit('::', 1)[-1]}"
                              for op in ops)

@@ -17,6 +17,18 @@ Printer = Callable[[str], Any]
 Session = Any  # automation.Session
 
 
+def _cluster(session: Session) -> tuple[Any, bool]:
+    """The session's API client and whether it reaches the local cluster, made once per session
+    (the checks, the watch of `up` and preview's look share them)."""
+    from .. import volumes
+    from .program import load_kubeconfig
+
+    if session.api_client is None:
+        session.api_client = load_kubeconfig(session.kubeconfig)
+        session.local_cluster = volumes.is_local_cluster(session.api_client)
+    return session.api_client, bool(session.local_cluster)
+
+
 def preflight(session: Session, echo: Printer, *, database: bool, reclaim: bool = False) -> None:
     """Checks against the live cluster before anything is applied (storage classes, volumes, the
     external database's Secret; with `database`, a connection test of the external database). On the
@@ -25,17 +37,15 @@ def preflight(session: Session, echo: Printer, *, database: bool, reclaim: bool 
     from kubernetes.client.exceptions import ApiException
 
     from .. import manifests as m
-    from .. import volumes
     from . import preflight as pf
-    from .program import load_kubeconfig
 
     t0 = time.monotonic()
     if session.generated is not None:
         m.check_home_access(session.spec, session.generated.inventory)
-    api = load_kubeconfig(session.kubeconfig)
+    api, local = _cluster(session)
     try:
         facts = pf.read_cluster(session.spec, api)
-        if volumes.is_local_cluster(api):
+        if local:
             facts = _local_volumes(session, api, facts, echo, give_back=reclaim)
         pf.check(session.spec, facts)
         if database:
@@ -68,12 +78,9 @@ def _local_volumes(session: Session, api: Any, facts: Any, echo: Printer, *, giv
 
 
 def watcher_for(session: Session, echo: Printer) -> Any:
-    from .. import volumes
     from . import watch
-    from .program import load_kubeconfig
 
-    api = load_kubeconfig(session.kubeconfig)
-    local = volumes.is_local_cluster(api)
+    api, local = _cluster(session)
     spec = session.spec
 
     def look() -> watch.Snapshot:
@@ -85,14 +92,12 @@ def watcher_for(session: Session, echo: Printer) -> Any:
 def diagnose_now(session: Session, echo: Printer) -> None:
     """One look at what is already in the cluster (for preview): claims that cannot bind, pods that
     cannot start, printed as warnings."""
-    from .. import volumes
     from . import watch
-    from .program import load_kubeconfig
 
-    api = load_kubeconfig(session.kubeconfig)
+    api, local = _cluster(session)
     spec = session.spec
     try:
-        snap = watch.read(api, spec.name, spec.namespace_name, local=volumes.is_local_cluster(api))
+        snap = watch.read(api, spec.name, spec.namespace_name, local=local)
     except SlurmK8sError as err:
         if getattr(err, "status", None) != 404:
             echo(f"note: cannot look at namespace {spec.namespace_name} ({err})")
@@ -109,11 +114,10 @@ def delete_leftovers(session: Session, echo: Printer, *, purge: bool) -> None:
     from kubernetes.client.exceptions import ApiException
 
     from .. import manifests as m
-    from .program import load_kubeconfig
 
     spec = session.spec
     ns = spec.namespace_name
-    core = client.CoreV1Api(load_kubeconfig(session.kubeconfig))
+    core = client.CoreV1Api(_cluster(session)[0])
     selector = f"{m.L_CLUSTER}={spec.name},{m.L_COMPONENT}=worker"
     try:
         pods = core.list_namespaced_pod(ns, label_selector=selector).items

@@ -38,7 +38,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
-from ..logs import Log
+from ..logs import Log, rotate_if_full
 from .events import DEFAULT_EVENTS, MAX_EVENTS_BYTES
 from .ledger import DEFAULT_LEDGER
 
@@ -81,11 +81,7 @@ def append_events(path: str, program: str, outcomes: Sequence["Outcome"], pendin
     data = "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows).encode()
     try:
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        try:
-            if os.path.getsize(path) >= MAX_EVENTS_BYTES:  # keep one generation: the log volume is small
-                os.replace(path, path + ".1")
-        except OSError:
-            pass
+        rotate_if_full(path, MAX_EVENTS_BYTES)  # keep one generation: the log volume is small
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
             os.write(fd, data)
@@ -144,9 +140,6 @@ def _env_float(env: Mapping[str, str], key: str, default: float) -> float:
         return float(env.get(key, default))
     except ValueError:
         return default
-
-
-# ---------------------------------------------------------------- PrologSlurmctld
 
 
 # ---------------------------------------------------------------- resume / suspend / resume-fail
