@@ -26,8 +26,11 @@ from .decision import (
     parse_rfc3339,
     rfc3339,
     sleep_order,
+    tier_state,
     wake_order,
 )
+
+SLEEP_WAIT = 120.0  # how long a wake waits for a sleep under way to finish (each step is bounded)
 
 
 @dataclass
@@ -129,7 +132,9 @@ class Tier:
              timeout: float = DEFAULT_WAKE_TIMEOUT, running_in: str = "") -> bool:
         """Scale every tier workload at zero back to one, database first, each ready before the
         next. Idempotent; True when something was asleep or still starting (then slurmctld may
-        not answer RPCs yet), False when all was up. Leaves a WakeRequested Event naming who and
+        not answer RPCs yet), False when all was up. A sleep under way (`asleep` recorded, not all
+        at zero yet) is waited for and then undone: the request may follow the sleep's last look
+        at the queue, and a job saved in that window must not wait for the next wake. Leaves a WakeRequested Event naming who and
         why when it scales (the woken reconcile loop records the awake state with it).
         `running_in`: the component the caller itself runs in (the login agent: login), which is
         evidently up and must not be waited for (its readiness may wait for this very wake)."""
@@ -137,6 +142,10 @@ class Tier:
         if not any(w.component == m.CONTROLLER for w in ws):
             raise TierError(f"no statefulset/{m.CONTROLLER} labelled {TIER_SELECTOR} in namespace {self.namespace}: "
                             "is the cluster deployed (slurmk8s up), and does --namespace / --spec name it?")
+        start = self.clock()
+        deadline = start + timeout
+        if tier_state(ws) == ASLEEP and any(w.replicas >= 1 for w in ws):
+            ws = self._await_sleep(ws, running_in, progress, deadline)
         asleep = [w for w in ws if w.replicas < 1]
         if not asleep and all(w.ready >= 1 for w in ws):
             return False
@@ -145,8 +154,6 @@ class Tier:
             if problem:
                 self.log(problem)
             progress(f"waking the control tier ({reason})")
-        start = self.clock()
-        deadline = start + timeout
         for w in wake_order(ws):
             if w.replicas < 1:
                 progress(f"scaling {w.ref} to 1")
@@ -164,6 +171,24 @@ class Tier:
             progress(f"{w.ref} ready ({self.clock() - t0:.1f}s)")
         progress(f"control tier awake ({self.clock() - start:.1f}s)")
         return True
+
+    def _await_sleep(self, ws: list[Workload], running_in: str, progress: Callable[[str], None],
+                     deadline: float) -> list[Workload]:
+        """A sleep is under way: the loop recorded `asleep` before its last look at the queue, so a
+        command that reaches slurmctld after that look is saved with its state and nothing would
+        run it. Wait until the sleep is done (every workload at 0) or aborted (`awake` again), then
+        the caller wakes what is asleep. A sleep that stops half-way (its pod killed) is waited for
+        up to SLEEP_WAIT seconds; the wake then scales up what is at 0 and waits for the rest."""
+        progress("the control tier is going to sleep; waking it again once it is down")
+        give_up = min(deadline, self.clock() + SLEEP_WAIT)
+        while True:
+            if tier_state(ws) != ASLEEP or all(w.replicas < 1 for w in ws):
+                return ws
+            if self.clock() > give_up:
+                self.log(f"wake: the sleep under way did not finish in {SLEEP_WAIT:.0f}s; waking what is down")
+                return ws
+            self.sleep(self.poll)
+            ws = [w for w in self.workloads() if not running_in or w.component != running_in]
 
     # -- sleep
 
