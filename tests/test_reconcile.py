@@ -167,6 +167,14 @@ def test_missing_worker_also_when_idle_or_its_pod_terminates():
     assert kinds(s) == {"cpu-1": Kind.MISSING_WORKER, "cpu-2": Kind.MISSING_WORKER}
 
 
+def test_a_node_an_operator_set_fail_is_left_alone_without_its_pod_unless_a_job_runs_there():
+    # powering it down would clear the FAIL (idle_on_node_suspend); a job on it must still requeue
+    s = snap([node_json("cpu-1", "IDLE", "CLOUD", "FAIL", boot=NOW - 600),
+              node_json("cpu-2", "ALLOCATED", "CLOUD", "FAIL", boot=NOW - 600)], [])
+    assert kinds(s) == {"cpu-1": Kind.OK, "cpu-2": Kind.MISSING_WORKER}
+    assert "FAIL set by an operator" in only(s, "cpu-1").detail
+
+
 def test_missing_worker_not_judged_right_after_boot():
     s = snap([up("cpu-1", boot=NOW - 3)], [])
     assert only(s, "cpu-1").kind == Kind.OK

@@ -178,6 +178,9 @@ def classify_pair(name: str, node: NodeStatus | None, worker: Worker | None, sna
         return Finding(name, Kind.OK, "DOWN by someone else: left alone", pool)
     if name not in inv:
         return Finding(name, Kind.OK, "not in the inventory: not ours to judge", pool)
+    if "FAIL" in node.state and not node.busy:
+        # an operator took it out (state=FAIL): powering it down would clear that (idle_on_node_suspend)
+        return Finding(name, Kind.OK, "FAIL set by an operator, no job: left alone", pool)
     if _age(node.booted_at, now) < policy.grace:
         return Finding(name, Kind.OK, "just booted: the worker list may predate it", pool)
     gone = f"pod {name} is gone" + (f" ({worker.phase})" if worker is not None else "")

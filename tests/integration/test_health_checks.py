@@ -119,3 +119,27 @@ def test_failing_check_drains_the_node_healthy_one_stays_idle_and_a_fresh_worker
     finally:
         bed.set_overrides({})
         docker("rmi", "-f", broken, check=False)
+
+
+def test_an_operators_fail_keeps_the_node_and_its_worker_out_past_suspend_time(bed: HealthTestbed):
+    """#16 item 6: DOWN and DRAIN are cleared when Slurm suspends an idle node (idle_on_node_suspend,
+    so a bad pod is replaced); state=FAIL is the operator's way to keep a node out, and it sticks:
+    SuspendExcStates=FAIL keeps it from being suspended, its worker stays for inspection, and no
+    job lands on it until state=RESUME."""
+    _, good = bed.node_names
+    wait_for(f"{good} up", lambda: is_up(bed.nodes()[good]), 90, interval=1)
+    bed.exec(bed.ctld, ["scontrol", "update", f"nodename={good}", "state=FAIL", "reason=operator: bad DIMM"])
+    job = bed.sbatch("-w", good, "--wrap", "hostname")
+    taken_out = time.monotonic()
+    # SuspendTime 30 s + SuspendTimeout 5 s + power-save passes: well past the point a DRAIN is cleared
+    while time.monotonic() - taken_out < 50:
+        node = bed.nodes()[good]
+        assert "FAIL" in node.state and node.reason == "operator: bad DIMM", node
+        assert not {"POWERING_DOWN", "POWERED_DOWN"} & set(node.state), node
+        assert good in bed.workers(), f"{good}'s worker was removed while the node is FAIL"
+        assert bed.job_state(job) == "PENDING"
+        time.sleep(2)
+    print(f"{good} after {time.monotonic() - taken_out:.0f}s: {bed.nodes()[good].state}, job {job} PENDING")
+    bed.exec(bed.ctld, ["scontrol", "update", f"nodename={good}", "state=RESUME"])
+    assert bed.wait_job(job, {"COMPLETED"}, 60) == "COMPLETED"
+    assert "FAIL" not in bed.nodes()[good].state
