@@ -257,3 +257,41 @@ def test_hostlist_expansion_as_slurm_writes_it():
     assert health.expand_hostlist("/dev/nvidia[0-1],/dev/nvidia4") == ["/dev/nvidia0", "/dev/nvidia1", "/dev/nvidia4"]
     with pytest.raises(ValueError):
         health.expand_hostlist("n[1-")
+
+
+# ---------------------------------------------------------------- the login environment of a job
+
+
+def test_slurmd_reads_the_login_environment_from_the_cache_the_worker_writes():
+    """--export=NONE / --get-user-env: GetEnvTimeout=0 makes slurmd read
+    <StateSaveLocation>/env_cache/<user> (slurmd dies in an unprivileged pod otherwise), and the
+    slurmd entrypoint writes exactly that directory."""
+    spec = parse_spec({"name": "zz", "pools": [{"name": "cpu", "node_selector": {"kubernetes.io/os": "linux"}}]})
+    conf = generate(spec, nodes_from_api([node("n1", {"kubernetes.io/os": "linux"})])).files["slurm.conf"]
+    settings = dict(line.split("=", 1) for line in conf.splitlines() if "=" in line and not line.startswith("#"))
+    assert settings["GetEnvTimeout"] == "0"
+    entrypoint = (ROOT / "images" / "entrypoint" / "slurmd.sh").read_text()
+    assert f"write_env_cache {settings['StateSaveLocation']}/env_cache " in entrypoint
+
+
+@pytest.mark.skipif(subprocess.run(["id", "-u"], capture_output=True, text=True).stdout.strip() != "0",
+                    reason="setpriv needs root (the entrypoint runs as root)")
+def test_env_cache_gives_each_user_the_system_login_environment_with_their_own_names(tmp_path):
+    users = tmp_path / "users"
+    users.mkdir()
+    (users / "passwd").write_text("alice:x:2001:2001:Alice:/home/alice:/bin/bash\n"
+                                  "bob:x:2002:2002::/home/bob:/bin/sh\n# a comment\n\n../x:x:1:1::/:/bin/sh\n")
+    cache = tmp_path / "spool" / "env_cache"
+    proc = subprocess.run(["bash", "-c", f'set -euo pipefail; . {ROOT}/images/entrypoint/lib.sh; write_env_cache "$1"',
+                           "_", str(cache)], env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "SLURMK8S_USERS_DIR": str(users)},
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    assert "the login environment for 2 user(s)" in proc.stderr
+    assert sorted(p.name for p in cache.iterdir()) == ["alice", "bob"]
+    assert oct(cache.stat().st_mode & 0o777) == "0o700" and oct((cache / "alice").stat().st_mode & 0o777) == "0o600"
+    alice = dict(line.split("=", 1) for line in (cache / "alice").read_text().splitlines())
+    bob = dict(line.split("=", 1) for line in (cache / "bob").read_text().splitlines())
+    assert (alice["HOME"], alice["USER"], alice["LOGNAME"], alice["SHELL"]) == ("/home/alice", "alice", "alice", "/bin/bash")
+    assert (bob["HOME"], bob["USER"], bob["SHELL"]) == ("/home/bob", "bob", "/bin/sh")
+    assert "/usr/bin" in alice["PATH"] and "sbin" not in alice["PATH"]  # a user's login PATH, not root's
+    assert not {"PWD", "SHLVL", "_"} & set(alice)

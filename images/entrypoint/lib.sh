@@ -126,6 +126,34 @@ make_homes() {
     log "users: created $made missing home directories under /home"
 }
 
+# The login environment slurmd gives a job that asks for it (sbatch --export=NONE or NAME=value
+# without ALL, --get-user-env). slurm.conf's GetEnvTimeout=0 makes slurmd read it from
+# <StateSaveLocation>/env_cache/<user> instead of running `su - user` in a new pid namespace,
+# which an unprivileged container may not create (slurmd 24.11 dies: "fatal: clone: Operation not
+# permitted"). The environment is the system's login one (/etc/profile and profile.d, as a user
+# without dotfiles sees it) with each user's HOME, USER, LOGNAME and SHELL; users' own dotfiles
+# still run where the job script is a login shell (#!/bin/bash -l).
+write_env_cache() {
+    local dir="$1" frag="$SLURMK8S_USERS_DIR/passwd" base name uid gid home shell made=0
+    [ -e "$frag" ] || return 0
+    base=$(setpriv --reuid=65534 --regid=65534 --clear-groups \
+        env -i HOME=/nonexistent USER=nobody LOGNAME=nobody SHELL=/bin/bash \
+        timeout 10 bash -l -c 'env -u PWD -u SHLVL -u _ -u OLDPWD' 2>/dev/null) \
+        || { log "env cache: cannot read the login environment; jobs asking for it get only theirs"; return 0; }
+    install -d -m 0700 "$dir"
+    while IFS=: read -r name _ uid gid _ home shell || [ -n "$name" ]; do
+        case "$name" in ''|'#'*|*/*|.*) continue ;; esac
+        {
+            printf '%s\n' "$base" | grep -v -E '^(HOME|USER|LOGNAME|SHELL|MAIL)='
+            printf 'HOME=%s\nUSER=%s\nLOGNAME=%s\nSHELL=%s\n' "$home" "$name" "$name" "${shell:-/bin/bash}"
+        } >"$dir/.$name.new"
+        chmod 0600 "$dir/.$name.new"
+        mv -f "$dir/.$name.new" "$dir/$name"
+        made=$((made + 1))
+    done <"$frag"
+    log "env cache: the login environment for $made user(s) in $dir (sbatch --export=NONE, --get-user-env)"
+}
+
 # --- Slurm ----------------------------------------------------------------------------------
 # Value of KEY in a slurm.conf (case-insensitive key, first match; empty if unset).
 slurm_conf_get() {

@@ -21,6 +21,7 @@ fi
 
 start_munge
 sync_users
+write_env_cache /var/spool/slurmctld/env_cache  # slurm.conf's StateSaveLocation (a test keeps them equal)
 
 mkdir -p /var/spool/slurmd /run/slurm /var/log/slurm
 chmod 0755 /var/spool/slurmd

@@ -98,9 +98,7 @@ def test_venv_made_on_login_runs_in_jobs_on_the_workers(bed: Testbed):
 
 def test_every_job_step_gets_the_pools_job_environment(bed: Testbed):
     # the submitter's own NCCL_DEBUG does not win over the pool's: the TaskProlog sets it in each task.
-    # (Set in the submitting shell, not with --export=ALL,NAME=value: any --export other than ALL
-    # makes slurmd load the user's login environment, which needs a pid namespace an unprivileged
-    # worker cannot create: slurmd dies with "fatal: clone: Operation not permitted".)
+    # (set in the submitting shell: the --export forms have their own test below)
     job = run_job(bed, "-N1", "-o", f"/home/{USER}/env-%j.out", "--wrap", "env | sort; echo ---; srun env | sort",
                   env=("NCCL_DEBUG=INFO",))
     batch, _, step = sh(bed, f"cat ~/env-{job}.out").partition("---\n")
@@ -130,3 +128,24 @@ def test_gpu_worker_names_the_device_files_it_has(bed: Testbed):
 
     log = wait_for(f"the GPU health check on {node}", health_ok, 60)
     assert "device files nvidia4,nvidia5,nvidia6,nvidia7 present" in log, log
+
+
+def test_export_none_and_get_user_env_run_with_the_login_environment_and_slurmd_lives(bed: Testbed):
+    """Any --export but ALL makes slurmd load the user's login environment. Live, that needs a pid
+    namespace an unprivileged worker cannot create: slurmd 24.11 died ("fatal: clone: Operation not
+    permitted") and took the node with it. GetEnvTimeout=0 + the worker's env cache instead."""
+    forms = {"none": ("--export=NONE",), "named": ("--export=FOO=bar",), "all-plus": ("--export=ALL,FOO=bar",),
+             "get-user-env": ("--get-user-env",)}
+    for label, opts in forms.items():
+        job = run_job(bed, "-N1", *opts, "-o", f"/home/{USER}/export-{label}-%j.out", "--wrap", "env | sort",
+                      env=("SUBMITTER_ONLY=1",), timeout=120)
+        env = env_of(sh(bed, f"cat ~/export-{label}-{job}.out"))
+        assert (env.get("HOME"), env.get("USER"), env.get("SLURM_JOB_ID")) == (f"/home/{USER}", USER, str(job)), label
+        assert "/usr/bin" in env.get("PATH", ""), (label, env.get("PATH"))
+        assert {k: env.get(k) for k in NCCL_ENV} == NCCL_ENV, label  # the pool's, through the TaskProlog
+        if label in ("named", "all-plus"):
+            assert env.get("FOO") == "bar", label
+        if label in ("none", "named"):
+            assert "SUBMITTER_ONLY" not in env, label  # not exported: the login environment, not the submitter's
+    nodes = bed.nodes()
+    assert not any({"DOWN", "NOT_RESPONDING"} & set(n.state) for n in nodes.values()), nodes
