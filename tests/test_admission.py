@@ -259,3 +259,20 @@ def test_a_template_the_policy_cannot_judge_stops_the_build(fabric, monkeypatch)
     monkeypatch.setattr(admission, "worker_pod_template", with_host_pid)
     with pytest.raises(ValueError, match="sets \\['hostPID'\\], which the admission policy does not judge"):
         admission.allowed(spec)
+
+
+# ---------------------------------------------------------------- before `up`: the API must serve it
+
+
+def test_preflight_refuses_a_cluster_without_validating_admission_policies(fabric):
+    from provisioner.deploy import preflight as pf
+
+    spec, _, _ = fabric
+    storage = [{"metadata": {"name": "std", "annotations": {pf.DEFAULT_CLASS_ANNOTATIONS[0]: "true"}},
+                "provisioner": "csi.example"}]
+    pf.check(spec, pf.ClusterFacts(storage_classes=storage))  # 1.30 and later: nothing to say
+    with pytest.raises(pf.PreflightError) as err:
+        pf.check(spec, pf.ClusterFacts(storage_classes=storage, admission_policies=False))
+    text = str(err.value)
+    assert "admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy" in text
+    assert "Kubernetes 1.30 or later" in text and "nothing was applied" in text
