@@ -324,7 +324,7 @@ def _controller_kubeconfig(tmp_path: Path) -> Path:
     """A kubeconfig that authenticates with a fresh token of slurmctld's ServiceAccount and nothing
     else (the admin kubeconfig's client certificate would win over a --token given beside it)."""
     token = kubectl("create", "token", m.CONTROLLER, "-n", NAMESPACE, "--duration=10m").stdout.strip()
-    admin = kjson("config", "view", "--minify", "--raw")
+    admin = kjson("config", "view", "--minify", "--raw", "--flatten")
     (cluster,) = admin["clusters"]
     doc = {"apiVersion": "v1", "kind": "Config", "clusters": [cluster],
            "users": [{"name": "slurmctld", "user": {"token": token}}],
