@@ -63,6 +63,8 @@ def _clean() -> None:
     kubectl("delete", "pv", *PVS, "--ignore-not-found", check=False)
     kubectl("delete", "clusterrole,clusterrolebinding", f"slurmk8s-{NAMESPACE}-read-nodes", "--ignore-not-found",
             check=False)
+    kubectl("delete", "validatingadmissionpolicy,validatingadmissionpolicybinding", f"slurmk8s-{NAMESPACE}-worker-pods",
+            "--ignore-not-found", check=False)
     if kubeconfig() == LOCAL_KUBECONFIG:
         shutil.rmtree(VOLUMES, ignore_errors=True)
 
@@ -198,6 +200,9 @@ def test_uninstall_leaves_the_volumes(release: Release):
                  and not (kind == "serviceaccounts" and i["metadata"]["name"] == "default")]
         assert items == [], f"`helm uninstall` left {kind}: {items}"
     assert kubectl("get", "clusterrole", f"slurmk8s-{NAMESPACE}-read-nodes", check=False).returncode != 0
+    for kind in ("validatingadmissionpolicy", "validatingadmissionpolicybinding"):
+        assert kubectl("get", kind, f"slurmk8s-{NAMESPACE}-worker-pods", check=False).returncode != 0, \
+            f"`helm uninstall` left {kind}"
     pvcs = sorted(i["metadata"]["name"] for i in kjson("get", "pvc", "-n", NAMESPACE)["items"])
     assert pvcs == ["accounting-db", "home", "slurmctld-state"], \
         f"`helm uninstall` must keep the volumes, as `down` does: {pvcs}"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import os
 import re
@@ -311,6 +312,108 @@ def test_rbac_controller_manages_pods_in_its_own_namespace_only(cluster: Cluster
     ]
     granted = [f"{v} {r} " + (f"-n {ns}" if ns else "cluster-wide") for v, r, ns in never if _can_i(sa, v, r, ns)]
     assert granted == [], f"{sa} may {granted}"
+
+
+# ---------------------------------------------------------------- the controller's pods: the pool templates only
+
+
+PROBE_NODE = "vap-probe-0"  # a made-up Slurm node name: the pods below are dry runs, never scheduled
+
+
+def _controller_kubeconfig(tmp_path: Path) -> Path:
+    """A kubeconfig that authenticates with a fresh token of slurmctld's ServiceAccount and nothing
+    else (the admin kubeconfig's client certificate would win over a --token given beside it)."""
+    token = kubectl("create", "token", m.CONTROLLER, "-n", NAMESPACE, "--duration=10m").stdout.strip()
+    admin = kjson("config", "view", "--minify", "--raw", "--flatten")
+    (cluster,) = admin["clusters"]
+    doc = {"apiVersion": "v1", "kind": "Config", "clusters": [cluster],
+           "users": [{"name": "slurmctld", "user": {"token": token}}],
+           "contexts": [{"name": "slurmctld", "context": {"cluster": cluster["name"], "user": "slurmctld",
+                                                         "namespace": NAMESPACE}}],
+           "current-context": "slurmctld"}
+    path = tmp_path / "slurmctld.kubeconfig"
+    path.write_text(json.dumps(doc))
+    path.chmod(0o600)
+    return path
+
+
+def _dry_create(pod: dict[str, Any], kubeconfig: Path | None = None):
+    """`kubectl create --dry-run=server` of the pod: every admission check runs, nothing is stored."""
+    import subprocess
+
+    from helpers import kubeconfig as admin_kubeconfig, kubectl_exe
+
+    return subprocess.run([kubectl_exe(), "--kubeconfig", str(kubeconfig or admin_kubeconfig()), "create",
+                           "--dry-run=server", "-o", "name", "-f", "-"], input=json.dumps(pod), capture_output=True,
+                          text=True, timeout=60)
+
+
+def _probe_worker_pod(cluster: Cluster) -> dict[str, Any]:
+    """The pod the Kubernetes backend would create for a Slurm node named PROBE_NODE of the first
+    pool: the same builder (manifests.worker_pod) on the cluster's own spec and nodes."""
+    import dataclasses
+
+    from provisioner.generate import generate_for_kubernetes
+
+    spec = _spec(cluster)
+    gen = generate_for_kubernetes(spec, kjson("get", "nodes")["items"])
+    first = next(n for n in gen.inventory.nodes if n.pool == spec.pools[0].name)
+    return m.worker_pod(spec, dataclasses.replace(first, name=PROBE_NODE))
+
+
+@contextlib.contextmanager
+def _pod_security(level: str) -> Iterator[None]:
+    """The namespace at Pod Security `level` for a while, as a host_network pool makes it
+    ('privileged'); the label it had is put back."""
+    key = "pod-security.kubernetes.io/enforce"
+    before = kjson("get", "namespace", NAMESPACE)["metadata"]["labels"].get(key)
+    kubectl("label", "namespace", NAMESPACE, f"{key}={level}", "--overwrite")
+    try:
+        yield
+    finally:
+        kubectl("label", "namespace", NAMESPACE, f"{key}={before}" if before else f"{key}-", "--overwrite")
+
+
+def test_the_controller_account_creates_a_worker_pod_of_the_templates(cluster: Cluster, tmp_path: Path):
+    """Control for the two below: slurmctld's token may create exactly the pod the backend builds."""
+    spec = _spec(cluster)
+    name = m.policy_name(spec)
+    assert kjson("get", "validatingadmissionpolicy", name)["metadata"]["labels"][m.L_CLUSTER] == spec.name
+    binding = kjson("get", "validatingadmissionpolicybinding", name)
+    assert binding["spec"]["validationActions"] == ["Deny"]
+    ok = _dry_create(_probe_worker_pod(cluster), _controller_kubeconfig(tmp_path))
+    assert ok.returncode == 0, f"the controller's own worker pod was refused: {ok.stderr}"
+
+
+def test_the_controller_account_cannot_create_a_privileged_pod(cluster: Cluster, tmp_path: Path):
+    """With the namespace 'privileged' (as a host_network pool makes it), a privileged pod with the
+    worker labels and the pool image: the deployer may create it, slurmctld's token may not."""
+    name = m.policy_name(_spec(cluster))
+    pod = _probe_worker_pod(cluster)
+    pod["spec"]["containers"][0]["securityContext"]["privileged"] = True
+    token = _controller_kubeconfig(tmp_path)
+    with _pod_security("privileged"):
+        admin = _dry_create(pod)
+        refused = _dry_create(pod, token)
+    assert admin.returncode == 0, f"control: the deployer's dry run was refused too: {admin.stderr}"
+    assert refused.returncode != 0, "slurmctld's token created a privileged pod"
+    assert f"ValidatingAdmissionPolicy '{name}'" in refused.stderr, refused.stderr
+    assert "the controller may only create worker pods from the pool templates: container slurmd is privileged" \
+        in refused.stderr, refused.stderr
+
+
+def test_the_controller_account_cannot_create_a_pod_of_a_foreign_image(cluster: Cluster, tmp_path: Path):
+    """Pod Security 'baseline' admits this pod (the deployer's dry run shows it); the policy does not."""
+    spec = _spec(cluster)
+    pod = _probe_worker_pod(cluster)
+    pod["spec"]["containers"][0]["image"] = spec.images.login  # an image of the cluster, not a pool's
+    admin = _dry_create(pod)
+    assert admin.returncode == 0, f"control: the deployer's dry run was refused too: {admin.stderr}"
+    refused = _dry_create(pod, _controller_kubeconfig(tmp_path))
+    assert refused.returncode != 0, "slurmctld's token created a pod of a foreign image"
+    assert f"ValidatingAdmissionPolicy '{m.policy_name(spec)}'" in refused.stderr, refused.stderr
+    assert f"container slurmd runs image {spec.images.login}, not the image of pool {spec.pools[0].name}" \
+        in refused.stderr, refused.stderr
 
 
 def test_rbac_other_service_accounts_of_the_namespace_get_nothing_dangerous(cluster: Cluster):

@@ -32,6 +32,10 @@ def test_down_purge_asks_then_deletes_every_volume(cluster: Cluster):
     for claim in ("home", "slurmctld-state", "accounting-db"):
         assert f"deleted PersistentVolumeClaim {NAMESPACE}/{claim}" in said, said[-3000:]
     assert kubectl("get", "namespace", NAMESPACE, check=False).returncode != 0, "the namespace must be gone"
+    # the worker pods' admission policy is cluster-scoped: `down` deletes it with the rest
+    policy = f"slurmk8s-{NAMESPACE}-worker-pods"
+    for kind in ("validatingadmissionpolicy", "validatingadmissionpolicybinding"):
+        assert kubectl("get", kind, policy, check=False).returncode != 0, f"{kind} {policy} outlived `down`"
     for pv in filter(None, claims.values()):  # the local volumes' reclaim policy is Retain: released, not bound
         # the PV controller marks a volume Released once it sees its claim gone, on its own time
         wait_for(f"volume {pv} Released", lambda pv=pv: kjson("get", "pv", pv)["status"].get("phase"), 30, interval=1,

@@ -11,6 +11,11 @@ settings. Use: ``{{- $d := include "slurmk8s.defaults" . | fromJson -}}``, then
 
 Regenerate: ``python -m provisioner.chartdefaults > charts/slurmk8s/templates/_defaults.tpl``;
 tests/test_chart.py fails while the file is out of date.
+
+Likewise ``charts/slurmk8s/templates/_admission.tpl`` (``python -m provisioner.chartdefaults admission``):
+the part of the worker pods' admission policy that does not depend on the spec
+(:mod:`provisioner.manifests.admission`), which templates/admission.yaml completes with the spec's
+values as the Pulumi program does.
 """
 
 from __future__ import annotations
@@ -25,9 +30,12 @@ from pydantic_core import to_jsonable_python
 
 from .chart import _CHART_SCHEMA, CHART_KEY
 from .config import ClusterSpec
+from .manifests import admission
 
 TEMPLATE = "slurmk8s.defaults"
 PATH = "charts/slurmk8s/templates/_defaults.tpl"
+ADMISSION_TEMPLATE = "slurmk8s.admission"
+ADMISSION_PATH = "charts/slurmk8s/templates/_admission.tpl"
 
 
 def _nested_models(annotation: Any) -> list[type[BaseModel]]:
@@ -82,8 +90,27 @@ def chart_defaults_text() -> str:
     )
 
 
-def main() -> int:
-    sys.stdout.write(chart_defaults_text())
+def admission_text() -> str:
+    """_admission.tpl: the spec-independent part of the admission policy, as JSON."""
+    body = json.dumps({"matchConstraints": admission.MATCH_CONSTRAINTS, "variables": admission.STATIC_VARIABLES,
+                       "validations": admission.VALIDATIONS}, indent=2, sort_keys=True)
+    if "{{" in body or "}}" in body:
+        raise ValueError("the admission policy contains '{{' or '}}'; escape it before generating the chart's copy")
+    return (
+        "{{/*\n"
+        "Generated from provisioner/manifests/admission.py by\n"
+        f"`python -m provisioner.chartdefaults admission > {ADMISSION_PATH}`: do not edit.\n"
+        "The worker pods' admission policy without the spec's values (templates/admission.yaml adds them).\n"
+        "*/}}\n"
+        f"{{{{- define \"{ADMISSION_TEMPLATE}\" -}}}}\n"
+        f"{body}\n"
+        "{{- end -}}\n"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    sys.stdout.write(admission_text() if args == ["admission"] else chart_defaults_text())
     return 0
 
 

@@ -31,7 +31,7 @@ from factories import aws_fleet, node
 
 from provisioner import manifests as m
 from provisioner.chart import needs_nodes, render_files, values_schema_text
-from provisioner.chartdefaults import chart_defaults_text
+from provisioner.chartdefaults import admission_text, chart_defaults_text
 from provisioner.config import load_spec, parse_spec
 from provisioner.deploy import program as prog
 from provisioner.deploy.automation import toolchain_dir
@@ -307,6 +307,9 @@ def compare(spec, chart: dict[str, dict], pulumi: dict[str, dict], nodes: list[d
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_chart_deploys_what_the_pulumi_program_deploys(case, pulumi_run):
     spec, pulumi, chart, nodes = _render(case, pulumi_run)
+    # the admission policy of the worker pods is compared like the rest (cluster-scoped: no namespace)
+    admission = {f"ValidatingAdmissionPolicy -/{m.policy_name(spec)}", f"ValidatingAdmissionPolicyBinding -/{m.policy_name(spec)}"}
+    assert admission <= set(chart) and admission <= set(pulumi), sorted(set(chart) ^ set(pulumi))
     problems = compare(spec, chart, pulumi, nodes)
     assert not problems, (f"charts/slurmk8s and the Pulumi program differ for {CASES[case][0].name} "
                           "(update the chart's templates to follow provisioner/manifests/):\n  "
@@ -341,6 +344,12 @@ def test_values_schema_is_the_spec_schema():
     """charts/slurmk8s/values.schema.json is generated: `slurmk8s spec chart-schema > charts/slurmk8s/values.schema.json`."""
     assert (CHART / "values.schema.json").read_text() == values_schema_text(), \
         "values.schema.json is stale: run `slurmk8s spec chart-schema > charts/slurmk8s/values.schema.json`"
+
+
+def test_chart_admission_policy_is_the_generated_one():
+    """charts/slurmk8s/templates/_admission.tpl is generated from provisioner/manifests/admission.py."""
+    assert (CHART / "templates" / "_admission.tpl").read_text() == admission_text(), \
+        "_admission.tpl is stale: run `python -m provisioner.chartdefaults admission > charts/slurmk8s/templates/_admission.tpl`"
 
 
 def test_chart_defaults_are_the_spec_defaults():

@@ -161,6 +161,10 @@ def test_delete_of_a_pod_replaced_meanwhile_does_not_fail(world):
      "resource quota", True),
     (ApiError(403, "Forbidden", 'pods "cpu-n1" is forbidden: violates PodSecurity "baseline:latest": host '
                                 'namespaces (hostNetwork=true)'), "Pod Security", False),
+    (ApiError(403, "Forbidden", 'pods "cpu-n1" is forbidden: ValidatingAdmissionPolicy \'slurmk8s-slurm-t-worker-pods\' '
+                                "with binding 'slurmk8s-slurm-t-worker-pods' denied request: slurmk8s: the controller may "
+                                "only create worker pods from the pool templates: container slurmd is privileged"),
+     "worker pod refused by the admission policy slurmk8s-slurm-t-worker-pods", False),
     (ApiError(422, "Invalid", 'Pod "cpu-n1" is invalid: spec.containers[0].image: Required value'),
      "invalid worker pod spec", False),
     (ApiError(404, "NotFound", 'namespaces "slurm-t" not found'), "namespace slurm-t not found", False),

@@ -55,7 +55,10 @@ def test_components_parent_their_resources(pulumi_run, keys):
         "Secret/local-slurm-auth", "ConfigMap/local-slurm-config", "ConfigMap/local-slurm-users",
         "ConfigMap/local-slurmk8s-spec", "ServiceAccount/local-slurmctld", "Role/local-slurmk8s-worker-pods",
         "RoleBinding/local-slurmk8s-worker-pods", "PersistentVolumeClaim/local-slurmctld-state",
-        "Service/local-slurmctld", "StatefulSet/local-slurmctld"}
+        "Service/local-slurmctld", "StatefulSet/local-slurmctld",
+        # cluster-scoped, named after the namespace; not retained: `down` deletes them
+        "ValidatingAdmissionPolicy/local-slurmk8s-slurm-local-worker-pods",
+        "ValidatingAdmissionPolicyBinding/local-slurmk8s-slurm-local-worker-pods"}
     assert by_parent["local-login"] == {"Secret/local-ssh-host-keys", "Secret/local-authorized-keys",
                                         "Deployment/local-login", "Service/local-login"}
     assert by_parent["local-workers"] == {"ConfigMap/local-worker-template-cpu", "Service/local-workers",
@@ -85,6 +88,10 @@ def test_components_parent_their_resources(pulumi_run, keys):
     assert "AccountingStorageHost=slurmdbd.slurm-local.svc.cluster.local\n" in conf
     assert run.outputs["slurmdbd"] == "slurmdbd.slurm-local.svc.cluster.local:6819"
     assert ns_urn.retain_on_delete
+    # slurmctld starts only once the policy that holds its pods to the templates is bound
+    sts = next(r for r in run.resources if r.name == "local-slurmctld" and r.type.endswith("StatefulSet"))
+    assert {"local-slurmk8s-slurm-local-worker-pods"} <= {d.rsplit("::", 1)[-1] for d in sts.dependencies}
+    assert sum(d.rsplit("::", 1)[-1] == "local-slurmk8s-slurm-local-worker-pods" for d in sts.dependencies) == 2
 
 
 def test_login_waits_for_storage_and_controller(pulumi_run, keys):
@@ -145,7 +152,7 @@ def test_stack_main_and_automation_program_build_the_same_graph(pulumi_run, keys
     cfg, secret = _config(keys)
     via_auto = pulumi_run.run(prog.inline_program(load_spec(spec_path), _local_nodes()), cfg, secret)
     auto_graph = [(r.type, r.name, r.parent, json.dumps(r.inputs, sort_keys=True)) for r in via_auto.resources]
-    assert len(cli_graph) == 38 and len(via_cli.kubernetes()) == 30
+    assert len(cli_graph) == 40 and len(via_cli.kubernetes()) == 32  # with the admission policy and binding
     assert sorted(cli_graph) == sorted(auto_graph)
     assert cli_outputs == via_auto.outputs
 

@@ -22,6 +22,7 @@ from .. import manifests as m
 from .. import volumes
 from ..config import ClusterSpec, Volume, parse_quantity
 from ..errors import Issue, Problem
+from ..manifests.admission import API_VERSION as ADMISSION_API
 
 DEFAULT_CLASS_ANNOTATIONS = ("storageclass.kubernetes.io/is-default-class",
                              "storageclass.beta.kubernetes.io/is-default-class")
@@ -44,6 +45,8 @@ class ClusterFacts:
     secrets: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # name -> Secret, namespace only
     local: bool = False  # the local cluster of this machine (`slurmk8s cluster up`)
     reclaimable: frozenset[str] = frozenset()  # local volumes `up` gives back before it applies (preview)
+    # the API server serves admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy (Kubernetes >= 1.30)
+    admission_policies: bool = True
 
 
 def volumes_of(spec: ClusterSpec) -> list[tuple[str, str, Volume]]:
@@ -208,7 +211,8 @@ def secret_issues(spec: ClusterSpec, facts: ClusterFacts) -> list[Issue]:
 
 
 def read_cluster(spec: ClusterSpec, api_client: Any) -> ClusterFacts:
-    """Read what the checks need (storage classes, PVs, the namespace's PVCs and the password Secret)."""
+    """Read what the checks need (storage classes, PVs, the namespace's PVCs and the password Secret,
+    whether ValidatingAdmissionPolicy is served)."""
     import json
 
     from kubernetes import client
@@ -221,6 +225,8 @@ def read_cluster(spec: ClusterSpec, api_client: Any) -> ClusterFacts:
     def items(resp: Any) -> list[dict[str, Any]]:
         return json.loads(resp.data)["items"]
 
+    served = client.AdmissionregistrationV1Api(api_client).get_api_resources().resources or []
+    policies = any(r.name == "validatingadmissionpolicies" for r in served)
     classes = items(storage.list_storage_class(_preload_content=False))
     volumes = items(core.list_persistent_volume(_preload_content=False))
     try:
@@ -240,11 +246,20 @@ def read_cluster(spec: ClusterSpec, api_client: Any) -> ClusterFacts:
         except ApiException as err:
             if err.status != 404:
                 raise
-    return ClusterFacts(classes, claims, volumes, exists, secrets)
+    return ClusterFacts(classes, claims, volumes, exists, secrets, admission_policies=policies)
+
+
+def admission_issues(facts: ClusterFacts) -> list[Issue]:
+    """The worker pods' admission policy (manifests/admission.py) needs ValidatingAdmissionPolicy v1."""
+    if facts.admission_policies:
+        return []
+    return [Issue("kubernetes", f"the API server does not serve {ADMISSION_API} ValidatingAdmissionPolicy, "
+                               "which holds slurmctld to creating the pool templates' worker pods only",
+                  "use Kubernetes 1.30 or later (ValidatingAdmissionPolicy is GA there)")]
 
 
 def check(spec: ClusterSpec, facts: ClusterFacts) -> None:
-    issues = storage_issues(spec, facts) + secret_issues(spec, facts)
+    issues = admission_issues(facts) + storage_issues(spec, facts) + secret_issues(spec, facts)
     if issues:
         raise PreflightError(issues, title="the cluster cannot take this spec (nothing was applied)")
 

@@ -61,6 +61,10 @@ _CLASSES: dict[tuple[str, str], Callable[..., pulumi.CustomResource]] = {
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): k8s.rbac.v1.RoleBinding,
     ("policy/v1", "PodDisruptionBudget"): k8s.policy.v1.PodDisruptionBudget,
     ("networking.k8s.io/v1", "NetworkPolicy"): k8s.networking.v1.NetworkPolicy,
+    ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicy"):
+        k8s.admissionregistration.v1.ValidatingAdmissionPolicy,
+    ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicyBinding"):
+        k8s.admissionregistration.v1.ValidatingAdmissionPolicyBinding,
 }
 
 
@@ -124,8 +128,9 @@ class Storage(_Component):
 
 
 class Controller(_Component):
-    """slurmctld: auth key, rendered configuration, users, spec, RBAC for the worker pods, state PVC,
-    headless Service and the StatefulSet."""
+    """slurmctld: auth key, rendered configuration, users, spec, RBAC for the worker pods and the
+    admission policy that holds them to the pool templates, state PVC, headless Service and the
+    StatefulSet."""
 
     address: pulumi.Output[str]
     statefulset: pulumi.Output[str]
@@ -142,12 +147,16 @@ class Controller(_Component):
         sa = self._add(m.controller_service_account(spec))
         self._add(m.worker_role(spec))
         self._add(m.worker_role_binding(spec))
+        # the pods that account may create: those of the pool templates (cluster-scoped, named per
+        # namespace; `down` deletes them with the rest). In place before slurmctld starts.
+        policy = self._add(m.worker_pod_policy(spec, site))
+        binding = self._add(m.worker_pod_policy_binding(spec), after=[policy])
         if m.sleeps(spec):  # idle teardown: the loop sleeps the tier and records its state
             self._add(m.control_tier_role(spec))
             self._add(m.control_tier_role_binding(spec))
         self._add(m.controller_state_pvc(spec), retain=True)
         self._add(m.controller_service(spec))
-        sts = self._add(m.controller_statefulset(spec, files, site))
+        sts = self._add(m.controller_statefulset(spec, files, site), after=[policy, binding])
         self.address = pulumi.Output.from_input(m.controller_address(spec, site))
         self.statefulset = sts.metadata.name
         self.service_account = sa.metadata.name

@@ -33,6 +33,7 @@ from ..config import ClusterSpec, parse_spec
 from ..errors import SlurmK8sError
 from ..inventory import SlurmNode
 from ..kubeapi import MAX_REASON, ApiError, KubeConfigError, api_client, raw_call
+from ..manifests.admission import PREFIX as ADMISSION_PREFIX
 from .backend import BackendError, Worker, WorkerReplaced
 
 DEFAULT_SPEC = f"{m.SPEC_DIR}/spec.json"
@@ -187,6 +188,12 @@ class KubernetesBackend:
                 return BackendError(node, f"resource quota of namespace {ns} exceeded: {msg}", retryable=True)
             if "PodSecurity" in msg:
                 return BackendError(node, f"pod rejected by Pod Security admission in {ns}: {msg}")
+            if "ValidatingAdmissionPolicy" in msg:
+                # the worker pod does not match the pool templates (manifests/admission.py): the
+                # spec mounted here and the policy applied by the last `up` disagree
+                why = msg.rpartition("denied request: ")[2].removeprefix(ADMISSION_PREFIX)
+                return BackendError(node, f"worker pod refused by the admission policy {m.policy_name(self.spec)} "
+                                          f"(rerun `slurmk8s up` if the spec changed): {why}")
             return BackendError(node, f"RBAC: not allowed to {verb} pods in namespace {ns} "
                                       f"(check Role/RoleBinding {m.WORKER_ROLE}): {msg}")
         if err.status == 404 and verb == "create":

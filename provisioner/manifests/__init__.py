@@ -21,6 +21,8 @@ cluster owns at run time, so that a later ``slurmk8s up`` never fights it:
 from __future__ import annotations
 
 from .accounting import accounting_objects, db_check_pod, db_endpoint, slurmdbd_conf, slurmdbd_host
+from .admission import (admission_objects, controller_user, policy_name, worker_pod_policy,
+                        worker_pod_policy_binding)
 from .cluster import (all_objects, auth_secret, check_home_access, check_names, home_pvc, kept_claims, namespace,
                       users_config_map)
 from .common import ClusterSecrets, K8sSite, controller_address, dns_searches, login_sleeps, service_fqdn, sleeps
@@ -50,14 +52,14 @@ __all__ = [
     "SA_TOKEN_DIR", "SLURMCTLD_PORT", "SLURMDBD_CONF_SECRET", "SLURMDBD_PORT", "SLURMK8S_LOG_DIR", "SLURM_CONFIG",
     "SLURM_CONF_DIR", "SLURM_UID", "SPEC_CONFIG", "SPEC_DIR", "SSH_HOST_KEYS_SECRET", "SSH_HOST_KEY_TYPES",
     "SSH_PORT", "TEMPLATE_PREFIX", "TIER_CONTROL", "TIER_ROLE", "WAKE_PORT", "WORKERS", "WORKER_GRACE_SECONDS",
-    "WORKER_ROLE", "accounting_container", "accounting_objects", "all_objects", "auth_secret",
+    "WORKER_ROLE", "accounting_container", "accounting_objects", "admission_objects", "all_objects", "auth_secret",
     "authorized_keys_secret", "check_home_access", "check_names", "config_map_files", "control_tier_role", "control_tier_role_binding",
-    "control_tier_workloads", "controller_address", "controller_service", "controller_service_account",
+    "control_tier_workloads", "controller_address", "controller_user", "controller_service", "controller_service_account",
     "controller_state_pvc", "controller_statefulset", "db_check_pod", "db_endpoint", "dns_searches", "home_pvc",
     "kept_claims", "login_agent_role", "login_agent_role_binding", "login_agent_service_account", "login_deployment",
-    "login_service", "login_sleeps", "namespace", "network_policies", "service_fqdn", "sleeps", "slurm_config_map",
+    "login_service", "login_sleeps", "namespace", "network_policies", "policy_name", "service_fqdn", "sleeps", "slurm_config_map",
     "slurmdbd_conf", "slurmdbd_host", "spec_config_map", "ssh_host_keys_secret", "task_prolog_env", "users_config_map",
-    "worker_pod",
+    "worker_pod", "worker_pod_policy", "worker_pod_policy_binding",
     "worker_pod_template", "worker_role", "worker_role_binding", "worker_template_config_map", "workers_pdb",
     "workers_service",
 ]

@@ -8,6 +8,7 @@ from ..config import ClusterSpec
 from ..errors import Issue, Problem
 from ..inventory import Inventory
 from .accounting import accounting_objects
+from .admission import admission_objects
 from .common import ClusterSecrets, K8sSite, _meta, _pvc, home_on_one_node
 from .login import authorized_keys_secret, login_deployment, login_service, ssh_host_keys_secret
 from .names import (AUTH_SECRET, CONTROLLER, CONTROLLER_POD, CONTROLLER_STATE_PVC, DATABASE_PVC, HOME_PVC,
@@ -99,14 +100,16 @@ def kept_claims(spec: ClusterSpec) -> list[str]:
 
 def all_objects(spec: ClusterSpec, inventory: Inventory, files: Mapping[str, str], secrets: ClusterSecrets,
                 site: K8sSite = K8sSite()) -> list[dict[str, Any]]:
-    """Every object of the deployed set, in apply order (namespace first). Worker pods are not in it."""
+    """Every object of the deployed set, in apply order (namespace first). Worker pods are not in it.
+    The admission policy and its binding are cluster-scoped (no namespace)."""
     check_names(spec, inventory)
     check_home_access(spec, inventory)
     objs: list[dict[str, Any]] = [namespace(spec), home_pvc(spec)]
     objs += [
         auth_secret(spec, secrets.munge_key_b64), slurm_config_map(spec, files), users_config_map(spec, files),
         spec_config_map(spec, site), controller_service_account(spec), worker_role(spec),
-        worker_role_binding(spec), *control_tier_objects(spec), controller_state_pvc(spec),
+        worker_role_binding(spec), *admission_objects(spec, site), *control_tier_objects(spec),
+        controller_state_pvc(spec),
         controller_service(spec), controller_statefulset(spec, files, site),
     ]
     if spec.login.enabled:
