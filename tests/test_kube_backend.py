@@ -432,5 +432,6 @@ def test_worker_from_pod_reports_the_containers_last_death():
     w = worker_from_pod(pod)
     assert w.phase == "Running" and w.died_at == w.created_at + 300
     assert w.died_how == "slurmd Error (exit 137), 1 restarts"
+    assert w.restarts == 1  # the kubelet's count: compared only with itself, never with Slurm's clock
     del pod["status"]["containerStatuses"][0]["lastState"]
     assert worker_from_pod(pod).died_at is None

@@ -147,6 +147,8 @@ def worker_from_pod(pod: Mapping[str, Any]) -> Worker:
                        if c.get("type") == "Ready" and c.get("status") == "True"), None),
         died_at=died_at,
         died_how=died_how,
+        restarts=sum(int(cs.get("restartCount") or 0)
+                     for cs in (pod.get("status") or {}).get("containerStatuses") or ()),
         uid=str(meta.get("uid") or ""),
     )
 
