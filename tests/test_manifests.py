@@ -128,7 +128,10 @@ def test_rbac_is_pods_only_in_the_own_namespace(fabric, secrets):
     assert len(roles) == 1
     assert roles[0]["metadata"]["namespace"] == "slurm-fab"
     assert roles[0]["rules"] == [{"apiGroups": [""], "resources": ["pods"],
-                                  "verbs": ["create", "get", "list", "watch", "delete"]}]
+                                  "verbs": ["create", "get", "list", "watch", "delete"]},
+                                 # the worker pods' owner's uid (ownerReferences), nothing else of apps
+                                 {"apiGroups": ["apps"], "resources": ["statefulsets"], "resourceNames": ["slurmctld"],
+                                  "verbs": ["get"]}]
     (binding,) = [o for o in objs if o["kind"] == "RoleBinding"]
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": m.WORKER_ROLE}
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "slurmctld", "namespace": "slurm-fab"}]
