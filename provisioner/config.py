@@ -510,7 +510,10 @@ class Network(Model):
         default_factory=dict, description="NCCL_* (and UCX_*) environment for every job step on the pool."
     )
     memlock_unlimited: bool = Field(
-        default=True, description="Ask for unlimited locked memory (RDMA); the node's runtime must allow it."
+        default=True,
+        description="Raise the worker's locked-memory limit to unlimited (RDMA). No capability is added: "
+        "the container runtime's hard limit must be unlimited; where it is not, the soft limit goes up "
+        "to it and the worker logs a WARNING, then starts anyway. false: keep the runtime's limits.",
     )
 
     @field_validator("nccl_env")

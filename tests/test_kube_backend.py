@@ -436,5 +436,53 @@ def test_worker_from_pod_reports_the_containers_last_death():
     w = worker_from_pod(pod)
     assert w.phase == "Running" and w.died_at == w.created_at + 300
     assert w.died_how == "slurmd Error (exit 137), 1 restarts"
+    assert w.restarts == 1  # the kubelet's count: compared only with itself, never with Slurm's clock
     del pod["status"]["containerStatuses"][0]["lastState"]
     assert worker_from_pod(pod).died_at is None
+
+
+# ---------------------------------------------------------------- worker pods are owned by the slurmctld StatefulSet
+
+
+def test_worker_pods_name_the_slurmctld_statefulset_as_owner(world):
+    """Every pod a resume creates names the live slurmctld StatefulSet (the uid read from the API, once
+    per program run), so the garbage collector deletes it with the StatefulSet (helm uninstall,
+    down, the namespace's deletion), also a pod created after the pre-delete hook ran."""
+    spec, inv, api, backend = world
+    backend.create(inv["cpu-n1"])
+    backend.create(inv["cpu-n2"])
+    for name in ("cpu-n1", "cpu-n2"):
+        assert api.pods[(NS, name)]["metadata"]["ownerReferences"] == [
+            {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "slurmctld", "uid": f"sts-{NS}",
+             "controller": False, "blockOwnerDeletion": False}]
+    assert api.calls.count(("get-statefulset", NS)) == 1  # read once per run
+    # still recognised as ours: listed, same spec hash (a second create is a no-op), deleted by name
+    assert set(backend.list()) == {"cpu-n1", "cpu-n2"}
+    before = api.pods[(NS, "cpu-n1")]["metadata"]["uid"]
+    backend.create(inv["cpu-n1"])
+    assert api.pods[(NS, "cpu-n1")]["metadata"]["uid"] == before
+    backend.delete("cpu-n2")
+    gone = api.pods.get((NS, "cpu-n2"))
+    assert gone is None or gone["metadata"].get("deletionTimestamp")
+    # the owner's uid is not part of the spec hash (a new deployment does not replace pods by itself)
+    assert m.A_SPEC_HASH in api.pods[(NS, "cpu-n1")]["metadata"]["annotations"]
+    assert api.pods[(NS, "cpu-n1")]["metadata"]["annotations"][m.A_SPEC_HASH] == \
+        m.worker_pod(spec, inv["cpu-n1"])["metadata"]["annotations"][m.A_SPEC_HASH]
+
+
+@pytest.mark.parametrize("error,reason,retryable", [
+    (None, "StatefulSet slurmctld not found in slurm-t", False),
+    (ApiError(403, "Forbidden", 'statefulsets.apps "slurmctld" is forbidden'), "RBAC: not allowed to get StatefulSet "
+     "slurmctld in slurm-t", False),
+    (ApiError(503, "ServiceUnavailable", "etcd"), "503 ServiceUnavailable: etcd", True),
+])
+def test_an_unreadable_owner_fails_the_resume_and_creates_no_ownerless_pod(world, error, reason, retryable):
+    spec, inv, _, _ = world
+    api = FakePodApi(namespaces={NS}, statefulsets={}, statefulset_error=error)
+    backend = KubernetesBackend(spec, api)
+    with pytest.raises(BackendError) as err:
+        backend.create(inv["cpu-n1"])
+    assert err.value.reason.startswith("cannot read the worker pods' owner (StatefulSet slurmctld in slurm-t): ")
+    assert reason in err.value.reason and "no worker pod without an owner is created" in err.value.reason
+    assert err.value.retryable is retryable
+    assert api.pods == {}

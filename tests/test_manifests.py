@@ -133,7 +133,10 @@ def test_rbac_is_pods_only_in_the_own_namespace(fabric, secrets):
     assert len(roles) == 1
     assert roles[0]["metadata"]["namespace"] == "slurm-fab"
     assert roles[0]["rules"] == [{"apiGroups": [""], "resources": ["pods"],
-                                  "verbs": ["create", "get", "list", "watch", "delete"]}]
+                                  "verbs": ["create", "get", "list", "watch", "delete"]},
+                                 # the worker pods' owner's uid (ownerReferences), nothing else of apps
+                                 {"apiGroups": ["apps"], "resources": ["statefulsets"], "resourceNames": ["slurmctld"],
+                                  "verbs": ["get"]}]
     (binding,) = [o for o in objs if o["kind"] == "RoleBinding"]
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": m.WORKER_ROLE}
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "slurmctld", "namespace": "slurm-fab"}]
@@ -391,3 +394,30 @@ def test_deliberate_overcommit_lowers_requests_only():
     assert res["limits"] == {"cpu": "2", "memory": "4096Mi", "nvidia.com/gpu": "1"}
     assert res["requests"] == {"cpu": "50m", "memory": "128Mi", "nvidia.com/gpu": "1"}
     kubernetes_validate.validate(m.worker_pod(spec, gen.inventory.nodes[0]), K8S_VERSIONS[-1], strict=True)
+
+
+def test_memlock_unlimited_reaches_the_worker_and_adds_no_capability(fabric):
+    """pools[].network.memlock_unlimited becomes SLURMK8S_MEMLOCK_UNLIMITED (1/0), which the slurmd
+    entrypoint reads; neither value adds a capability (raising the hard limit would take
+    SYS_RESOURCE, which Pod Security baseline refuses: the runtime's hard limit is what counts), so
+    the namespace stays baseline."""
+    spec, gen = fabric
+    off = parse_spec({**spec.model_dump(mode="json"),
+                      "pools": [{**p.model_dump(mode="json"), "network": {**p.network.model_dump(mode="json"),
+                                                                          "memlock_unlimited": False}}
+                                for p in spec.pools]})
+    n = gen.inventory["h100-ip-10-0-0-1"]
+    specs = {True: spec, False: off}
+    pods = {flag: m.worker_pod(s, n) for flag, s in specs.items()}
+    for flag, pod in pods.items():
+        (container,) = pod["spec"]["containers"]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert env["SLURMK8S_MEMLOCK_UNLIMITED"] == ("1" if flag else "0")
+        assert container["securityContext"]["capabilities"]["add"] == list(m.BASE_CAPS)
+        template = json.loads(m.worker_template_config_map(specs[flag], specs[flag].pool("h100"))["data"]["pod.json"])
+        want = {"name": "SLURMK8S_MEMLOCK_UNLIMITED", "value": "1" if flag else "0"}
+        assert want in template["spec"]["containers"][0]["env"]
+    assert pods[True]["metadata"]["annotations"][m.A_SPEC_HASH] != pods[False]["metadata"]["annotations"][m.A_SPEC_HASH]
+    # only host_network decides the namespace's Pod Security level
+    only_cpu = parse_spec({"name": "x", "pools": [{"name": "cpu", "network": {"memlock_unlimited": True}}]})
+    assert m.namespace(only_cpu)["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "baseline"

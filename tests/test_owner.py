@@ -137,9 +137,13 @@ def test_found_from_names_workloads_and_the_helm_release():
             ("Deployment", {"metadata": {"name": "login"}}),
             ("Pod", {"metadata": {"name": "slurmctld-0", "ownerReferences": [{"kind": "StatefulSet"}]}}),
             ("Pod", {"metadata": {"name": "cpu-local-1", "deletionTimestamp": "2027-01-01T00:00:00Z"}}),
-            ("Pod", {"metadata": {"name": "cpu-local-0"}})]
+            ("Pod", {"metadata": {"name": "cpu-local-0"}}),
+            # a worker pod names the slurmctld StatefulSet as its owner (garbage collection) but is
+            # not one of its replicas: it still counts
+            ("Pod", {"metadata": {"name": "cpu-local-2", "labels": {"app.kubernetes.io/component": "worker"},
+                                  "ownerReferences": [{"kind": "StatefulSet", "name": "slurmctld"}]}})]
     found = ow.found_from(namespace(), objs)
-    assert found.workloads == ("StatefulSet/slurmctld", "Deployment/login", "Pod/cpu-local-0")
+    assert found.workloads == ("StatefulSet/slurmctld", "Deployment/login", "Pod/cpu-local-0", "Pod/cpu-local-2")
     assert found.helm_release == "research"
     assert ow.found_from(namespace(), []).workloads == ()
 

@@ -186,6 +186,7 @@ def test_gpu_stack_pins_pods_and_exports_partitions(pulumi_run, keys):
     template = next(r for r in run.resources if r.name == "research-worker-template-h100")
     pod = json.loads(template.inputs["data"]["pod.json"])
     assert pod["spec"]["containers"][0]["env"][2:] == [
+        {"name": "SLURMK8S_MEMLOCK_UNLIMITED", "value": "1"},
         {"name": "NCCL_DEBUG", "value": "WARN"}, {"name": "NCCL_SOCKET_IFNAME", "value": "eth0"},
         {"name": "SLURMK8S_JOB_ENV", "value": "export NCCL_DEBUG=WARN\nexport NCCL_SOCKET_IFNAME=eth0\n"}]
     assert "resources" not in pod["spec"]["containers"][0]  # sizes are per node, filled in at resume

@@ -807,8 +807,11 @@ def test_running_since_expands_hostlists_and_keeps_the_oldest_job():
 
 
 def test_container_died_under_a_running_job_sets_the_node_down_naming_the_pod():
-    died = Worker("cpu-1", "Running", created_at=NOW - 600, died_at=NOW - 30, died_how="slurmd Error (exit 137), 1 restarts")
-    base = snap([up("cpu-1")], [died])
+    # slurmd came back (slurmd -b): Slurm's boot time of the node, in slurmctld's clock, is after the
+    # job's start, in the same clock; the kubelet reports the restart (restartCount)
+    died = Worker("cpu-1", "Running", created_at=NOW - 600, died_at=NOW - 30, restarts=1,
+                  died_how="slurmd Error (exit 137), 1 restarts")
+    base = snap([up("cpu-1", boot=NOW - 25)], [died])
     under_job = Snapshot(base.nodes, base.workers, base.inventory, {}, {"cpu-1": (NOW - 120, 42)})
     f = only(under_job, "cpu-1")
     assert f.kind is Kind.WORKER_RESTARTED and f.ops == (Op.SET_DOWN, Op.POWER_DOWN)
@@ -821,9 +824,83 @@ def test_container_died_under_a_running_job_sets_the_node_down_naming_the_pod():
         is Kind.OK
 
 
-def test_run_once_reads_the_queue_and_requeues_the_job_of_a_restarted_worker():
+# The kubelet's clock against slurmctld's: the worker's node runs `skew` seconds ahead (+) or behind (-).
+SKEWS = (120, -120, 0)
+
+
+@pytest.mark.parametrize("skew", SKEWS)
+def test_clock_skew_never_requeues_a_healthy_job(skew):
+    """A container that died (and came back) before the job started, seen through a kubelet clock
+    120 s off: the job runs on the restarted slurmd and is never flagged, on the first pass that
+    sees it nor on the next ones."""
+    start, true_death = NOW - 100, NOW - 110  # the container died 10 s before the job started
+    died = Worker("cpu-1", "Running", created_at=NOW - 600 + skew, died_at=true_death + skew, restarts=1,
+                  died_how="slurmd Error (exit 137), 1 restarts")
+    nodes = [up("cpu-1", boot=true_death + 3)]  # the new slurmd registered, before the job started
+    first = Snapshot(parse_nodes({"nodes": nodes}), {"cpu-1": died}, inventory(), {}, {"cpu-1": (start, 42)})
+    assert only(first, "cpu-1").kind is Kind.OK
+    watched = Snapshot(first.nodes, first.workers, first.inventory, {}, first.running, {"cpu-1": ("", 42, 1)})
+    assert only(watched, "cpu-1").kind is Kind.OK
+
+
+@pytest.mark.parametrize("skew", SKEWS)
+def test_a_restart_under_a_running_job_is_flagged_whatever_the_skew(skew):
+    start = NOW - 100
+    for true_death in (start + 1, start + 60):
+        died = Worker("cpu-1", "Running", created_at=NOW - 600 + skew, died_at=true_death + skew, restarts=1,
+                      died_how="slurmd Error (exit 137), 1 restarts")
+        # slurmd registered again: Slurm's boot time (its own clock) is after the job's start
+        back = Snapshot(parse_nodes({"nodes": [up("cpu-1", boot=true_death + 3)]}), {"cpu-1": died}, inventory(),
+                        {}, {"cpu-1": (start, 42)})
+        assert only(back, "cpu-1").kind is Kind.WORKER_RESTARTED, (skew, true_death)
+        # not registered again yet (or crash-looping): the kubelet's count went up since the loop
+        # first saw the job on this pod
+        not_back = Snapshot(parse_nodes({"nodes": [up("cpu-1", boot=NOW - 600)]}), {"cpu-1": died}, inventory(),
+                            {}, {"cpu-1": (start, 42)}, {"cpu-1": ("", 42, 0)})
+        assert only(not_back, "cpu-1").kind is Kind.WORKER_RESTARTED, (skew, true_death)
+    # the count seen for another job, or another pod by the same name, is no baseline for this one
+    other = Snapshot(parse_nodes({"nodes": [up("cpu-1", boot=NOW - 600)]}), {"cpu-1": died}, inventory(),
+                     {}, {"cpu-1": (start, 42)}, {"cpu-1": ("", 41, 0)})
+    assert only(other, "cpu-1").kind is Kind.OK
+    replaced = Snapshot(other.nodes, other.workers, other.inventory, {}, other.running, {"cpu-1": ("old-uid", 42, 0)})
+    assert only(replaced, "cpu-1").kind is Kind.OK
+
+
+def test_slurm_boot_time_is_slurmctlds_not_slurmds_start_time():
+    """boot_time is slurmctld's clock minus the uptime slurmd reports (slurmd -b counts it from its
+    own start); slurmd_start_time is slurmd's own clock, so it is not used to judge a job."""
+    n = parse_nodes({"nodes": [{**node_json("cpu-1", "ALLOCATED", boot=NOW - 50),
+                                "slurmd_start_time": {"set": True, "infinite": False, "number": int(NOW)}}]})["cpu-1"]
+    assert n.slurm_boot_at == NOW - 50 and n.booted_at == NOW
+
+
+def test_run_once_remembers_the_restart_count_it_first_saw_under_each_job():
     slurm = FakeSlurmClient(nodes=[up("cpu-1")], job_list=[_job(42, "cpu-1", NOW - 120)])
-    died = Worker("cpu-1", "Running", created_at=NOW - 600, died_at=NOW - 30, died_how="slurmd Error (exit 137)")
+    watch: dict = {}
+    log = Log("reconcile", stream=io.StringIO())
+    healthy = Worker("cpu-1", "Running", created_at=NOW - 600, uid="u1", restarts=2, died_at=NOW + 500)
+    report = run_once(slurm, FakeBackend({"cpu-1": healthy}), inventory(), MemoryLedger(POLICY), NOW, log, POLICY,
+                      restart_watch=watch)
+    assert slurm.updates == [] and watch == {"cpu-1": ("u1", 42, 2)} and report.of(Kind.WORKER_RESTARTED) == []
+    # the same count next pass: still fine; one more restart: flagged
+    run_once(slurm, FakeBackend({"cpu-1": healthy}), inventory(), MemoryLedger(POLICY), NOW + 10, log, POLICY,
+             restart_watch=watch)
+    assert slurm.updates == [] and watch == {"cpu-1": ("u1", 42, 2)}
+    again = Worker("cpu-1", "Running", created_at=NOW - 600, uid="u1", restarts=3, died_at=NOW - 900)
+    run_once(slurm, FakeBackend({"cpu-1": again}), inventory(), MemoryLedger(POLICY), NOW + 20, log, POLICY,
+             restart_watch=watch)
+    assert [u[3] for u in slurm.updates] == ["state=DOWN", "state=POWER_DOWN_FORCE"]
+    # the job gone from the queue: its baseline goes too
+    slurm.job_list = []
+    run_once(slurm, FakeBackend({"cpu-1": again}), inventory(), MemoryLedger(POLICY), NOW + 30, log, POLICY,
+             restart_watch=watch)
+    assert watch == {}
+
+
+def test_run_once_reads_the_queue_and_requeues_the_job_of_a_restarted_worker():
+    slurm = FakeSlurmClient(nodes=[up("cpu-1", boot=NOW - 25)], job_list=[_job(42, "cpu-1", NOW - 120)])
+    died = Worker("cpu-1", "Running", created_at=NOW - 600, died_at=NOW - 30, restarts=1,
+                  died_how="slurmd Error (exit 137)")
     log = Log("reconcile", stream=io.StringIO())
     report = run_once(slurm, FakeBackend({"cpu-1": died}), inventory(), MemoryLedger(POLICY), NOW, log, POLICY)
     assert [u[3] for u in slurm.updates] == ["state=DOWN", "state=POWER_DOWN_FORCE"]

@@ -16,6 +16,35 @@ as_user() {
     setpriv --reuid "$user" --regid "$user" --init-groups -- "$@"
 }
 
+# --- locked memory ----------------------------------------------------------------------------
+# SLURMK8S_MEMLOCK_UNLIMITED (pools[].network.memlock_unlimited; unset = 1, as before the setting
+# reached the pod): 1 raises the memlock limit to unlimited (RDMA: NCCL, UCX, MPI register memory);
+# slurmd's jobs keep it (PropagateResourceLimitsExcept=MEMLOCK). Without CAP_SYS_RESOURCE, which
+# slurmk8s does not grant (Pod Security baseline refuses it), only the soft limit can go up, to the
+# hard limit the container runtime sets: when that is below unlimited this warns and carries on
+# (the node still runs jobs that do not register memory). 0 leaves the runtime's limits as they are.
+set_memlock() {
+    local want="${SLURMK8S_MEMLOCK_UNLIMITED:-1}" hard
+    case "$want" in
+        0) log "memlock: left at the runtime's limits (soft $(ulimit -S -l), hard $(ulimit -H -l) KiB):" \
+               "pools[].network.memlock_unlimited is false"
+           return 0 ;;
+        1) ;;
+        *) die "SLURMK8S_MEMLOCK_UNLIMITED must be 1 or 0, not '$want'" ;;
+    esac
+    if ulimit -l unlimited 2>/dev/null; then
+        log "memlock: unlimited"
+        return 0
+    fi
+    hard="$(ulimit -H -l)"
+    ulimit -S -l "$hard" 2>/dev/null || true
+    log "WARNING: memlock: pools[].network.memlock_unlimited asks for unlimited locked memory, but the" \
+        "container's hard limit is $hard KiB and cannot be raised without CAP_SYS_RESOURCE (not granted);" \
+        "the soft limit is now $hard KiB. RDMA memory registration (NCCL/UCX/MPI over InfiniBand, RoCE," \
+        "EFA) may fail: give the node's container runtime an unlimited memlock limit (e.g. containerd's" \
+        "LimitMEMLOCK=infinity), or set memlock_unlimited: false for this pool"
+}
+
 # --- munge ----------------------------------------------------------------------------------
 # Copy the mounted key to /etc/munge/munge.key (munge:munge 0400) and start munged as munge.
 start_munge() {

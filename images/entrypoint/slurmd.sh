@@ -5,6 +5,7 @@
 #   SLURMK8S_SLURMD_CONF  optional: passed as `slurmd --conf` (e.g. "CPUs=4 RealMemory=8000")
 #   SLURMK8S_JOB_ENV      optional: the pool's job environment ("export NAME=value" lines), written
 #                         to /run/slurmk8s/job-env for Slurm's TaskProlog
+#   SLURMK8S_MEMLOCK_UNLIMITED  1 (default) / 0: pools[].network.memlock_unlimited (set_memlock, lib.sh)
 #   SLURMK8S_GPUS, SLURMK8S_GPU_TYPE  GPU nodes: the node's Gres count and type in slurm.conf;
 #                         /run/slurmk8s/node-gres.conf gets the node's gres.conf line from /dev/nvidia<N>
 #   arguments             appended to the slurmd command line (e.g. -vvv)
@@ -45,14 +46,8 @@ if [ "${SLURMK8S_GPUS:-0}" != 0 ]; then
     log "gres: $(grep -v '^#' /run/slurmk8s/node-gres.conf || echo "no GPU device file (slurm.conf: $SLURMK8S_GPUS)")"
 fi
 
-# Memlock: MPI / RDMA want it unlimited. Best effort: without CAP_SYS_RESOURCE the hard limit
-# (set by the runtime) cannot be raised, only the soft one up to it.
-if ulimit -l unlimited 2>/dev/null; then
-    log "memlock: unlimited"
-else
-    ulimit -S -l "$(ulimit -H -l)" 2>/dev/null || true
-    log "memlock: cannot raise to unlimited (hard limit $(ulimit -H -l) KiB); continuing"
-fi
+# Locked memory (RDMA): raised to unlimited only when the pool asks (set_memlock in lib.sh).
+set_memlock
 
 args=(-D -b -N "$NODENAME")
 if [ -n "${SLURMK8S_CONTROLLER:-}" ]; then

@@ -203,11 +203,17 @@ def read(kubeconfig: str | None, name: str) -> Found:
 
 def found_from(namespace: Mapping[str, Any], objs: Sequence[tuple[str, Mapping[str, Any]]]) -> Found:
     """Found from the namespace and (kind, object) pairs of its slurmk8s workloads (pure)."""
+    from ..manifests.names import L_COMPONENT
+
     workloads, release = [], None
     for kind, obj in objs:
         meta = obj.get("metadata") or {}
-        if kind == "Pod" and (meta.get("ownerReferences") or meta.get("deletionTimestamp")):
-            continue  # the StatefulSet's / Deployment's own pods say nothing more; a terminating one is going
+        worker = (meta.get("labels") or {}).get(L_COMPONENT) == "worker"
+        if kind == "Pod" and ((meta.get("ownerReferences") and not worker) or meta.get("deletionTimestamp")):
+            # the StatefulSet's / Deployment's own pods say nothing more; a terminating one is going.
+            # Worker pods count though they name the slurmctld StatefulSet as their owner (for the
+            # garbage collector): they are not its replicas, and may outlive it for a moment
+            continue
         workloads.append(f"{kind}/{meta.get('name')}")
         release = release or (meta.get("annotations") or {}).get(HELM_RELEASE_ANNOTATION)
     return Found(namespace, tuple(workloads), release)

@@ -44,6 +44,9 @@ class Worker:
     # died and how, where the backend knows it; a job running on it then lost its processes
     died_at: float | None = None
     died_how: str = ""  # e.g. "Error (exit 137)"
+    # how many times the worker's containers were restarted in place (the kubelet's restartCount;
+    # 0 where the backend does not know). Only ever compared with an earlier count of the same worker
+    restarts: int = 0
     # this worker's identity: the pod's metadata.uid, the container's id. A node's next worker has
     # the same name but another uid: one resume attempt, one uid
     uid: str = ""

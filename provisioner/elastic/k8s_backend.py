@@ -2,7 +2,8 @@
 
 Runs inside the slurmctld pod (ResumeProgram / SuspendProgram, ``SLURMK8S_BACKEND=kubernetes``)
 with the slurmctld ServiceAccount, which may only create/get/list/watch/delete pods in its own
-namespace. The pod comes from :func:`provisioner.manifests.worker_pod`, the same builder the Pulumi
+namespace, and get the slurmctld StatefulSet: every worker pod names it as its owner
+(:meth:`KubernetesBackend.owner_reference`), so the garbage collector removes them with it. The pod comes from :func:`provisioner.manifests.worker_pod`, the same builder the Pulumi
 program stores as the pools' templates, fed with the spec mounted from the ``slurmk8s-spec``
 ConfigMap. Its sibling for the Docker test bed is :mod:`provisioner.elastic.docker_backend`.
 
@@ -52,6 +53,8 @@ class PodApi(Protocol):
 
     def list(self, namespace: str, label_selector: str) -> list[dict[str, Any]]: ...
 
+    def get_statefulset(self, namespace: str, name: str) -> dict[str, Any]: ...
+
 
 class ClientPodApi:
     """PodApi over the official client (raw JSON, no model objects), with request timeouts."""
@@ -60,6 +63,7 @@ class ClientPodApi:
         from kubernetes import client
 
         self._core = client.CoreV1Api(api_client)
+        self._apps = client.AppsV1Api(api_client)
         self._timeout = timeout
 
     def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -82,6 +86,9 @@ class ClientPodApi:
 
     def list(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
         return self._call(self._core.list_namespaced_pod, namespace, label_selector=label_selector).get("items", [])
+
+    def get_statefulset(self, namespace: str, name: str) -> dict[str, Any]:
+        return self._call(self._apps.read_namespaced_stateful_set, name, namespace)
 
 
 def _epoch(ts: str | None) -> float | None:
@@ -148,6 +155,8 @@ def worker_from_pod(pod: Mapping[str, Any]) -> Worker:
                        if c.get("type") == "Ready" and c.get("status") == "True"), None),
         died_at=died_at,
         died_how=died_how,
+        restarts=sum(int(cs.get("restartCount") or 0)
+                     for cs in (pod.get("status") or {}).get("containerStatuses") or ()),
         uid=str(meta.get("uid") or ""),
     )
 
@@ -166,6 +175,7 @@ class KubernetesBackend:
     clock: Callable[[], float] = time.monotonic
     max_attempts: int = 4
     _selector: str = field(init=False, default="")
+    _owner: dict[str, Any] | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         if not self.namespace:
@@ -238,11 +248,49 @@ class KubernetesBackend:
             self.sleep(self.poll)
         return self._get(name) is None
 
+    def owner_reference(self, node: str = "*") -> dict[str, Any]:
+        """The ownerReference every worker pod gets: the slurmctld StatefulSet, read once per program run.
+
+        With it, Kubernetes' garbage collector deletes the worker pods when the StatefulSet is
+        deleted (`helm uninstall`, including pods a resume created after the pre-delete hook ran;
+        `slurmk8s down`; the namespace's deletion). Only a deletion of the owner object does that:
+        the idle teardown's scale of the StatefulSet to 0 replicas leaves its workers alone.
+        controller: false (the StatefulSet controller does not adopt or manage them; they are not
+        its replicas) and blockOwnerDeletion: false (needs no update right on the owner). A
+        StatefulSet that cannot be read fails the resume: no ownerless pod is created.
+        """
+        if self._owner is None:
+            ns = self.namespace
+            why = ""
+            try:
+                sts = self.api.get_statefulset(ns, m.CONTROLLER)
+            except ApiError as err:
+                msg = _one_line(err.message)
+                if err.status == 404:
+                    why = f"StatefulSet {m.CONTROLLER} not found in {ns}"
+                elif err.status == 403:
+                    why = (f"RBAC: not allowed to get StatefulSet {m.CONTROLLER} in {ns} (check Role/RoleBinding "
+                           f"{m.WORKER_ROLE}): {msg}")
+                else:
+                    why = f"{err.status or 'unreachable'} {err.reason}: {msg}".strip()
+                raise BackendError(node, f"cannot read the worker pods' owner (StatefulSet {m.CONTROLLER} in {ns}): "
+                                         f"{why}; no worker pod without an owner is created",
+                                   retryable=err.status in (0, 429) or err.status >= 500) from None
+            uid = str(((sts or {}).get("metadata") or {}).get("uid") or "")
+            if not uid:
+                raise BackendError(node, f"StatefulSet {m.CONTROLLER} in {ns} has no uid; no worker pod without "
+                                         "an owner is created")
+            self._owner = {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": m.CONTROLLER, "uid": uid,
+                           "controller": False, "blockOwnerDeletion": False}
+        return dict(self._owner)
+
     # -- NodeBackend
 
     def create(self, node: SlurmNode) -> None:
         desired = m.worker_pod(self.spec, node, self.site)
         want_hash = desired["metadata"]["annotations"][m.A_SPEC_HASH]
+        # after the spec hash: the owner's uid changes with each deployment, not the pod's spec
+        desired["metadata"]["ownerReferences"] = [self.owner_reference(node.name)]
         deadline = self.clock() + self.terminating_wait
         for _ in range(self.max_attempts):
             try:
@@ -296,7 +344,8 @@ class KubernetesBackend:
 
     def owner_uid(self, pod_name: str) -> str:
         """uid of the StatefulSet owning pod `pod_name` ('' if none): tells one deployment (`up`) from
-        the next, while a restart or a scale to zero and back keeps it."""
+        the next, while a restart or a scale to zero and back keeps it. (Asked of slurmctld's own
+        pod; a worker pod's owner is the same StatefulSet.)"""
         pod = self._get(pod_name) or {}
         for ref in (pod.get("metadata") or {}).get("ownerReferences") or ():
             if ref.get("kind") == "StatefulSet":

@@ -17,12 +17,15 @@ def controller_service_account(spec: ClusterSpec) -> dict[str, Any]:
 
 
 def worker_role(spec: ClusterSpec) -> dict[str, Any]:
-    """Pods only, in this namespace only: what ResumeProgram / SuspendProgram need."""
+    """Pods, in this namespace only: what ResumeProgram / SuspendProgram need; and a get of the
+    slurmctld StatefulSet alone, whose uid every worker pod's ownerReference names."""
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
         "metadata": _meta(spec, WORKER_ROLE, CONTROLLER),
         "rules": [{"apiGroups": [""], "resources": ["pods"],
-                   "verbs": ["create", "get", "list", "watch", "delete"]}],
+                   "verbs": ["create", "get", "list", "watch", "delete"]},
+                  {"apiGroups": ["apps"], "resources": ["statefulsets"], "resourceNames": [CONTROLLER],
+                   "verbs": ["get"]}],
     }
 
 

@@ -68,7 +68,10 @@ def worker_pod_template(spec: ClusterSpec, pool: Pool, site: K8sSite = K8sSite()
     """
     net = pool.network
     env = [{"name": "SLURMK8S_CONTROLLER", "value": controller_address(spec, site)},
-           {"name": "SLURMK8S_POOL", "value": pool.name}]
+           {"name": "SLURMK8S_POOL", "value": pool.name},
+           # the entrypoint raises the memlock limit only when asked (set_memlock, images/entrypoint/lib.sh);
+           # no capability is added for it: see Network.memlock_unlimited
+           {"name": "SLURMK8S_MEMLOCK_UNLIMITED", "value": "1" if net.memlock_unlimited else "0"}]
     env += [{"name": k, "value": v} for k, v in sorted(net.nccl_env.items())]
     job_env = task_prolog_env(pool)
     if job_env:

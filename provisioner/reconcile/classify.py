@@ -103,6 +103,57 @@ class Snapshot:
     history: Mapping[str, PoolHistory] = field(default_factory=dict)  # pool -> resume failure history
     # node -> (start time, job id) of its oldest running job
     running: Mapping[str, tuple[float, int]] = field(default_factory=dict)
+    # node -> (worker uid, job id, the worker's restart count when the loop first saw that job
+    # RUNNING on that worker): kept by the loop across passes (:func:`watch_restarts`)
+    watched: Mapping[str, tuple[str, int, int]] = field(default_factory=dict)
+
+
+# Slurm's boot time of a healthy node can trail its slurmd's real start by a second (slurmd reports
+# whole seconds of uptime) plus the registration's delay; a slurmd restarted under a job starts
+# later than that (the container's restart, munged, the wait for slurmctld come first).
+BOOT_SLACK = 2.0
+
+
+def restarted_under_job(name: str, node: NodeStatus, worker: Worker, snapshot: Snapshot) -> bool:
+    """Did the worker's container die under the oldest job Slurm has RUNNING on the node?
+
+    Never by comparing the kubelet's clock with slurmctld's (the container's
+    ``lastState.terminated.finishedAt`` against the job's start from ``squeue``): a worker's node
+    running 2 minutes ahead would requeue every young job that runs on a slurmd restarted just
+    before it. Each comparison here stays within one clock:
+
+    - slurmctld's: the node's Slurm boot time against the job's start. slurmctld sets the boot
+      time to its own clock minus the uptime slurmd reports, which slurmd -b counts from its own
+      start; so a slurmd restarted under the job boots after the job started (by more than
+      :data:`BOOT_SLACK`), while one the job was launched on booted before it. Seen once the
+      restarted slurmd has registered (seconds), on whichever pass sees the job first.
+    - the kubelet's: the restart count now against the count when the loop first saw this job
+      RUNNING on this worker (same pod uid, same job id; :attr:`Snapshot.watched`). Catches a
+      restart whose slurmd has not registered again (crash loop), whatever either clock says.
+
+    Both also need the kubelet to report a restart at all (``restarts`` > 0): a fresh pod has none.
+    """
+    since = snapshot.running.get(name)
+    if since is None or worker.phase != "Running" or not node.busy or worker.restarts <= 0:
+        return False
+    start, job = since
+    if node.slurm_boot_at is not None and node.slurm_boot_at > start + BOOT_SLACK:
+        return True
+    seen = snapshot.watched.get(name)
+    return seen is not None and seen[:2] == (worker.uid, job) and worker.restarts > seen[2]
+
+
+def watch_restarts(snapshot: Snapshot, previous: Mapping[str, tuple[str, int, int]]) -> dict[str, tuple[str, int, int]]:
+    """The next pass's :attr:`Snapshot.watched`: for each node with a RUNNING job and a worker, the
+    restart count first seen for that (worker, job); a new job or a new pod starts from its count now."""
+    out: dict[str, tuple[str, int, int]] = {}
+    for name, (_start, job) in snapshot.running.items():
+        worker = snapshot.workers.get(name)
+        if worker is None:
+            continue
+        seen = previous.get(name)
+        out[name] = seen if seen is not None and seen[:2] == (worker.uid, job) else (worker.uid, job, worker.restarts)
+    return out
 
 
 def _age(since: float | None, now: float) -> float:
@@ -152,12 +203,13 @@ def classify_pair(name: str, node: NodeStatus | None, worker: Worker | None, sna
         bound = _stuck_bound(worker, policy)
         if bound is not None and age >= bound:
             return Finding(name, Kind.STUCK_PENDING, f"{_worker_words(worker)} for {age:.0f}s", pool)
-        since = snapshot.running.get(name)
-        if (worker.died_at is not None and worker.phase == "Running" and node.busy and since
-                and since[0] <= worker.died_at):
-            died = time.strftime("%H:%M:%SZ", time.gmtime(worker.died_at))
-            return Finding(name, Kind.WORKER_RESTARTED, f"pod {name} container died under job {since[1]} "
-                                                        f"({worker.died_how or 'restarted'}, at {died})", pool)
+        if restarted_under_job(name, node, worker, snapshot):
+            job = snapshot.running[name][1]
+            # the kubelet's time of the death, for the reader only (never compared with Slurm's)
+            died = "" if worker.died_at is None else \
+                f", at {time.strftime('%H:%M:%SZ', time.gmtime(worker.died_at))} by the kubelet's clock"
+            return Finding(name, Kind.WORKER_RESTARTED, f"pod {name} container died under job {job} "
+                                                        f"({worker.died_how or 'restarted'}{died})", pool)
         history = snapshot.history.get(pool)
         if (history and history.failures and worker.phase == "Running" and not node.powering and not node.down
                 and worker.created_at is not None and worker.created_at > max(f.at for f in history.failures)):

@@ -31,6 +31,10 @@ class NodeStatus:
     reason: str = ""
     partitions: tuple[str, ...] = ()
     booted_at: float | None = None  # boot_time / slurmd_start_time, whichever is later
+    # boot_time alone: slurmctld's own clock minus the uptime slurmd reports at registration (with
+    # slurmd -b, the seconds since slurmd started), so comparable with job start times; not
+    # slurmd_start_time, which is the worker's clock
+    slurm_boot_at: float | None = None
 
     @classmethod
     def from_json(cls, obj: Mapping[str, Any]) -> "NodeStatus":
@@ -41,6 +45,7 @@ class NodeStatus:
             reason=str(obj.get("reason") or ""),
             partitions=tuple(str(p) for p in obj.get("partitions") or ()),
             booted_at=max(times) if times else None,
+            slurm_boot_at=_num(obj.get("boot_time")) or None,
         )
 
     @property

@@ -34,7 +34,10 @@ class FakePodApi:
       when its grace period has passed on the fake clock (``advance``, ``sleep``);
     - list with an equality label selector; get;
     - RBAC: ``allowed`` verbs (403 Forbidden with the API server's wording otherwise);
-    - ``fail_next``: errors to raise on the next calls (e.g. 500, 429, 0 = unreachable).
+    - ``fail_next``: errors to raise on the next calls (e.g. 500, 429, 0 = unreachable);
+    - get_statefulset: the slurmctld StatefulSet (uid ``sts-<namespace>``) in every namespace, or
+      only those in ``statefulsets`` when it is set; ``statefulset_error`` raised instead when set
+      (not taken from ``fail_next``, which stays for the pod calls).
     """
 
     namespaces: set[str] = field(default_factory=set)
@@ -45,6 +48,8 @@ class FakePodApi:
     fail_next: list[ApiError] = field(default_factory=list)
     calls: list[tuple[str, str]] = field(default_factory=list)
     _gone_at: dict[tuple[str, str], float] = field(default_factory=dict)
+    statefulsets: dict[tuple[str, str], dict[str, Any]] | None = None
+    statefulset_error: ApiError | None = None
 
     # clock
     def clock(self) -> float:
@@ -138,6 +143,19 @@ class FakePodApi:
             if ns == namespace and all(labels.get(k) == v for k, v in want.items()):
                 out.append(json.loads(json.dumps(pod)))
         return out
+
+
+    def get_statefulset(self, namespace: str, name: str) -> dict[str, Any]:
+        self.calls.append(("get-statefulset", namespace))
+        if self.statefulset_error is not None:
+            raise self.statefulset_error
+        if self.statefulsets is None:
+            if name == "slurmctld":
+                return {"apiVersion": "apps/v1", "kind": "StatefulSet",
+                        "metadata": {"name": name, "namespace": namespace, "uid": f"sts-{namespace}"}}
+        elif (namespace, name) in self.statefulsets:
+            return json.loads(json.dumps(self.statefulsets[(namespace, name)]))
+        raise _status(404, "NotFound", f'statefulsets.apps "{name}" not found')
 
 
 def _affinity_node(pod: Mapping[str, Any]) -> str | None:

@@ -70,7 +70,7 @@ render-config init container, with the same Python code as `slurmk8s up`.
 {{- $pools := list -}}
 {{- range $p := $v.pools | default list -}}
 {{- $net := $p.network | default dict -}}
-{{- $network := dict "host_network" ($net.host_network | default $d.Network.host_network) "multus_networks" ($net.multus_networks | default $d.Network.multus_networks) "nccl_env" ($net.nccl_env | default $d.Network.nccl_env) -}}
+{{- $network := dict "host_network" ($net.host_network | default $d.Network.host_network) "multus_networks" ($net.multus_networks | default $d.Network.multus_networks) "nccl_env" ($net.nccl_env | default $d.Network.nccl_env) "memlock_unlimited" (ternary $net.memlock_unlimited $d.Network.memlock_unlimited (hasKey $net "memlock_unlimited")) -}}
 {{- /* Pool.image: unset takes images.worker */ -}}
 {{- $pools = append $pools (dict "name" $p.name "mode" ($p.mode | default $d.Pool.mode) "image" ($p.image | default $images.worker) "node_selector" ($p.node_selector | default $d.Pool.node_selector) "tolerations" ($p.tolerations | default $d.Pool.tolerations) "network" $network) -}}
 {{- end -}}
@@ -193,7 +193,7 @@ app.kubernetes.io/managed-by: {{ .Release.Service | quote }}
 {{- $s := .s -}}
 {{- $p := .pool -}}
 {{- $net := $p.network -}}
-{{- $env := list (dict "name" "SLURMK8S_CONTROLLER" "value" (include "slurmk8s.controllerAddress" $s)) (dict "name" "SLURMK8S_POOL" "value" $p.name) -}}
+{{- $env := list (dict "name" "SLURMK8S_CONTROLLER" "value" (include "slurmk8s.controllerAddress" $s)) (dict "name" "SLURMK8S_POOL" "value" $p.name) (dict "name" "SLURMK8S_MEMLOCK_UNLIMITED" "value" (ternary "1" "0" $net.memlock_unlimited)) -}}
 {{- range $k := keys $net.nccl_env | sortAlpha }}{{ $env = append $env (dict "name" $k "value" (index $net.nccl_env $k | toString)) }}{{ end -}}
 {{- /* task_prolog_env(pool): the job environment, for Slurm's TaskProlog */ -}}
 {{- $jobEnv := "" -}}
