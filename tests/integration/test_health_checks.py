@@ -127,6 +127,8 @@ def test_an_operators_fail_keeps_the_node_and_its_worker_out_past_suspend_time(b
     SuspendExcStates=FAIL keeps it from being suspended, its worker stays for inspection, and no
     job lands on it until state=RESUME."""
     _, good = bed.node_names
+    bed.render(Health(interval=10))  # the test above left a /dev/shm threshold every worker fails
+    bed.exec(bed.ctld, ["scontrol", "reconfigure"])
     # idle since the test above, it may be suspended or on its way: a job brings it (back) up
     assert bed.wait_job(bed.sbatch("-w", good, "--wrap", "true"), {"COMPLETED"}, 150) == "COMPLETED"
     assert is_up(bed.nodes()[good]) and good in bed.workers(), bed.nodes()[good]
