@@ -390,7 +390,7 @@ def test_the_controller_account_cannot_create_a_privileged_pod(cluster: Cluster,
     worker labels and the pool image: the deployer may create it, slurmctld's token may not."""
     name = m.policy_name(_spec(cluster))
     pod = _probe_worker_pod(cluster)
-    pod["spec"]["containers"][0]["securityContext"]["privileged"] = True
+    pod["spec"]["containers"][0]["securityContext"].update(privileged=True, allowPrivilegeEscalation=True)
     token = _controller_kubeconfig(tmp_path)
     with _pod_security("privileged"):
         admin = _dry_create(pod)
