@@ -7,7 +7,9 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import stat
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -21,7 +23,7 @@ from fakes.tier import FakeTierApi
 from provisioner import manifests as m
 from provisioner.config import SpecError, parse_spec
 from provisioner.controltier.activity import activity_doc, activity_from_doc, read_activity_file
-from provisioner.controltier.agent import Agent
+from provisioner.controltier.agent import Agent, UserNames, WakeServer
 from provisioner.controltier.decision import A_REASON, A_SINCE, A_STATE, Activity, IdleTracker, TierError, active_jobs
 from provisioner.controltier.tier import Tier
 from provisioner.deploy.secrets import generate, secrets_from_values
@@ -205,13 +207,13 @@ def test_agent_wakes_once_and_answers_awake_after(tmp_path):
     tier, _ = _tier(api)
     agent = Agent(tier, str(tmp_path / "sessions"))
     out = []
-    agent.handle("wake alice sbatch", out.append)
+    agent.handle("wake alice sbatch", out.append, "alice")
     assert out[0] == "progress waking the control tier (sbatch by alice on the login pod)" and out[-1] == "ok woken"
     out.clear()
-    agent.handle("wake alice squeue", out.append)
+    agent.handle("wake alice squeue", out.append, "alice")
     assert out == ["ok awake"]
     out.clear()
-    agent.handle("hello", out.append)
+    agent.handle("hello", out.append, "alice")
     assert out[0].startswith("error unknown request")
     assert agent.last_request is not None
 
@@ -224,7 +226,7 @@ def test_the_agent_never_waits_for_its_own_login_pod(tmp_path):
     api.workloads[("Deployment", "login")]["status"]["readyReplicas"] = 0  # this very pod, starting
     tier, _ = _tier(api)
     out = []
-    Agent(tier, str(tmp_path / "sessions"), timeout=30).handle("wake root login-pod-start", out.append)
+    Agent(tier, str(tmp_path / "sessions"), timeout=30).handle("wake root login-pod-start", out.append, "root")
     assert out == ["ok awake"] and api.calls == []
 
 
@@ -236,11 +238,11 @@ def test_a_request_during_a_wake_waits_for_it_and_hears_woken(tmp_path):
     tier.sleep = lambda s: gate.wait(5)  # the first wake blocks while polling readiness
     agent = Agent(tier, str(tmp_path / "sessions"))
     first, second = [], []
-    t1 = threading.Thread(target=agent.handle, args=("wake alice ssh-login", first.append))
+    t1 = threading.Thread(target=agent.handle, args=("wake alice ssh-login", first.append, "alice"))
     t1.start()
     while not agent._waking:
         time.sleep(0.01)
-    t2 = threading.Thread(target=agent.handle, args=("wake alice sbatch", second.append))
+    t2 = threading.Thread(target=agent.handle, args=("wake alice sbatch", second.append, "alice"))
     t2.start()
     time.sleep(0.1)
     gate.set()
@@ -250,6 +252,153 @@ def test_a_request_during_a_wake_waits_for_it_and_hears_woken(tmp_path):
     assert second == ["progress waking the control tier (already under way for ssh-login by alice on the login pod)",
                       "ok woken"]
     assert [c for c in api.calls if c[0] == "scale"] == [("scale", "StatefulSet", "slurmctld", 1)]
+
+
+# ---------------------------------------------------------------- the wake socket (real Unix sockets)
+
+
+@pytest.fixture
+def wake_dir():
+    d = tempfile.mkdtemp(prefix="wk", dir="/tmp")  # short: a socket path has at most 107 bytes
+    yield Path(d)
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def _wake_server(wake_dir, api, passwd="", **caps):
+    tier, lines = _tier(api)
+    tier.sleep = lambda s: None
+    (wake_dir / "passwd").write_text(passwd)
+    agent = Agent(tier, str(wake_dir / "sessions"))
+    server = WakeServer(agent, str(wake_dir / "wake.sock"), UserNames(str(wake_dir / "passwd")), lines.append,
+                        **caps)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, lines
+
+
+def _connect(server):
+    c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    c.settimeout(10)
+    c.connect(server.path)
+    return c
+
+
+def _ask(server, line):
+    with _connect(server) as c:
+        c.sendall(line)
+        return c.makefile().read().splitlines()
+
+
+def _wait_for(cond, what, timeout=10.0):
+    end = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < end, what
+        time.sleep(0.01)
+
+
+def test_the_wake_socket_names_the_caller_by_its_uid_not_by_its_claim(wake_dir):
+    api = FakeTierApi()
+    api.add("StatefulSet", "slurmctld", "slurmctld", replicas=0)
+    me = os.getuid()
+    server, lines = _wake_server(wake_dir, api, f"# the cluster's users\ncarol:x:{me}:{me}::/home/carol:/bin/bash\n")
+    try:
+        assert stat.S_ISSOCK(os.stat(server.path).st_mode) and stat.S_IMODE(os.stat(server.path).st_mode) == 0o666
+        replies = _ask(server, b"wake mallory sbatch\n")  # the old line format; the name is a lie
+        assert replies[0] == "progress waking the control tier (sbatch by carol on the login pod)", replies
+        assert replies[-1] == "ok woken"
+        assert "woke the control tier for sbatch by carol on the login pod" in lines
+        assert "wake request from carol names the user 'mallory': ignored" in lines
+        # the WakeRequested Event (the woken reconcile loop records the awake state with it) names carol
+        assert [c[2] for c in api.calls if c[0] == "event"] == ["sbatch by carol on the login pod"]
+    finally:
+        server.close()
+    assert not os.path.exists(server.path)
+
+
+def test_a_uid_outside_the_cluster_passwd_is_named_by_number(tmp_path):
+    passwd = tmp_path / "passwd"
+    passwd.write_text("alice:x:2001:2001::/home/alice:/bin/bash\nbroken line\n")
+    names = UserNames(str(passwd))
+    assert (names.name(2001), names.name(4242), names.name(0)) == ("alice", "uid 4242", "root")
+    passwd.write_text("bob:x:4242:4242::/home/bob:/bin/bash\n")
+    os.utime(passwd, ns=(1, 1))  # changed: re-read
+    assert (names.name(4242), names.name(2001)) == ("bob", "uid 2001")
+    assert UserNames(str(tmp_path / "missing")).name(2001) == "uid 2001"
+
+
+def test_the_wake_socket_caps_connections_and_threads(wake_dir):
+    api = FakeTierApi()
+    api.add("StatefulSet", "slurmctld", "slurmctld", replicas=0)
+    server, _ = _wake_server(wake_dir, api, max_connections=64, max_per_uid=100, read_timeout=60)
+    clients = []
+    try:
+        threads_before = threading.active_count()
+        clients = [_connect(server) for _ in range(100)]  # idle: none sends a request line
+        for c in clients[64:]:
+            assert c.makefile().readline() == "error busy: too many wake requests (64 in flight); try again\n"
+        _wait_for(lambda: server.in_flight == 64, f"64 connections held, not {server.in_flight}")
+        assert threading.active_count() - threads_before <= 64
+        for c in clients[:64]:  # the admitted ones still wait for their request line
+            c.setblocking(False)
+            with pytest.raises(BlockingIOError):
+                c.recv(1)
+        for c in clients:
+            c.close()
+        _wait_for(lambda: server.in_flight == 0, "the closed connections' slots come back")
+        assert _ask(server, b"wake alice sbatch\n")[-1] == "ok woken"  # and the wake still works
+        assert [c for c in api.calls if c[0] == "scale"] == [("scale", "StatefulSet", "slurmctld", 1)]
+    finally:
+        for c in clients:
+            c.close()
+        server.close()
+
+
+def test_one_uid_holds_at_most_its_share_of_the_wake_socket(wake_dir):
+    server, _ = _wake_server(wake_dir, FakeTierApi(), read_timeout=60)
+    clients = [_connect(server) for _ in range(8)]
+    try:
+        _wait_for(lambda: server.in_flight == 8, "8 connections held")
+        with _connect(server) as ninth:
+            assert ninth.makefile().readline() == (
+                f"error busy: too many wake requests from uid {os.getuid()} (8 in flight); try again\n")
+    finally:
+        for c in clients:
+            c.close()
+        server.close()
+
+
+def test_the_wake_socket_refuses_an_over_long_line_and_drops_a_silent_client(wake_dir):
+    api = FakeTierApi()
+    api.add("StatefulSet", "slurmctld", "slurmctld", replicas=0)
+    server, _ = _wake_server(wake_dir, api, read_timeout=0.5)
+    try:
+        assert _ask(server, b"wake alice " + b"x" * 600 + b"\n") == ["error request line too long (over 512 bytes)"]
+        assert _ask(server, b"wake alice " + b"x" * 2000) == ["error request line too long (over 512 bytes)"]
+        with _connect(server) as silent:  # sends nothing: dropped after the read timeout, no reply
+            assert silent.makefile().read() == ""
+        _wait_for(lambda: server.in_flight == 0, "the silent client's slot comes back")
+        assert api.calls == []
+        assert _ask(server, b"wake alice " + b"y" * 490 + b"\n")[-1] == "ok woken"  # 512 bytes: fine
+    finally:
+        server.close()
+
+
+def test_the_wake_script_wakes_through_the_socket(wake_dir):
+    api = FakeTierApi()
+    api.add("StatefulSet", "slurmctld", "slurmctld")  # awake
+    server, lines = _wake_server(wake_dir, api, f"dave:x:{os.getuid()}:1::/home/dave:/bin/bash\n")
+    try:
+        assert _run_wake(server.path, "--probe").returncode == 0
+        res = _run_wake(server.path, "sbatch")
+        assert res.returncode == 0 and res.stderr == "", res.stderr
+        api.forbidden.add("list")
+        server.agent._awake_at = 0.0  # past the awake cache: the next request asks the API
+        res = _run_wake(server.path, "srun")
+        assert res.returncode == 1 and res.stderr.startswith("slurmk8s: could not wake the controller: "), res.stderr
+        assert _run_wake(server.path, "--background", "ssh-login").returncode == 0
+        _wait_for(lambda: any("ssh-login by dave" in line for line in lines), "the background wake's failure logged")
+    finally:
+        server.close()
+    assert _run_wake(server.path, "--probe").returncode == 1
 
 
 def test_activity_document_says_when_the_count_is_missing_or_stale(tmp_path):
@@ -311,7 +460,18 @@ def test_only_the_agent_container_of_the_login_pod_gets_a_token():
     token_volumes = {v["name"] for v in ps["volumes"] if "projected" in v}
     assert token_volumes == {"agent-token"}
     assert not token_volumes & {v["name"] for v in login["volumeMounts"]}
-    assert {v["mountPath"] for v in agent["volumeMounts"]} == {m.SA_TOKEN_DIR, m.ACTIVITY_DIR}
+    assert {v["mountPath"] for v in agent["volumeMounts"]} == {m.SA_TOKEN_DIR, m.ACTIVITY_DIR, m.WAKE_DIR,
+                                                                m.USERS_DIR}
+    # the wake socket: on an emptyDir the agent writes and the login container only reads (its users
+    # connect to the socket but cannot put a file of their own there); no TCP port for it
+    wake_volume = next(v for v in ps["volumes"] if v["name"] == "wake")
+    assert "emptyDir" in wake_volume
+    assert {"name": "wake", "mountPath": m.WAKE_DIR, "readOnly": True} in login["volumeMounts"]
+    assert {"name": "wake", "mountPath": m.WAKE_DIR} in agent["volumeMounts"]
+    assert agent["command"][agent["command"].index("--wake-socket") + 1] == m.WAKE_SOCKET
+    assert [p["containerPort"] for p in agent["ports"]] == [m.ACTIVITY_PORT]
+    users = next(v for v in agent["volumeMounts"] if v["name"] == "users")
+    assert users["readOnly"] is True and agent["command"][-2:] == ["--users-file", f"{m.USERS_DIR}/passwd"]
     assert agent["securityContext"]["runAsNonRoot"] and agent["securityContext"]["capabilities"]["add"] == []
     assert agent["command"][:2] == ["/usr/bin/tini", "--"]
     activity = next(v for v in agent["volumeMounts"] if v["name"] == "activity")
@@ -329,15 +489,15 @@ def test_idle_teardown_below_suspend_time_is_refused():
 
 
 class _FakeAgent:
-    """The agent's line protocol on a free loopback port, answering with canned lines."""
+    """The agent's line protocol on a Unix socket, answering with canned lines."""
 
-    def __init__(self, replies):
+    def __init__(self, path, replies):
         self.replies = replies
         self.requests = []
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
+        self.path = str(path)
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.bind(self.path)
         self.sock.listen(4)
-        self.port = self.sock.getsockname()[1]
         threading.Thread(target=self._serve, daemon=True).start()
 
     def _serve(self):
@@ -352,31 +512,44 @@ class _FakeAgent:
                     conn.sendall((line + "\n").encode())
 
 
-def _run_wake(port, *args, extra_path=None):
-    env = {"PATH": os.environ["PATH"], "SLURMK8S_WAKE_PORT": str(port)}
-    return subprocess.run(["bash", str(IMAGES / "slurmk8s-wake"), *args], capture_output=True, text=True,
-                          env=env, timeout=20)
+def _run_wake(sock_path, *args):
+    env = {"PATH": os.environ["PATH"], "SLURMK8S_WAKE_SOCKET": str(sock_path)}
+    # the image runs it as `/usr/bin/python3 -IS` (its #! line); here the test's interpreter
+    return subprocess.run([sys.executable, "-I", "-S", str(IMAGES / "slurmk8s-wake"), *args], capture_output=True,
+                          text=True, env=env, timeout=20)
 
 
-def test_wake_script_prints_progress_and_returns_when_awake():
-    agent = _FakeAgent(["progress waking the control tier (sbatch by alice)", "ok awake"])
-    res = _run_wake(agent.port, "sbatch")
+def test_wake_script_prints_progress_and_returns_when_awake(wake_dir):
+    agent = _FakeAgent(wake_dir / "a.sock", ["progress waking the control tier (sbatch by alice)", "ok awake"])
+    res = _run_wake(agent.path, "sbatch")
     assert res.returncode == 0, res.stderr
     assert res.stderr == "slurmk8s: waking the control tier (sbatch by alice)\n"
     assert agent.requests[0].startswith("wake ") and agent.requests[0].endswith(" sbatch")
-    agent = _FakeAgent(["error statefulset/slurmctld not ready after 300s"])
-    res = _run_wake(agent.port, "srun")
+    agent = _FakeAgent(wake_dir / "b.sock", ["error statefulset/slurmctld not ready after 300s"])
+    res = _run_wake(agent.path, "srun")
     assert res.returncode == 1 and "could not wake the controller: statefulset/slurmctld" in res.stderr
 
 
-def test_wake_script_without_an_agent_returns_at_once():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()  # nothing listens
+def test_wake_script_without_an_agent_returns_at_once(wake_dir):
     t0 = time.monotonic()
-    res = _run_wake(port, "sbatch")
+    res = _run_wake(wake_dir / "none.sock", "sbatch")  # no socket: no idle teardown
     assert res.returncode == 0 and res.stderr == "" and time.monotonic() - t0 < 5
+    dead = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    dead.bind(str(wake_dir / "dead.sock"))  # a socket nobody listens on (the agent is gone)
+    dead.close()
+    res = _run_wake(wake_dir / "dead.sock", "sbatch")
+    assert res.returncode == 0 and res.stderr == ""
+    assert _run_wake(wake_dir / "dead.sock", "--probe").returncode == 1
+
+
+def test_the_slurm_command_wrapper_skips_the_wake_without_a_socket(wake_dir):
+    # /usr/local/bin/sbatch -> slurm-command: no socket, no Python started, straight to /usr/bin/sbatch
+    text = (IMAGES / "slurm-command").read_text()
+    assert '[ -S "${SLURMK8S_WAKE_SOCKET:-/run/slurmk8s/wake/wake.sock}" ]' in text
+    assert (IMAGES / "slurmk8s-wake").read_text().startswith("#!/usr/bin/python3 -IS\n")
+    login_sh = (ROOT / "images/entrypoint/login.sh").read_text()
+    assert "/dev/tcp/127.0.0.1" not in login_sh and "slurmk8s-wake --probe" in login_sh
+    assert f'SLURMK8S_WAKE_SOCKET:-{m.WAKE_SOCKET}' in login_sh
 
 
 @pytest.mark.skipif(shutil.which("ps") is None, reason="needs procps")

@@ -34,7 +34,7 @@ def _submit_in_the_window(api, loop, agent_tier, tmp_path):
     that look, before slurmctld is scaled down (the agent's answer is what sbatch waits for)."""
     agent = Agent(agent_tier, str(tmp_path / "sessions"), timeout=30)
     out: list[str] = []
-    handler = threading.Thread(target=agent.handle, args=("wake alice sbatch", out.append))
+    handler = threading.Thread(target=agent.handle, args=("wake alice sbatch", out.append, "alice"))
 
     def recheck() -> str:
         handler.start()
@@ -67,7 +67,7 @@ def test_a_wake_during_an_aborted_sleep_does_not_scale_anything(tmp_path):
     api.workloads[("StatefulSet", "slurmctld")]["metadata"]["annotations"][A_STATE] = "asleep"
     out: list[str] = []
     agent = Agent(agent_tier, str(tmp_path / "sessions"), timeout=30)
-    handler = threading.Thread(target=agent.handle, args=("wake alice squeue", out.append))
+    handler = threading.Thread(target=agent.handle, args=("wake alice squeue", out.append, "alice"))
     handler.start()
     time.sleep(0.2)
     api.workloads[("StatefulSet", "slurmctld")]["metadata"]["annotations"][A_STATE] = "awake"  # the sleep aborted
@@ -84,7 +84,7 @@ def test_a_sleep_that_stops_half_way_is_not_waited_for_ever(tmp_path):
     agent_tier.sleep = lambda s: t.__setitem__(0, t[0] + s)
     agent_tier.poll = 5.0
     out: list[str] = []
-    Agent(agent_tier, str(tmp_path / "sessions"), timeout=300).handle("wake alice sbatch", out.append)
+    Agent(agent_tier, str(tmp_path / "sessions"), timeout=300).handle("wake alice sbatch", out.append, "alice")
     assert out[-1] == "ok woken", out
     assert api.workloads[("StatefulSet", "slurmctld")]["spec"]["replicas"] == 1
     assert any("did not finish in 120s" in line for line in lines)

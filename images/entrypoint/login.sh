@@ -13,6 +13,7 @@ KEYS_SRC="${SLURMK8S_AUTHORIZED_KEYS_DIR:-$SLURMK8S_DIR/authorized_keys}"
 HOSTKEYS_SRC="${SLURMK8S_SSH_HOST_KEYS_DIR:-$SLURMK8S_DIR/ssh-host-keys}"
 KEYS_DST=/etc/ssh/authorized_keys
 ACTIVITY_DIR="${SLURMK8S_ACTIVITY_DIR:-/run/slurmk8s/activity}"   # mounted only with idle teardown
+WAKE_SOCKET="${SLURMK8S_WAKE_SOCKET:-/run/slurmk8s/wake/wake.sock}"  # the wake agent's (idle teardown)
 log "starting login node"
 
 start_munge
@@ -67,11 +68,11 @@ if [ -r /etc/slurm/slurm.conf ]; then
     log "slurm: clients use the mounted /etc/slurm/slurm.conf"
 elif [ -n "${SLURMK8S_CONTROLLER:-}" ]; then
     parse_controller
-    # idle teardown: the controller may be asleep; the wake agent (a sidecar) wakes it
-    if [ -d "$ACTIVITY_DIR" ]; then
+    # idle teardown: the controller may be asleep; the wake agent (a sidecar) wakes it. Its socket
+    # lives on an emptyDir mounted read-only here; wait until it exists and accepts a connection.
+    if [ -d "${WAKE_SOCKET%/*}" ]; then
         for _ in $(seq 1 15); do
-            if { exec 4<>/dev/tcp/127.0.0.1/"${SLURMK8S_WAKE_PORT:-9412}"; } 2>/dev/null; then
-                exec 4<&-
+            if [ -S "$WAKE_SOCKET" ] && /usr/local/bin/slurmk8s-wake --probe; then
                 /usr/local/bin/slurmk8s-wake login-pod-start || log "slurm: wake request failed (see above)"
                 break
             fi

@@ -16,7 +16,8 @@ Who does what
 - Wakers: ``slurmk8s submit`` / ``slurmk8s ssh`` (the user's kubeconfig), and the login pod's
   agent (:func:`.agent.agent_main`, a sidecar with its own ServiceAccount that may only scale the tier),
   which a plain ``sbatch`` (and every other Slurm command, and each SSH login) on the login pod asks
-  over the pod's loopback. Both run :func:`wake_tier`.
+  on a Unix socket shared with the login container (callers named by their kernel uid,
+  connections capped: :class:`.agent.WakeServer`). Both run :func:`wake_tier`.
 - Record: annotations on the slurmctld StatefulSet (``slurmk8s.io/state`` awake|asleep,
   ``slurmk8s.io/state-reason``, ``slurmk8s.io/state-since`` RFC3339), one Kubernetes Event per
   sleep and wake (reason ``ControlTierSleep`` / ``ControlTierWake``; a waker leaves a

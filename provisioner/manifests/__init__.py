@@ -33,8 +33,8 @@ from .names import (ACTIVITY_DIR, ACTIVITY_PORT, AUTHORIZED_KEYS_SECRET, AUTH_SE
                     LOGIN_HOST, L_CLUSTER, L_COMPONENT, L_NODE, L_POOL, L_SUBDOMAIN, L_TIER, MUNGE_DIR, SA_TOKEN_DIR,
                     SLURMCTLD_PORT, SLURMDBD_CONF_SECRET, SLURMDBD_PORT, SLURMK8S_LOG_DIR, SLURM_CONFIG,
                     SLURM_CONF_DIR, SLURM_UID, SPEC_CONFIG, SPEC_DIR, SSH_HOST_KEYS_SECRET, SSH_HOST_KEY_TYPES,
-                    SSH_PORT, TEMPLATE_PREFIX, TIER_CONTROL, TIER_ROLE, WAKE_PORT, WORKERS, WORKER_GRACE_SECONDS,
-                    WORKER_ROLE)
+                    SSH_PORT, TEMPLATE_PREFIX, TIER_CONTROL, TIER_ROLE, USERS_DIR, WAKE_DIR, WAKE_SOCKET, WORKERS,
+                    WORKER_GRACE_SECONDS, WORKER_ROLE)
 from .network import network_policies
 from .rbac import (control_tier_role, control_tier_role_binding, control_tier_workloads, controller_service_account,
                    login_agent_role, login_agent_role_binding, login_agent_service_account, worker_role,
@@ -51,8 +51,9 @@ __all__ = [
     "LOGIN_AGENT", "LOGIN_HOST", "L_CLUSTER", "L_COMPONENT", "L_NODE", "L_POOL", "L_SUBDOMAIN", "L_TIER", "MUNGE_DIR",
     "SA_TOKEN_DIR", "SLURMCTLD_PORT", "SLURMDBD_CONF_SECRET", "SLURMDBD_PORT", "SLURMK8S_LOG_DIR", "SLURM_CONFIG",
     "SLURM_CONF_DIR", "SLURM_UID", "SPEC_CONFIG", "SPEC_DIR", "SSH_HOST_KEYS_SECRET", "SSH_HOST_KEY_TYPES",
-    "SSH_PORT", "TEMPLATE_PREFIX", "TIER_CONTROL", "TIER_ROLE", "WAKE_PORT", "WORKERS", "WORKER_GRACE_SECONDS",
-    "WORKER_ROLE", "accounting_container", "accounting_objects", "admission_objects", "all_objects", "auth_secret",
+    "SSH_PORT", "TEMPLATE_PREFIX", "TIER_CONTROL", "TIER_ROLE", "USERS_DIR", "WAKE_DIR", "WAKE_SOCKET", "WORKERS",
+    "WORKER_GRACE_SECONDS", "WORKER_ROLE", "accounting_container", "accounting_objects", "admission_objects",
+    "all_objects", "auth_secret",
     "authorized_keys_secret", "check_home_access", "check_names", "config_map_files", "control_tier_role", "control_tier_role_binding",
     "control_tier_workloads", "controller_address", "controller_user", "controller_service", "controller_service_account",
     "controller_state_pvc", "controller_statefulset", "db_check_pod", "db_endpoint", "dns_searches", "home_pvc",

@@ -12,7 +12,8 @@ from .common import (K8sSite, _config_volume, _container_security, _meta, _pod_s
 from .names import (A_USERS_HASH, ACTIVITY_DIR, ACTIVITY_PORT, AGENT_UID, AUTH_SECRET, AUTHORIZED_KEYS_DIR,
                     AUTHORIZED_KEYS_SECRET, BIN_DIR, HOME_PVC, HOST_KEYS_DIR, L_SUBDOMAIN, LOGIN, LOGIN_AGENT,
                     LOGIN_CAPS, LOGIN_HOST, MUNGE_DIR, SA_TOKEN_DIR, SSH_HOST_KEY_TYPES, SSH_HOST_KEYS_SECRET,
-                    SSH_PORT, USER_FILES, USERS_CONFIG, USERS_DIR, WAKE_PORT, WORKERS, base_labels, selector)
+                    SSH_PORT, USER_FILES, USERS_CONFIG, USERS_DIR, WAKE_DIR, WAKE_SOCKET, WORKERS, base_labels,
+                    selector)
 
 
 # ---------------------------------------------------------------- secrets
@@ -120,21 +121,24 @@ def _add_login_agent(spec: ClusterSpec, pod_spec: dict[str, Any], login: dict[st
     """The wake agent beside sshd (``python -m provisioner.controltier``, slurmctld image).
 
     - A plain ``sbatch`` (any Slurm command, and each SSH login) in the login container asks it on
-      the pod's loopback (127.0.0.1:WAKE_PORT) to wake a sleeping control tier, and waits.
+      a Unix socket (WAKE_SOCKET, on an emptyDir that the login container mounts read-only) to wake a
+      sleeping control tier, and waits. The agent names the caller by its kernel uid (SO_PEERCRED),
+      mapped to a name through the cluster's passwd (the users ConfigMap, mounted read-only here too).
     - It serves the login container's SSH session count (written to a shared emptyDir every few
       seconds) on ACTIVITY_PORT for the reconcile loop's idle check.
     - Only this container gets the pod's ServiceAccount token (a projected volume; the pod does not
       automount one), and that account may only scale the tier's named workloads.
     """
-    login["volumeMounts"].append({"name": "activity", "mountPath": ACTIVITY_DIR})
+    login["volumeMounts"] += [{"name": "activity", "mountPath": ACTIVITY_DIR},
+                              {"name": "wake", "mountPath": WAKE_DIR, "readOnly": True}]
     agent = {
         "name": LOGIN_AGENT,
         "image": spec.images.controller,
         "imagePullPolicy": spec.images.pull_policy,
         # tini: python as PID 1 would ignore SIGTERM (the pod would take its whole grace period)
         "command": ["/usr/bin/tini", "--", f"{BIN_DIR}/python", "-m", "provisioner.controltier", "--namespace", spec.namespace_name,
-                    "--wake-port", str(WAKE_PORT), "--activity-port", str(ACTIVITY_PORT),
-                    "--activity-file", f"{ACTIVITY_DIR}/sessions"],
+                    "--wake-socket", WAKE_SOCKET, "--activity-port", str(ACTIVITY_PORT),
+                    "--activity-file", f"{ACTIVITY_DIR}/sessions", "--users-file", f"{USERS_DIR}/passwd"],
         "ports": [{"name": "activity", "containerPort": ACTIVITY_PORT, "protocol": "TCP"}],
         "readinessProbe": {"tcpSocket": {"port": ACTIVITY_PORT}, "periodSeconds": 5},
         "resources": {"requests": {"cpu": "10m", "memory": "64Mi"}},
@@ -142,6 +146,8 @@ def _add_login_agent(spec: ClusterSpec, pod_spec: dict[str, Any], login: dict[st
                             "runAsNonRoot": True, "readOnlyRootFilesystem": True},
         "volumeMounts": [
             {"name": "activity", "mountPath": ACTIVITY_DIR, "readOnly": True},
+            {"name": "wake", "mountPath": WAKE_DIR},
+            {"name": "users", "mountPath": USERS_DIR, "readOnly": True},
             {"name": "agent-token", "mountPath": SA_TOKEN_DIR, "readOnly": True},
         ],
     }
@@ -149,6 +155,7 @@ def _add_login_agent(spec: ClusterSpec, pod_spec: dict[str, Any], login: dict[st
     pod_spec["containers"].append(agent)
     pod_spec["volumes"] += [
         {"name": "activity", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
+        {"name": "wake", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
         {"name": "agent-token", "projected": {"defaultMode": 0o444, "sources": [
             {"serviceAccountToken": {"path": "token", "expirationSeconds": 3600}},
             {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
