@@ -239,8 +239,12 @@ def test_no_api_token_in_login_or_worker_containers(cluster: Cluster, log_archiv
                        lambda: len(worker_pods()) >= 2 and "CONFIGURING" not in (st := _job(alice, job)["job_state"])
                        and set(st) & {"RUNNING", "COMPLETED"}, 180)
     assert running
+    owner = kjson("get", "statefulset", m.CONTROLLER, "-n", NAMESPACE)["metadata"]["uid"]
     for name, wpod in worker_pods().items():
         _assert_no_token(wpod, wpod["spec"]["containers"])
+        # owned by the slurmctld StatefulSet: none outlives the cluster (garbage collector)
+        refs = [(r["kind"], r["name"], r["uid"]) for r in wpod["metadata"].get("ownerReferences") or ()]
+        assert refs == [("StatefulSet", m.CONTROLLER, owner)], f"{name}: ownerReferences {refs}"
         for container in wpod["spec"]["containers"]:
             def probe(pod=name, c=container["name"]):
                 proc = _exec(pod, c, TOKEN_PROBE, check=False)
