@@ -28,3 +28,36 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for item in items:
             if tier in item.keywords:
                 item.add_marker(skip)
+
+
+# ---------------------------------------------------------------- time per tier
+
+_TIER_SECONDS: dict[str, list[float]] = {}
+
+
+def tier_of(keywords: "pytest.Item | object") -> str:
+    """integration | e2e | unit, by the item's markers."""
+    names = getattr(keywords, "keywords", keywords)
+    return next((tier for tier in TIERS if tier in names), "unit")
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Sum setup + call + teardown per tier (module fixtures, e.g. a test bed, count where they run)."""
+    if report.outcome == "skipped" and report.when != "setup":
+        return
+    counts = _TIER_SECONDS.setdefault(tier_of(report.keywords), [0.0, 0])
+    counts[0] += report.duration
+    if report.when == "call":
+        counts[1] += 1
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:  # noqa: ANN001
+    """One line per tier that ran: tests and seconds (what CI's time budget is made of)."""
+    ran = {tier: v for tier, v in _TIER_SECONDS.items() if v[1]}
+    if not ran:
+        return
+    terminalreporter.section("time per tier")
+    for tier in ("unit", "integration", "e2e"):
+        if tier in ran:
+            seconds, count = ran[tier]
+            terminalreporter.write_line(f"{tier:12s} {count:4d} tests {seconds:8.0f} s")
