@@ -263,3 +263,6 @@ def test_dask_jobqueue(bed: Testbed, venv: str, partition: str):
     assert workers and sorted(workers.group(1).split()) == sorted(bed.node_names), out
     scheduler = re.search(r"^SCHEDULER tcp://([\d.]+):\d+$", out, re.M)
     assert scheduler and scheduler.group(1) == bed.login_ip, out  # the login node's address, by default
+    # cluster.close() cancelled the workers' jobs
+    wait_for("no dask-worker job left", lambda: sh(bed, "squeue -h -u $USER -n dask-worker -o %i"), 60,
+             until=lambda left: left.strip() == "")
