@@ -69,9 +69,13 @@ def wheels() -> list[Path]:
                         f"-d {folder} {' '.join(REQUIREMENTS)} && touch {folder}/complete):\n"
                         f"{proc.stderr[-3000:]}")
         (tmp / "complete").write_text(" ".join(REQUIREMENTS) + "\n")
-        shutil.rmtree(folder, ignore_errors=True)
         tmp.chmod(0o755)
-        os.replace(tmp, folder)
+        try:
+            tmp.rename(folder)  # atomic: a folder in the cache is complete
+        except OSError:
+            shutil.rmtree(tmp, ignore_errors=True)
+            if not (folder / "complete").exists():  # not a concurrent run's download
+                raise
     return sorted(folder.glob("*.whl"))
 
 
