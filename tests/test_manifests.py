@@ -357,6 +357,26 @@ def test_network_policy_admits_own_pods_and_ssh_only(fabric):
     assert intra["spec"]["policyTypes"] == ssh["spec"]["policyTypes"] == ["Ingress"]
 
 
+def test_workers_may_call_back_to_the_login_pod_on_any_port(local):
+    """Jobs reach back to the login pod on ports chosen at run time: srun/salloc/sattach I/O and a
+    dask-jobqueue scheduler in the user's Python there (tests/integration/test_researcher_tools.py).
+    The intra-cluster policy selects the login pod, admits worker pods, and names no ports."""
+    spec, gen = local
+    intra = next(p for p in m.network_policies(spec) if p["metadata"]["name"] == "intra-cluster")
+
+    def selects(selector, labels):
+        return (all(labels.get(k) == v for k, v in selector.get("matchLabels", {}).items())
+                and all(labels.get(e["key"]) not in e["values"] for e in selector.get("matchExpressions", [])
+                        if e["operator"] == "NotIn"))
+
+    login = m.login_deployment(spec, gen.files)["spec"]["template"]["metadata"]["labels"]
+    worker = m.worker_pod(spec, gen.inventory.nodes[0])["metadata"]["labels"]
+    assert selects(intra["spec"]["podSelector"], login)
+    [rule] = intra["spec"]["ingress"]
+    assert "ports" not in rule
+    assert any("podSelector" in peer and selects(peer["podSelector"], worker) for peer in rule["from"])
+
+
 def test_namespace_pod_security_level(fabric, local):
     assert m.namespace(local[0])["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "baseline"
     # hostNetwork is not allowed by baseline: the namespace of a host-network pool is 'privileged'

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import secrets
 import shlex
 import shutil
@@ -440,6 +441,51 @@ class Testbed:
                         await fh.write(text)
 
         asyncio.run(go())
+
+    def put_files(self, local_paths: Sequence[Path], remote_dir: str) -> None:
+        """Copy local files (binary, e.g. wheels) into `remote_dir` as the user (through SFTP)."""
+        async def go() -> None:
+            async with asyncssh.connect(self.login_ip, username=USER, client_keys=[self.key], known_hosts=None) as conn:
+                async with conn.start_sftp_client() as sftp:
+                    await sftp.makedirs(remote_dir, exist_ok=True)
+                    await sftp.put([str(p) for p in local_paths], remote_dir)
+
+        asyncio.run(go())
+
+    async def _ssh_pty(self, command: str, dialogue: Sequence[tuple[str, str]],
+                       timeout: float) -> tuple[str, int | None]:
+        async with asyncssh.connect(self.login_ip, username=USER, client_keys=[self.key], known_hosts=None,
+                                    password=None, preferred_auth=("publickey",)) as conn:
+            async with conn.create_process(command, term_type="xterm", term_size=(200, 50)) as proc:
+                seen = ""
+                deadline = time.monotonic() + timeout
+
+                async def read_more() -> bool:
+                    nonlocal seen
+                    chunk = await asyncio.wait_for(proc.stdout.read(4096), max(0.1, deadline - time.monotonic()))
+                    seen += chunk
+                    return bool(chunk)
+
+                try:
+                    for expect, line in dialogue:
+                        start = len(seen)
+                        while re.search(expect, seen[start:]) is None:
+                            if not await read_more():
+                                raise TestbedError(f"pty {command!r}: ended before {expect!r}; it showed:\n{seen}")
+                        proc.stdin.write(line + "\n")
+                    while await read_more():
+                        pass
+                except asyncio.TimeoutError:
+                    raise TestbedError(f"pty {command!r}: timed out after {timeout:.0f}s; it showed:\n{seen}") from None
+                await asyncio.wait_for(proc.wait_closed(), 10)
+                return seen, proc.exit_status
+
+    def ssh_pty(self, command: str, dialogue: Sequence[tuple[str, str]] = (), *,
+                timeout: float = 60) -> tuple[str, int | None]:
+        """Run `command` on the login node as the user in a pseudo-terminal (an interactive `ssh -t`):
+        for each (regex, line) of `dialogue`, wait until the terminal shows `regex`, then type `line`.
+        Returns everything the terminal showed and the exit status."""
+        return asyncio.run(self._ssh_pty(command, dialogue, timeout))
 
     def sbatch(self, *args: str) -> int:
         out = self.ssh(["sbatch", "--parsable", *args]).stdout
