@@ -2,6 +2,7 @@
 # slurmk8s slurmrestd entrypoint (PID 1 is tini). Contract: images/README.md.
 #   /etc/slurm/slurm.conf     slurmrestd's client slurm.conf (mounted; needs AuthAltTypes=auth/jwt)
 #   SLURM_JWT=daemon          talk to slurmctld / slurmdbd with the users' JWTs only (no munge)
+#   SLURMRESTD_SECURITY       default disable_unshare_sysv,disable_unshare_files (seccomp refuses unshare)
 #   arguments                 slurmrestd's (default: -a rest_auth/jwt 0.0.0.0:6820)
 # Runs as the unprivileged user the pod names (the image's slurmrestd, 6820): slurmrestd refuses
 # root and SlurmUser. Holds no key: every request brings its user's token.
@@ -18,6 +19,9 @@ case "$(slurm_conf_get "$CONF" AuthAltTypes)" in
     *) die "$CONF lacks AuthAltTypes=auth/jwt: slurmrestd with rest_auth/jwt cannot pass tokens on" ;;
 esac
 export SLURM_JWT="${SLURM_JWT:-daemon}"
+# slurmrestd unshares its System V IPC and file table at start; the RuntimeDefault seccomp profile
+# refuses unshare(2) without CAP_SYS_ADMIN ("fatal: Unable to unshare System V namespace"): skip both
+export SLURMRESTD_SECURITY="${SLURMRESTD_SECURITY:-disable_unshare_sysv,disable_unshare_files}"
 [ "$#" -gt 0 ] || set -- -a rest_auth/jwt 0.0.0.0:6820
 log "exec slurmrestd $*"
 exec slurmrestd "$@"
