@@ -32,6 +32,8 @@ SLURMK8S = str(Path(sys.executable).with_name("slurmk8s"))
 NAMESPACE = "slurm-local"  # examples/local.yaml's cluster "local"; its static volumes name it
 SUSPEND_TIME = 20
 HEALTH_INTERVAL = 15
+# (user, token) of every REST token e2e/test_e2e_rest.py was given; the secret scan looks for them
+ISSUED_TOKENS: list[tuple[str, str]] = []
 MISSING_IMAGE = "slurmk8s/missing:none"  # never built: ErrImageNeverPull under pull_policy Never
 # the cpu pool's network.nccl_env: NCCL settings only (inert without NCCL; UCX_* would steer MPI),
 # values with '=', ',' and '^' as NCCL's own syntax has them
@@ -209,6 +211,8 @@ def e2e_spec(public_key: str) -> dict[str, Any]:
     spec["elasticity"] = {"suspend_time": SUSPEND_TIME, "resume_timeout": 120}
     # health checks every 15 s (300 s by default), so a check made to fail drains within a test's patience
     spec["health"] = {"interval": HEALTH_INTERVAL}
+    # the REST API with JWT auth (e2e/test_e2e_rest.py; the secret scan then covers the JWT key)
+    spec["rest"] = {"enabled": True}
     small = {"mode": "slots", "cpus": 1, "memory": "1Gi", "pod_cpu_request": "50m", "pod_memory_request": "128Mi"}
     spec["pools"] = [
         # a job environment (Slurm's TaskProlog exports it into every task: test_e2e_cluster.py)

@@ -28,7 +28,7 @@ from provisioner import manifests as m
 from provisioner.config import load_spec
 from provisioner.deploy.secrets import public_key
 
-from helpers import (NAMESPACE, Cluster, kjson, kubectl, slurmk8s, submit, wait_for, wait_job,
+from helpers import (ISSUED_TOKENS, NAMESPACE, Cluster, kjson, kubectl, slurmk8s, submit, wait_for, wait_job,
                      worker_pods)
 
 pytestmark = pytest.mark.e2e
@@ -578,10 +578,14 @@ def _needles(cluster: Cluster) -> dict[str, bytes]:
             else:  # binary (the munge key): raw, hex and base64 pieces
                 out[f"{label} (raw)"] = raw[:32]
                 out[f"{label} (hex)"] = raw[:32].hex().encode()
-                out.update({f"{label} (base64 at {i})": b64.encode()[i:i + 40] for i in (0, 400, 1000)})
+                # (a short key, the 64-byte JWT key, has only the first piece)
+                out.update({f"{label} (base64 at {i})": b64.encode()[i:i + 40] for i in (0, 400, 1000)
+                            if len(b64) >= i + 40})
     passphrase = cluster.state / "passphrase"
     if passphrase.exists():
         out["Pulumi secrets passphrase"] = passphrase.read_bytes().strip()
+    # the REST API's tokens that e2e/test_e2e_rest.py was given (`slurmk8s token`): in no log either
+    out.update({f"the JWT issued to {who} ({i})": tok.encode() for i, (who, tok) in enumerate(ISSUED_TOKENS)})
     body = cluster.key.export_private_key().splitlines()
     public = cluster.key.export_public_key()
     out.update({f"the e2e user's private key line {i}": l for i, l in enumerate(body)
@@ -630,11 +634,12 @@ def _collect(cluster: Cluster, log_archive: Path, where: Path) -> dict[str, byte
 
 @pytest.mark.e2e_last
 def test_no_secret_in_any_log_state_output_or_config_map(cluster: Cluster, log_archive: Path, tmp_path: Path):
-    """The munge key (raw, hex, base64), the SSH host keys and any other Secret value, the e2e user's
-    private key and the Pulumi passphrase: in no CLI log or output, no Pulumi state file, no
+    """The munge key and the JWT key (raw, hex, base64), the SSH host keys and any other Secret value,
+    the REST tokens the session was given, the e2e user's private key and the Pulumi passphrase: in no CLI log or output, no Pulumi state file, no
     ConfigMap or pod spec, no container log. Runs after every other test of the session."""
     needles = _needles(cluster)
     assert any("slurm-auth/munge.key" in n for n in needles) and any("ssh_host_ed25519_key" in n for n in needles)
+    assert any("slurm-jwt/jwt_hs256.key" in n for n in needles), "the JWT key (rest.enabled) is not scanned for"
     texts = _collect(cluster, log_archive, tmp_path)
     assert any(n.startswith("state file ") for n in texts), "no Pulumi state file found to scan"
     leaks = [f"{what} in {where}" for where, text in texts.items() for what, needle in needles.items()

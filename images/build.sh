@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build the slurmk8s images: slurmk8s/slurmd, slurmk8s/login, slurmk8s/slurmctld, slurmk8s/slurmdbd,
-# slurmk8s/mariadb.
+# slurmk8s/mariadb, slurmk8s/slurmrestd.
 #
 #   images/build.sh [--force] [--no-cache] [--list] [--tags] [IMAGE ...]
 #
@@ -24,7 +24,7 @@ ROOT="$(cd "$HERE/.." && pwd)"
 PREFIX="${SLURMK8S_IMAGE_PREFIX:-slurmk8s}"
 BASE_IMAGE="${SLURMK8S_BASE_IMAGE:-debian:trixie-slim}"
 WITH_ROCM="${SLURMK8S_WITH_ROCM:-0}"
-ALL_IMAGES=(slurmd login slurmctld slurmdbd mariadb)
+ALL_IMAGES=(slurmd login slurmctld slurmdbd mariadb slurmrestd)
 
 log() { printf '[images] %s\n' "$*" >&2; }
 die() { printf '[images] ERROR: %s\n' "$*" >&2; exit 1; }
@@ -53,8 +53,9 @@ inputs() {
     case "$1" in
         slurmd) printf '%s\n' "${common[@]}" images/entrypoint/slurmd.sh images/health images/slurmd provisioner/health.py ;;
         login) printf '%s\n' "${common[@]}" images/entrypoint/login.sh images/login ;;
-        slurmctld) printf '%s\n' "${common[@]}" images/entrypoint/slurmctld.sh pyproject.toml provisioner ;;
-        slurmdbd) printf '%s\n' "${common[@]}" images/entrypoint/slurmdbd.sh ;;
+        slurmctld) printf '%s\n' "${common[@]}" images/entrypoint/slurmctld.sh images/entrypoint/jwt.sh pyproject.toml provisioner ;;
+        slurmdbd) printf '%s\n' "${common[@]}" images/entrypoint/slurmdbd.sh images/entrypoint/jwt.sh ;;
+        slurmrestd) printf '%s\n' "${common[@]}" images/entrypoint/slurmrestd.sh ;;
         mariadb) printf '%s\n' "${common[@]}" images/entrypoint/mariadb.sh ;;
     esac
 }

@@ -24,7 +24,7 @@ from provisioner.images import images_app  # noqa: E402
 app.add_typer(images_app, name="images")
 from provisioner.deploy.commands import register as _register_deploy  # noqa: E402  (up, preview, down, outputs)
 _register_deploy(app)
-from provisioner.usercli import register as _register_user  # noqa: E402  (submit, ssh)
+from provisioner.usercli import register as _register_user  # noqa: E402  (submit, ssh, token)
 _register_user(app)
 # --- end sub-apps ---
 

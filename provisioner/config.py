@@ -60,7 +60,7 @@ MANAGED_SLURM_KEYS = frozenset(
         "CommunicationParameters", "TopologyParam",
         "HealthCheckProgram", "HealthCheckInterval", "HealthCheckNodeState",
         "AccountingStorageType", "AccountingStorageHost", "AccountingStoragePort", "AccountingStoragePass",
-        "AccountingStorageUser", "PriorityType", "JobCompType",
+        "AccountingStorageUser", "PriorityType", "JobCompType", "AuthAltTypes", "AuthAltParameters",
     )
 )
 
@@ -207,6 +207,7 @@ class Images(Model):
     login: str = Field(default="slurmk8s/login:dev", description="Login image (sshd + Slurm clients).")
     slurmdbd: str = Field(default="slurmk8s/slurmdbd:dev", description="slurmdbd image (accounting).")
     database: str = Field(default="slurmk8s/mariadb:dev", description="Internal accounting database image (MariaDB).")
+    rest: str = Field(default="slurmk8s/slurmrestd:dev", description="slurmrestd image (the REST API, `rest`).")
     pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
         default="IfNotPresent", description="imagePullPolicy of every pod."
     )
@@ -273,6 +274,26 @@ class Login(Model):
 
     @model_validator(mode="after")
     def _node_port(self) -> "Login":
+        if self.node_port is not None and self.service_type != "NodePort":
+            raise ValueError("node_port is set but service_type is not 'NodePort'; set service_type: NodePort")
+        return self
+
+
+class Rest(Model):
+    """Slurm's REST API (slurmrestd) for programs: each request carries a user's JWT (`scontrol token`
+    on the login pod, or `slurmk8s token --user NAME`); slurmctld and slurmdbd check it."""
+
+    enabled: bool = Field(
+        default=False,
+        description="Run slurmrestd (and turn on JWT auth: AuthAltTypes=auth/jwt with a generated key).",
+    )
+    service_type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = Field(
+        default="ClusterIP", description="How the REST API (port 6820, plain HTTP) is exposed."
+    )
+    node_port: int | None = Field(default=None, ge=30000, le=32767, description="Fixed NodePort.")
+
+    @model_validator(mode="after")
+    def _node_port(self) -> "Rest":
         if self.node_port is not None and self.service_type != "NodePort":
             raise ValueError("node_port is set but service_type is not 'NodePort'; set service_type: NodePort")
         return self
@@ -802,6 +823,7 @@ class ClusterSpec(Model):
     images: Images = Field(default_factory=Images, description="Container images.")
     login: Login = Field(default_factory=Login, description="The login pod and how SSH reaches it.")
     health: Health = Field(default_factory=Health, description="Worker health checks that drain bad nodes.")
+    rest: Rest = Field(default_factory=Rest, description="Slurm's REST API (slurmrestd) with per-user JWTs.")
     accounting: Accounting = Field(
         default_factory=Accounting, description="Job accounting (slurmdbd + database), accounts and fair share."
     )
@@ -882,6 +904,9 @@ class ClusterSpec(Model):
                     issues.append((f"pools[{i}].shm_size",
                                    f"shm_size {p.shm_size} is below health.min_shm {self.health.min_shm}, so every "
                                    "node of the pool would be drained; raise shm_size or lower health.min_shm"))
+        if self.rest.node_port is not None and self.rest.node_port == self.login.node_port:
+            issues.append(("rest.node_port", f"NodePort {self.rest.node_port} is also login.node_port; "
+                           "give the REST API another port (30000-32767) or leave it unset"))
         if self.topology.plugin == "block" and any(p.mode == "slots" for p in self.pools):
             for i, p in enumerate(self.pools):
                 if p.mode == "slots" and p.domain_label != self.topology.block_label:

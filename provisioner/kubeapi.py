@@ -9,6 +9,7 @@ gets its client from :func:`api_client` and sees failures as :class:`ApiError`.
   ``KUBERNETES_SERVICE_HOST`` is missing.
 - :func:`raw_call`: a call of the official client for its raw JSON (no model objects), with a
   request timeout; refusals become :class:`ApiError` with the API's own words.
+- :func:`pod_exec`: a command in a pod's container (`kubectl exec`), as (exit code, stdout, stderr).
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from .errors import SlurmK8sError
 
@@ -127,3 +129,60 @@ def api_client(kubeconfig: str | None = None, env: Mapping[str, str] | None = No
         return config.new_client_from_config(config_file=env.get("KUBECONFIG") or None)
     except config.ConfigException as err:
         raise KubeConfigError(f"no Kubernetes credentials (in-cluster or KUBECONFIG): {err}") from None
+
+
+def pod_exec(core: Any, namespace: str, pod: str, container: str, argv: Sequence[str],
+             timeout: float) -> tuple[int, str, str]:
+    """Run argv in a pod's container (the exec subresource, as `kubectl exec`) with a ``CoreV1Api``:
+    (exit code, stdout, stderr). A refused or failed exec is exit code 126 with the reason as stderr;
+    124 when it runs past `timeout` seconds."""
+    from kubernetes.client.exceptions import ApiException
+    from kubernetes.stream import stream
+    from kubernetes.stream.ws_client import ERROR_CHANNEL
+    from websocket import WebSocketException
+
+    try:
+        resp = stream(core.connect_get_namespaced_pod_exec, pod, namespace, container=container,
+                      command=list(argv), stderr=True, stdin=False, stdout=True, tty=False,
+                      _preload_content=False)
+    except ApiException as exc:
+        reason = getattr(exc, "reason", "") or ""
+        body = str(getattr(exc, "body", "") or "")[:300]
+        return 126, "", f"exec refused ({getattr(exc, 'status', '?')} {reason}) {body}".strip()
+    except (WebSocketException, OSError) as exc:
+        return 126, "", f"exec failed: {type(exc).__name__}: {exc}"
+    out: list[str] = []
+    err: list[str] = []
+    deadline = time.monotonic() + timeout
+    try:
+        while resp.is_open():
+            if time.monotonic() > deadline:
+                return 124, "".join(out), f"timed out after {timeout:.0f}s"
+            resp.update(timeout=1)
+            if resp.peek_stdout():
+                out.append(resp.read_stdout())
+            if resp.peek_stderr():
+                err.append(resp.read_stderr())
+        code, why = exec_status(resp.read_channel(ERROR_CHANNEL))
+    finally:
+        resp.close()
+    return code, "".join(out), "".join(err) + (f"\n{why}" if why else "")
+
+
+def exec_status(text: str) -> tuple[int, str]:
+    """The exec API's status message (its error channel) -> (exit code, why when not a plain exit).
+
+    Success -> 0; NonZeroExitCode -> the code; a command that could not start (no such binary, the
+    container gone) -> 126 with the API's message; no status at all (connection lost) -> 125."""
+    try:
+        doc = json.loads(text) if text.strip() else None
+    except json.JSONDecodeError:
+        return 125, f"exec: unreadable status {text[:200]!r}"
+    if not isinstance(doc, dict):
+        return 125, "exec: the connection closed without an exit status"
+    if doc.get("status") == "Success":
+        return 0, ""
+    for cause in (doc.get("details") or {}).get("causes") or ():
+        if cause.get("reason") == "ExitCode" and str(cause.get("message", "")).isdigit():
+            return int(cause["message"]), ""
+    return 126, f"exec: {doc.get('reason', '')} {doc.get('message', '')}".strip()

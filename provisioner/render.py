@@ -47,6 +47,9 @@ class Site:
 
 
 SLURMDBD_PORT = 6819
+# spec.rest: where slurmctld and slurmdbd read the JWT key (their entrypoints install it there from
+# the mounted Secret, SlurmUser-owned, mode 0400); clients (login, workers, slurmrestd) need no key
+JWT_KEY_PATH = "/run/slurmk8s-jwt/jwt_hs256.key"
 
 # The worker image's side of the contract (images/README.md, "slurmd"): Slurm's TaskProlog, which
 # exports the pool's job environment into every task, and the file where the worker's entrypoint
@@ -147,6 +150,7 @@ def render_slurm_conf(spec: ClusterSpec, inventory: Inventory, topology: Topolog
         cluster=spec.slurm_cluster_name,
         controller_host=site.controller_host,
         controller_addr=site.controller_addr,
+        jwt_key=JWT_KEY_PATH if spec.rest.enabled else None,
         bin_dir=site.bin_dir,
         ctld_params=ctld_params,
         topology_plugin=None if topology.plugin == "flat" else topology.slurm_plugin,

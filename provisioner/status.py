@@ -27,6 +27,7 @@ from datetime import datetime, timezone
 from typing import Any, Mapping, Protocol, Sequence
 
 from .errors import SlurmK8sError
+from .kubeapi import exec_status  # noqa: F401  (the exec API's status, re-exported for callers and tests)
 from .slurm.state import NodeStatus, parse_jobs, parse_nodes
 
 A_STATE = "slurmk8s.io/state"  # awake | asleep (written by the idle sleep / wake logic)
@@ -508,56 +509,9 @@ class KubeReader:
     def exec(self, namespace: str, pod: str, container: str, argv: Sequence[str],
              timeout: float) -> tuple[int, str, str]:
         """Run argv in the container (the exec subresource, as `kubectl exec`): (exit code, stdout, stderr)."""
-        from kubernetes.client.exceptions import ApiException
-        from kubernetes.stream import stream
-        from kubernetes.stream.ws_client import ERROR_CHANNEL
-        from websocket import WebSocketException
+        from .kubeapi import pod_exec
 
-        try:
-            resp = stream(self._core.connect_get_namespaced_pod_exec, pod, namespace, container=container,
-                          command=list(argv), stderr=True, stdin=False, stdout=True, tty=False,
-                          _preload_content=False)
-        except ApiException as exc:
-            reason = getattr(exc, "reason", "") or ""
-            body = str(getattr(exc, "body", "") or "")[:300]
-            return 126, "", f"exec refused ({getattr(exc, 'status', '?')} {reason}) {body}".strip()
-        except (WebSocketException, OSError) as exc:
-            return 126, "", f"exec failed: {type(exc).__name__}: {exc}"
-        out: list[str] = []
-        err: list[str] = []
-        deadline = time.monotonic() + timeout
-        try:
-            while resp.is_open():
-                if time.monotonic() > deadline:
-                    return 124, "".join(out), f"timed out after {timeout:.0f}s"
-                resp.update(timeout=1)
-                if resp.peek_stdout():
-                    out.append(resp.read_stdout())
-                if resp.peek_stderr():
-                    err.append(resp.read_stderr())
-            code, why = exec_status(resp.read_channel(ERROR_CHANNEL))
-        finally:
-            resp.close()
-        return code, "".join(out), "".join(err) + (f"\n{why}" if why else "")
-
-
-def exec_status(text: str) -> tuple[int, str]:
-    """The exec API's status message (its error channel) -> (exit code, why when not a plain exit).
-
-    Success -> 0; NonZeroExitCode -> the code; a command that could not start (no such binary, the
-    container gone) -> 126 with the API's message; no status at all (connection lost) -> 125."""
-    try:
-        doc = json.loads(text) if text.strip() else None
-    except json.JSONDecodeError:
-        return 125, f"exec: unreadable status {text[:200]!r}"
-    if not isinstance(doc, dict):
-        return 125, "exec: the connection closed without an exit status"
-    if doc.get("status") == "Success":
-        return 0, ""
-    for cause in (doc.get("details") or {}).get("causes") or ():
-        if cause.get("reason") == "ExitCode" and str(cause.get("message", "")).isdigit():
-            return int(cause["message"]), ""
-    return 126, f"exec: {doc.get('reason', '')} {doc.get('message', '')}".strip()
+        return pod_exec(self._core, namespace, pod, container, argv, timeout)
 
 
 def kube_reader(kubeconfig: str | None) -> KubeReader:

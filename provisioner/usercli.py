@@ -1,8 +1,13 @@
-"""`slurmk8s submit SCRIPT` and `slurmk8s ssh`: for a researcher or platform engineer with a
-kubeconfig. Both wake a sleeping control tier first (provisioner.controltier: scale up in order,
+"""`slurmk8s submit SCRIPT`, `slurmk8s ssh` and `slurmk8s token`: for a researcher or platform
+engineer with a kubeconfig. Both wake a sleeping control tier first (provisioner.controltier: scale up in order,
 wait for readiness), then reach the login pod over SSH as the user: `submit` waits until the
 controller answers `scontrol ping`, then runs plain `sbatch` with the script on stdin and prints the
 job id; `ssh` runs the system `ssh` client (interactive, or one command).
+
+`token --user NAME` prints a JWT for the REST API (``rest.enabled``): it wakes the tier, then runs
+``scontrol token username=NAME lifespan=SECONDS`` in the slurmctld container (the Kubernetes exec
+API, as root there: slurmctld signs tokens for any user only for root and SlurmUser) and prints the
+one line ``SLURM_JWT=...``; a user not in the spec is refused before anything runs.
 
 Where SSH goes: `--address HOST[:PORT]`, else from the login Service: a LoadBalancer's address,
 a NodePort on a node's InternalIP, or the ClusterIP (reachable from the cluster's nodes and pods,
@@ -272,6 +277,93 @@ def ssh(
     os.execvp(argv[0], argv)
 
 
+# ---------------------------------------------------------------- slurmk8s token
+
+DEFAULT_TOKEN_LIFETIME = 3600
+MAX_TOKEN_LIFETIME = 24 * 3600
+_JWT_LINE = re.compile(r"^SLURM_JWT=([A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+)\s*$", re.MULTILINE)
+
+
+def token_argv(spec: Any, user: str, lifetime: int) -> list[str]:
+    """`scontrol token` for `user` of the spec, valid `lifetime` seconds; refuses what Slurm should
+    never be asked (a user not in the spec, a cluster without JWT auth, a lifetime out of range)."""
+    if not spec.rest.enabled:
+        raise UserError(f"cluster {spec.name} has no REST API and no JWT auth (rest.enabled is false); set "
+                        "rest: {enabled: true} in the spec and run `slurmk8s up`")
+    names = [u.name for u in spec.users]
+    if user not in names:
+        raise UserError(f"user {user!r} is not in the spec of cluster {spec.name} (users: "
+                        f"{', '.join(names) or 'none'}); tokens are only for the spec's users")
+    if not 1 <= lifetime <= MAX_TOKEN_LIFETIME:
+        raise UserError(f"--lifetime {lifetime}s is out of range; use 1s to {MAX_TOKEN_LIFETIME // 3600}h")
+    return ["scontrol", "token", f"username={user}", f"lifespan={lifetime}"]
+
+
+def parse_token(stdout: str) -> str:
+    """The JWT from `scontrol token`'s output (one line SLURM_JWT=header.payload.signature)."""
+    found = _JWT_LINE.search(stdout)
+    if not found:
+        raise UserError("scontrol token printed no SLURM_JWT=<token> line; see the slurmctld container's log")
+    return found.group(1)
+
+
+def _retryable(code: int, err: str) -> bool:
+    """slurmctld not answering yet (just woken, restarting) or the pod not there yet."""
+    return code in (124, 125, 126) or "Unable to contact" in err or "Connection refused" in err
+
+
+def request_token(core: Any, namespace: str, argv: list[str], timeout: float,
+                  exec_fn: Any = None, sleep: Any = time.sleep, clock: Any = time.monotonic) -> str:
+    """Run `argv` (token_argv) in slurmctld's container until it answers or `timeout` passes."""
+    from . import manifests as m
+    from .kubeapi import pod_exec
+
+    run = exec_fn or pod_exec
+    deadline = clock() + timeout
+    while True:
+        code, out, err = run(core, namespace, m.CONTROLLER_POD, m.CONTROLLER, argv, max(5.0, deadline - clock()))
+        if code == 0:
+            return parse_token(out)
+        why = " ".join(err.split())[:300]
+        if not _retryable(code, err) or clock() > deadline:
+            raise UserError(f"`{' '.join(argv[:2])}` in {namespace}/{m.CONTROLLER_POD} failed (exit {code}): {why}")
+        sleep(2.0)
+
+
+def token(
+    user: Annotated[str, typer.Option("--user", "-u", help="The cluster user (of the spec's users) the token is for.")],
+    spec: Annotated[Path, typer.Option("--spec", help="Cluster spec YAML (its users and namespace).")],
+    lifetime: Annotated[str, typer.Option("--lifetime", help="How long the token is valid: 90s, 30m, 1h (at most 24h).")]
+    = "1h",
+    kubeconfig: KubeOpt = None,
+    timeout: TimeoutOpt = 300.0,
+) -> None:
+    """Print a JWT for the REST API as SLURM_JWT=<token> (wakes a sleeping cluster first)."""
+    from kubernetes import client
+
+    from .config import parse_duration
+
+    global _T0
+    _T0 = time.monotonic()
+    try:
+        from .config import load_spec
+
+        loaded = load_spec(spec)
+        try:
+            seconds = parse_duration(lifetime)
+        except ValueError as err:
+            raise UserError(f"--lifetime: {err}") from None
+        argv = token_argv(loaded, user, seconds)
+        api = _api_client(kubeconfig)
+        ns = loaded.namespace_name
+        wake(api, ns, f"slurmk8s token for {user}", timeout)
+        jwt = request_token(client.CoreV1Api(api), ns, argv, timeout)
+    except SlurmK8sError as err:
+        _fail(str(err))
+    typer.echo(f"SLURM_JWT={jwt}")
+
+
 def register(app: typer.Typer) -> None:
     app.command("submit")(submit)
     app.command("ssh")(ssh)
+    app.command("token")(token)

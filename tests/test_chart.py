@@ -195,6 +195,8 @@ def _expected_differences(spec, chart: dict[str, dict], pulumi: dict[str, dict],
     #    and the generated keys (Pulumi keeps those in the stack's configuration).
     kept = {f"PersistentVolumeClaim {ns}/home", f"PersistentVolumeClaim {ns}/slurmctld-state",
             f"Secret {ns}/slurm-auth"} | ({f"Secret {ns}/ssh-host-keys"} if spec.login.enabled else set())
+    if spec.rest.enabled:
+        kept.add(f"Secret {ns}/{m.JWT_SECRET}")
     if spec.accounting.enabled and spec.accounting.external_database is None:  # the internal database
         kept |= {f"PersistentVolumeClaim {ns}/{m.DATABASE_PVC}", f"Secret {ns}/{m.DB_SECRET}"}
     for key, obj in chart.items():
@@ -268,6 +270,11 @@ def _expected_differences(spec, chart: dict[str, dict], pulumi: dict[str, dict],
     auth_p = pulumi[f"Secret {ns}/{m.AUTH_SECRET}"]["data"]
     assert len(base64.b64decode(auth_c["munge.key"])) == len(base64.b64decode(auth_p["munge.key"])) == 1024
     auth_c["munge.key"] = auth_p["munge.key"] = "<generated>"
+    if spec.rest.enabled:  # the JWT key: 64 random bytes
+        jwt_c = chart[f"Secret {ns}/{m.JWT_SECRET}"]["data"]
+        jwt_p = pulumi[f"Secret {ns}/{m.JWT_SECRET}"]["data"]
+        assert len(base64.b64decode(jwt_c[m.JWT_KEY_FILE])) == len(base64.b64decode(jwt_p[m.JWT_KEY_FILE])) == 64
+        jwt_c[m.JWT_KEY_FILE] = jwt_p[m.JWT_KEY_FILE] = "<generated>"
     if f"Secret {ns}/{m.DB_SECRET}" in pulumi:  # the internal database's password: 32 letters and digits
         db_c, db_p = chart[f"Secret {ns}/{m.DB_SECRET}"], pulumi[f"Secret {ns}/{m.DB_SECRET}"]
         generated = base64.b64decode(db_c.pop("data")["password"]).decode()

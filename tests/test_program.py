@@ -11,7 +11,7 @@ import pytest
 from factories import aws_fleet, node, node_list
 from provisioner.config import load_spec
 from provisioner.deploy import program as prog
-from provisioner.deploy.secrets import DB_PASSWORD, HOST_KEYS, MUNGE_KEY, generate
+from provisioner.deploy.secrets import DB_PASSWORD, HOST_KEYS, JWT_KEY, MUNGE_KEY, generate
 
 ROOT = Path(__file__).resolve().parents[1]
 LINUX = {"kubernetes.io/os": "linux"}
@@ -119,8 +119,8 @@ def test_secrets_travel_as_pulumi_secrets_and_never_leave_in_plain_text(pulumi_r
     assert db.secret_paths == ("stringData",) and db.inputs["stringData"]["password"] == keys[DB_PASSWORD]
     dbd_conf = next(r for r in run.resources if r.name == "local-slurmdbd-conf")
     assert "StoragePass=" not in json.dumps(dbd_conf.inputs)  # added in the slurmdbd pod from the password Secret
-    needles = [keys[MUNGE_KEY], keys[MUNGE_KEY][:40], keys[DB_PASSWORD]] + [
-        v.splitlines()[1] for k, v in keys.items() if k not in (MUNGE_KEY, DB_PASSWORD)]
+    needles = [keys[MUNGE_KEY], keys[MUNGE_KEY][:40], keys[DB_PASSWORD], keys[JWT_KEY][:40]] + [
+        v.splitlines()[1] for k, v in keys.items() if k not in (MUNGE_KEY, DB_PASSWORD, JWT_KEY)]
     for cm in run.of_type(":ConfigMap") + [dbd_conf] + [r for r in run.kubernetes()
                                                         if r.type.split(":")[-1] in ("StatefulSet", "Deployment")]:
         text = json.dumps(cm.inputs)
@@ -323,3 +323,41 @@ def test_idle_teardown_adds_the_tier_rbac_and_the_login_agent_account_first(pulu
     login = next(r for r in run.resources if r.name == "local-login" and r.type.endswith("Deployment"))
     deps = {d.rsplit("::", 1)[-1] for d in login.dependencies}
     assert {"local-login-agent"} <= deps  # its pod names the account: created after it
+
+
+def _rest_spec():
+    from provisioner.config import parse_spec
+
+    data = load_spec(ROOT / "examples/local.yaml").model_dump(mode="json", exclude_defaults=True)
+    data["rest"] = {"enabled": True, "service_type": "NodePort"}
+    return parse_spec(data)
+
+
+def test_rest_objects_with_the_jwt_key_as_a_pulumi_secret(pulumi_run, keys):
+    spec = _rest_spec()
+    cfg, secret = _config(keys)
+    run = pulumi_run.run(prog.inline_program(spec, _local_nodes()), cfg, secret)
+    by_parent: dict[str, set[str]] = {}
+    for r in run.kubernetes():
+        by_parent.setdefault(r.parent.rsplit("::", 1)[-1], set()).add(f"{r.type.split(':')[-1]}/{r.name}")
+    assert by_parent["local-rest"] == {"Secret/local-slurm-jwt", "ConfigMap/local-slurmrestd-config",
+                                       "Service/local-slurmrestd", "Deployment/local-slurmrestd"}
+    jwt = next(r for r in run.resources if r.name == "local-slurm-jwt")
+    assert jwt.secret_paths == ("data",) and jwt.inputs["data"]["jwt_hs256.key"] == keys[JWT_KEY]
+    rest = next(r for r in run.resources if r.name == "local-slurmrestd" and r.type.endswith("Deployment"))
+    assert "local-slurmctld" in {d.rsplit("::", 1)[-1] for d in rest.dependencies}  # the key is in place first
+    for r in run.of_type(":ConfigMap") + [r for r in run.kubernetes()
+                                          if r.type.split(":")[-1] in ("StatefulSet", "Deployment")]:
+        assert keys[JWT_KEY][:40] not in json.dumps(r.inputs), r.name
+    assert run.outputs["rest_url"] == "http://slurmrestd.slurm-local.svc.cluster.local:6820"
+    assert "<rest_node_port>" in run.outputs["rest_hint"]
+    assert keys[JWT_KEY][:40] not in json.dumps(run.outputs, default=str)
+
+
+def test_rest_without_a_jwt_key_in_the_stack_says_how_to_make_it(pulumi_run, keys):
+    spec = _rest_spec()
+    cfg, secret = _config({k: v for k, v in keys.items() if k != JWT_KEY})
+    with pytest.raises(Exception, match="stack-secrets"):
+        pulumi_run.run(prog.inline_program(spec, _local_nodes()), cfg, secret)
+    plain = load_spec(ROOT / "examples/local.yaml")  # without rest, an old stack needs no JWT key
+    pulumi_run.run(prog.inline_program(plain, _local_nodes()), cfg, secret)  # no error

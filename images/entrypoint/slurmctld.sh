@@ -2,10 +2,12 @@
 # slurmk8s slurmctld entrypoint (PID 1 is tini). Contract: images/README.md.
 #   /etc/slurm/               rendered config dir (slurm.conf, topology.conf, ...), mounted
 #   /var/spool/slurmctld      StateSaveLocation (a volume); made owned by SlurmUser
+#   /etc/slurmk8s/jwt/jwt_hs256.key  the JWT key, when slurm.conf sets AuthAltParameters=jwt_key=
 #   arguments                 appended to the slurmctld command line (e.g. -vvv)
 # slurmctld runs in the foreground as SlurmUser (which must be set and must not be root).
 set -euo pipefail
 . /usr/local/lib/slurmk8s/lib.sh
+. /usr/local/lib/slurmk8s/jwt.sh
 
 CONF_DIR="${SLURMK8S_SLURM_CONF_DIR:-/etc/slurm}"
 CONF="$CONF_DIR/slurm.conf"
@@ -39,6 +41,8 @@ if ! as_user "$SLURM_USER" test -r "$CONF"; then
 fi
 as_user "$SLURM_USER" test -r "$CONF" || die "$CONF still not readable by $SLURM_USER"
 log "config: $CONF (readable by $SLURM_USER)"
+
+install_jwt_key "$CONF" "$SLURM_USER"
 
 STATE_DIR="$(slurm_conf_get "$CONF" StateSaveLocation)"
 STATE_DIR="${STATE_DIR:-/var/spool/slurmctld}"

@@ -2,6 +2,7 @@
 # slurmk8s slurmdbd entrypoint (PID 1 is tini). Contract: images/README.md.
 #   /etc/slurmk8s/slurmdbd/slurmdbd.conf  slurmdbd.conf without StoragePass (mounted Secret)
 #   /etc/slurmk8s/db/password             the database password (mounted Secret; SLURMK8S_DB_PASSWORD_FILE)
+#   /etc/slurmk8s/jwt/jwt_hs256.key       the JWT key, when slurmdbd.conf sets AuthAltParameters=jwt_key=
 #   SLURMK8S_DB_WAIT                      seconds to wait for the database (default 300)
 #   arguments                             appended to the slurmdbd command line (e.g. -vvv)
 # Writes /etc/slurm/slurmdbd.conf (SlurmUser, 0600: slurmdbd refuses anything looser), waits until
@@ -12,6 +13,7 @@
 # prints one line "ok: ..." or "error <kind>: ..." and exits 0 / 1 (used by `slurmk8s up`).
 set -euo pipefail
 . /usr/local/lib/slurmk8s/lib.sh
+. /usr/local/lib/slurmk8s/jwt.sh
 
 CONF_SRC="${SLURMK8S_SLURMDBD_CONF:-$SLURMK8S_DIR/slurmdbd/slurmdbd.conf}"
 PW_FILE="${SLURMK8S_DB_PASSWORD_FILE:-$SLURMK8S_DIR/db/password}"
@@ -78,6 +80,7 @@ chown "$SLURM_USER:$SLURM_USER" "$tmp"
 chmod 0600 "$tmp"
 mv -f "$tmp" "$CONF"
 umask 022
+install_jwt_key "$CONF" "$SLURM_USER"
 log "config: $CONF ($SLURM_USER, 0600; StoragePass from $PW_FILE)"
 
 # slurmdbd exits fatally when the database accepts connections but is not fully up

@@ -270,13 +270,13 @@ def check(session: Any, op: str, echo: Printer, *, take_over: bool = False,
 
 def adopt_keys(session: Any, echo: Printer) -> list[str]:
     """--take-over: copy the running cluster's keys (munge key, SSH host keys, internal database
-    password) into this stack's config, so the stack that takes over applies the same keys (no pod
+    password, JWT key) into this stack's config, so the stack that takes over applies the same keys (no pod
     restarts with a new munge key, no new host key for users, no database password change).
     Returns the config keys copied; a key whose Secret is missing is generated later as usual."""
     from kubernetes import client
 
     from ..kubeapi import ApiError, api_client, raw_call
-    from ..manifests.names import AUTH_SECRET, DB_SECRET, DB_SECRET_KEY, SSH_HOST_KEYS_SECRET
+    from ..manifests.names import AUTH_SECRET, DB_SECRET, DB_SECRET_KEY, JWT_KEY_FILE, JWT_SECRET, SSH_HOST_KEYS_SECRET
     from . import secrets as keys
     from .automation import set_secret_config
 
@@ -286,6 +286,8 @@ def adopt_keys(session: Any, echo: Printer) -> list[str]:
     wanted += [(cfg, SSH_HOST_KEYS_SECRET, f"ssh_host_{kind}_key", True) for kind, cfg in keys.HOST_KEYS.items()]
     if session.spec.accounting.enabled and session.spec.accounting.external_database is None:
         wanted.append((keys.DB_PASSWORD, DB_SECRET, DB_SECRET_KEY, True))
+    if session.spec.rest.enabled:  # base64 of the raw key, as the config value
+        wanted.append((keys.JWT_KEY, JWT_SECRET, JWT_KEY_FILE, False))
     cache: dict[str, Mapping[str, str]] = {}
     copied = []
     for cfg_key, secret, field, decode in wanted:
@@ -300,7 +302,7 @@ def adopt_keys(session: Any, echo: Printer) -> list[str]:
         raw = cache[secret].get(field)
         if not raw:
             continue
-        # slurm-auth carries the key's base64 as is (the config value); the others are text
+        # slurm-auth and slurm-jwt carry the key's base64 as is (the config value); the others are text
         value = base64.b64decode(raw).decode() if decode else raw
         set_secret_config(session, f"{keys.CONFIG_NAMESPACE}:{cfg_key}", value)
         copied.append(cfg_key)

@@ -10,8 +10,8 @@ ComponentResource per concern. Nothing is derived here that the core does not de
 
 Stack configuration it reads (namespace ``slurmk8s``; see ``stacks/Pulumi.*.yaml``):
 
-- ``mungeKey``, ``sshHostKeyEd25519``, ``sshHostKeyEcdsa``, ``sshHostKeyRsa``: secrets, generated
-  once (``provisioner.deploy.secrets``);
+- ``mungeKey``, ``sshHostKeyEd25519``, ``sshHostKeyEcdsa``, ``sshHostKeyRsa``,
+  ``accountingDbPassword``, ``jwtKey``: secrets, generated once (``provisioner.deploy.secrets``);
 - ``wait`` (default true): wait for slurmctld / login to become ready; false adds
   ``pulumi.com/skipAwait`` (e.g. while images are not loaded yet);
 - ``clusterDomain`` (default ``cluster.local``);
@@ -42,7 +42,7 @@ from .. import manifests as m
 from ..config import ClusterSpec
 from ..generate import Generated, generate_for_kubernetes
 from .owner import DESCRIPTION_CONFIG, OWNER_CONFIG, annotations
-from .secrets import CONFIG_NAMESPACE, public_key, secrets_from_config
+from .secrets import CONFIG_NAMESPACE, missing_jwt_key_error, public_key, secrets_from_config
 
 PROJECT = "slurmk8s"
 SKIP_AWAIT = "pulumi.com/skipAwait"
@@ -219,6 +219,49 @@ class Login(_Component):
                                "host_public_keys": self.host_public_keys})
 
 
+class Rest(_Component):
+    """The REST API: the JWT key (Secret), slurmrestd's client configuration, Service and Deployment."""
+
+    url: pulumi.Output[str]
+    service_type: pulumi.Output[str]
+    node_port: pulumi.Output[Any]
+    external_ips: pulumi.Output[Any]
+
+    def __init__(self, name: str, spec: ClusterSpec, secrets: m.ClusterSecrets, site: m.K8sSite, *, wait: bool,
+                 depends_on: Sequence[pulumi.Resource], opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("slurmk8s:index:Rest", name, spec, wait, opts, depends_on)
+        if secrets.jwt_key_b64 is None:
+            raise pulumi.RunError(missing_jwt_key_error())
+        sec = m.ClusterSecrets(secrets.munge_key_b64, secrets.ssh_host_keys, secrets.db_password,
+                               pulumi.Output.secret(secrets.jwt_key_b64))
+        svc = None
+        for obj in m.rest_objects(spec, sec, site):
+            res = self._add(obj)
+            if obj["kind"] == "Service":
+                svc = res
+        assert svc is not None
+        self.url = pulumi.Output.from_input(rest_url(spec, site))
+        self.service_type = svc.spec.type
+        self.node_port = svc.spec.apply(lambda sp: sp.ports[0].node_port if sp is not None and sp.ports else None)
+        self.external_ips = svc.status.apply(_lb_addresses)
+        self.register_outputs({"url": self.url, "service_type": self.service_type, "node_port": self.node_port,
+                               "external_ips": self.external_ips})
+
+
+def rest_url(spec: ClusterSpec, site: m.K8sSite) -> str:
+    """The REST API's address inside the Kubernetes cluster (its Service); see rest_hint for outside."""
+    return f"http://{m.service_fqdn(spec, m.REST, site)}:{m.REST_PORT}"
+
+
+def rest_hint(spec: ClusterSpec) -> str:
+    ns = spec.namespace_name
+    if spec.rest.service_type == "ClusterIP":
+        return f"kubectl -n {ns} port-forward svc/{m.REST} {m.REST_PORT}:{m.REST_PORT} & curl http://localhost:{m.REST_PORT}/..."
+    if spec.rest.service_type == "NodePort":
+        return "http://<any node address>:<rest_node_port>/..."
+    return f"http://<rest_external_ips[0]>:{m.REST_PORT}/..."
+
+
 def _lb_addresses(status: Any) -> list[str]:
     """Addresses of a LoadBalancer Service (empty before one is assigned, or for other types)."""
     lb = getattr(status, "load_balancer", None)
@@ -295,6 +338,9 @@ class SlurmCluster(pulumi.ComponentResource):
         self.login = (Login(f"{name}-login", spec, gen, secrets, site, wait=wait,
                             depends_on=[ns, self.storage, self.controller], opts=child)
                       if spec.login.enabled else None)
+        # depends on the controller: slurmctld must have the JWT key before requests arrive
+        self.rest = (Rest(f"{name}-rest", spec, secrets, site, wait=wait, depends_on=[ns, self.controller], opts=child)
+                     if spec.rest.enabled else None)
         self.network = NetworkPolicies(f"{name}-network", spec, site, wait=wait, depends_on=[ns], opts=child)
         self.namespace = ns.metadata.name
         self.register_outputs({"namespace": self.namespace})
@@ -379,6 +425,12 @@ def cluster_program(spec: ClusterSpec, k8s_nodes: Sequence[Mapping[str, Any]] | 
         pulumi.export("login_external_ips", cluster.login.external_ips)
         pulumi.export("ssh_host_public_keys", cluster.login.host_public_keys)
         pulumi.export("ssh_hint", ssh_hint(spec))
+    if cluster.rest is not None:
+        pulumi.export("rest_url", cluster.rest.url)
+        pulumi.export("rest_service_type", cluster.rest.service_type)
+        pulumi.export("rest_node_port", cluster.rest.node_port)
+        pulumi.export("rest_external_ips", cluster.rest.external_ips)
+        pulumi.export("rest_hint", rest_hint(spec))
     return cluster
 
 

@@ -1,5 +1,5 @@
-"""The cluster's generated secrets: the Slurm (munge) auth key, the login pod's SSH host keys and the
-internal accounting database's password.
+"""The cluster's generated secrets: the Slurm (munge) auth key, the login pod's SSH host keys, the
+internal accounting database's password and the JWT key (used with ``rest.enabled``).
 
 Generated once per stack and kept in the stack's configuration as Pulumi secrets (encrypted with the
 stack's passphrase), so every ``up`` applies the same keys: the login pod's host key fingerprints
@@ -22,8 +22,10 @@ CONFIG_NAMESPACE = "slurmk8s"
 MUNGE_KEY = "mungeKey"
 HOST_KEYS = {"ed25519": "sshHostKeyEd25519", "ecdsa": "sshHostKeyEcdsa", "rsa": "sshHostKeyRsa"}
 DB_PASSWORD = "accountingDbPassword"  # the internal accounting database's password
-SECRET_KEYS = (MUNGE_KEY, *HOST_KEYS.values(), DB_PASSWORD)
+JWT_KEY = "jwtKey"  # base64 of the JWT (HS256) key slurmctld and slurmdbd sign and check users' tokens with
+SECRET_KEYS = (MUNGE_KEY, *HOST_KEYS.values(), DB_PASSWORD, JWT_KEY)
 MUNGE_KEY_BYTES = 1024  # what create-munge-key makes by default
+JWT_KEY_BYTES = 64
 
 
 def _openssh_private(key: Any) -> str:
@@ -60,6 +62,8 @@ def generate(missing_only: Mapping[str, Any] | None = None) -> dict[str, str]:
         # letters and digits only: it goes into SQL and slurmdbd.conf, neither of which may need quoting
         alphabet = string.ascii_letters + string.digits
         out[DB_PASSWORD] = "".join(pysecrets.choice(alphabet) for _ in range(32))
+    if JWT_KEY not in have:  # generated for every stack, used once rest.enabled is set
+        out[JWT_KEY] = base64.b64encode(os.urandom(JWT_KEY_BYTES)).decode()
     return out
 
 
@@ -79,13 +83,21 @@ def secrets_from_config(config: Any) -> ClusterSecrets:
         munge = config.require_secret(MUNGE_KEY).apply(lambda v: v.strip())
         host = {kind: config.require_secret(key).apply(pem_text) for kind, key in HOST_KEYS.items()}
         db_password = config.require_secret(DB_PASSWORD).apply(lambda v: v.strip())
+        jwt = config.get_secret(JWT_KEY)  # stacks from before the REST API lack it: needed with rest only
     except pulumi.ConfigMissingError as err:
         raise pulumi.RunError(
             f"{err}\nThe cluster's generated keys are missing from this stack's configuration. "
             "`slurmk8s up` creates them; for a stack run by the Pulumi CLI run "
             "`slurmk8s stack-secrets --stack-dir stacks --stack <name>` once."
         ) from None
-    return ClusterSecrets(munge_key_b64=munge, ssh_host_keys=host, db_password=db_password)
+    return ClusterSecrets(munge_key_b64=munge, ssh_host_keys=host, db_password=db_password,
+                          jwt_key_b64=None if jwt is None else jwt.apply(lambda v: v.strip()))
+
+
+def missing_jwt_key_error() -> str:
+    return ("rest.enabled needs the cluster's JWT key, which this stack's configuration lacks (a stack made "
+            "before the REST API). `slurmk8s up` creates it; for a stack run by the Pulumi CLI run "
+            "`slurmk8s stack-secrets --stack-dir stacks --stack <name>` once.")
 
 
 def pem_text(value: str) -> str:
@@ -98,5 +110,6 @@ def secrets_from_values(values: Mapping[str, str]) -> ClusterSecrets:
     """Plain values (tests, or the Automation API before they reach the config)."""
     return ClusterSecrets(munge_key_b64=values[MUNGE_KEY].strip(),
                           ssh_host_keys={kind: pem_text(values[key]) for kind, key in HOST_KEYS.items()},
-                          db_password=values[DB_PASSWORD].strip() if DB_PASSWORD in values else None)
+                          db_password=values[DB_PASSWORD].strip() if DB_PASSWORD in values else None,
+                          jwt_key_b64=values[JWT_KEY].strip() if JWT_KEY in values else None)
 

@@ -9,7 +9,7 @@ from ..config import ClusterSpec, mib
 from .common import (ClusterSecrets, K8sSite, _container_security, _control_meta, _meta, _pod_security, _pvc,
                      _pvc_volume, _secret_volume, content_hash, service_fqdn)
 from .names import (A_CONFIG_HASH, AUTH_SECRET, BASE_CAPS, DATABASE_PVC, DB_NAME, DB_PASSWORD_DIR, DB_SECRET,
-                    DB_SECRET_KEY, DB_USER, L_MANAGED_BY, L_TIER, MARIADB, MUNGE_DIR, MYSQL_PORT, SLURM_UID,
+                    DB_SECRET_KEY, DB_USER, JWT_DIR, JWT_KEY_PATH, JWT_SECRET, L_MANAGED_BY, L_TIER, MARIADB, MUNGE_DIR, MYSQL_PORT, SLURM_UID,
                     SLURMDBD, SLURMDBD_CONF_DIR, SLURMDBD_CONF_SECRET, SLURMDBD_PORT, TIER_CONTROL, base_labels,
                     selector)
 
@@ -62,6 +62,8 @@ def slurmdbd_conf(spec: ClusterSpec, site: K8sSite = K8sSite()) -> str:
         f"StoragePort={port}\n"
         f"StorageUser={user}\n"
         f"StorageLoc={database}\n"
+        + (f"# the REST API: users' JWTs, checked with the key only slurmctld and slurmdbd have\n"
+           f"AuthAltTypes=auth/jwt\nAuthAltParameters=jwt_key={JWT_KEY_PATH}\n" if spec.rest.enabled else "")
     )
 
 
@@ -160,6 +162,14 @@ def slurmdbd_deployment(spec: ClusterSpec, site: K8sSite = K8sSite()) -> dict[st
             {"name": "password", "mountPath": DB_PASSWORD_DIR, "readOnly": True},
         ],
     }
+    volumes = [
+        _secret_volume("munge-key", AUTH_SECRET),
+        _secret_volume("slurmdbd-conf", SLURMDBD_CONF_SECRET),
+        _secret_volume("password", pw_secret, items=[{"key": pw_key, "path": "password"}]),
+    ]
+    if spec.rest.enabled:  # slurmdbd checks the JWTs slurmrestd passes on (the entrypoint installs the key)
+        container["volumeMounts"].append({"name": "jwt-key", "mountPath": JWT_DIR, "readOnly": True})
+        volumes.append(_secret_volume("jwt-key", JWT_SECRET))
     return {
         "apiVersion": "apps/v1", "kind": "Deployment",
         "metadata": _control_meta(spec, SLURMDBD, SLURMDBD),
@@ -176,11 +186,7 @@ def slurmdbd_deployment(spec: ClusterSpec, site: K8sSite = K8sSite()) -> dict[st
                     "securityContext": _pod_security(),
                     "terminationGracePeriodSeconds": 30,
                     "containers": [container],
-                    "volumes": [
-                        _secret_volume("munge-key", AUTH_SECRET),
-                        _secret_volume("slurmdbd-conf", SLURMDBD_CONF_SECRET),
-                        _secret_volume("password", pw_secret, items=[{"key": pw_key, "path": "password"}]),
-                    ],
+                    "volumes": volumes,
                 },
             },
         },

@@ -12,8 +12,9 @@ from .admission import admission_objects
 from .common import ClusterSecrets, K8sSite, _meta, _pvc, home_on_one_node
 from .login import authorized_keys_secret, login_deployment, login_service, ssh_host_keys_secret
 from .names import (AUTH_SECRET, CONTROLLER, CONTROLLER_POD, CONTROLLER_STATE_PVC, DATABASE_PVC, HOME_PVC,
-                    L_CLUSTER, L_INSTANCE, L_NAME, L_PART_OF, LOGIN, LOGIN_HOST, USER_FILES, USERS_CONFIG, WORKERS)
+                    L_CLUSTER, L_INSTANCE, L_NAME, L_PART_OF, LOGIN, LOGIN_HOST, REST, USER_FILES, USERS_CONFIG, WORKERS)
 from .network import network_policies
+from .rest import rest_objects
 from .rbac import control_tier_objects, controller_service_account, worker_role, worker_role_binding
 from .slurmctld import (controller_service, controller_state_pvc, controller_statefulset, slurm_config_map,
                         spec_config_map)
@@ -79,7 +80,7 @@ def check_home_access(spec: ClusterSpec, inventory: Inventory) -> None:
 
 def check_names(spec: ClusterSpec, inventory: Inventory) -> None:
     """Slurm node names become pod names and hostnames next to the fixed ones used here."""
-    reserved = {LOGIN, LOGIN_HOST, CONTROLLER_POD, CONTROLLER, WORKERS}
+    reserved = {LOGIN, LOGIN_HOST, CONTROLLER_POD, CONTROLLER, WORKERS, REST}
     issues = [
         Issue(f"pools[{next(i for i, p in enumerate(spec.pools) if p.name == n.pool)}].name_prefix",
               f"Slurm node name {n.name!r} clashes with the {n.name!r} pod/service of the cluster",
@@ -116,6 +117,7 @@ def all_objects(spec: ClusterSpec, inventory: Inventory, files: Mapping[str, str
         objs += [ssh_host_keys_secret(spec, secrets.ssh_host_keys), authorized_keys_secret(spec),
                  login_deployment(spec, files, site), login_service(spec)]
     objs += accounting_objects(spec, secrets, site)
+    objs += rest_objects(spec, secrets, site)
     objs += [worker_template_config_map(spec, p, site) for p in spec.pools]
     objs += [workers_service(spec), workers_pdb(spec)]
     objs += network_policies(spec, site)

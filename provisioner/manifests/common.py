@@ -27,6 +27,7 @@ class ClusterSecrets:
     munge_key_b64: Any
     ssh_host_keys: Mapping[str, Any]
     db_password: Any = None  # the internal accounting database's password
+    jwt_key_b64: Any = None  # the JWT key (base64 of its raw bytes), for rest.enabled
 
 
 def _meta(spec: ClusterSpec, name: str, component: str, **extra: Any) -> dict[str, Any]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..config import ClusterSpec
+from ..render import JWT_KEY_PATH  # noqa: F401  (re-exported)
 
 
 L_NAME = "app.kubernetes.io/name"
@@ -49,6 +50,11 @@ DATABASE_PVC = "accounting-db"
 DB_SECRET = "accounting-db"  # generated password of the internal database (key "password")
 DB_SECRET_KEY = "password"
 SLURMDBD_CONF_SECRET = "slurmdbd-conf"  # slurmdbd.conf without StoragePass; only the slurmdbd pod mounts it
+# the REST API (spec.rest): slurmrestd and the JWT key slurmctld and slurmdbd sign and check tokens with
+REST = "slurmrestd"  # Deployment, Service, component
+REST_CONFIG = "slurmrestd-config"  # slurmrestd's client slurm.conf (no secret in it)
+JWT_SECRET = "slurm-jwt"  # key "jwt_hs256.key": the raw HS256 key; mounted by slurmctld and slurmdbd only
+JWT_KEY_FILE = "jwt_hs256.key"
 DB_NAME = "slurm_acct_db"
 DB_USER = "slurm"
 
@@ -57,6 +63,8 @@ SLURMD_PORT = 6818
 SLURMDBD_PORT = 6819
 MYSQL_PORT = 3306
 SSH_PORT = 22
+REST_PORT = 6820
+REST_UID = 6820  # the slurmrestd user of its image: slurmrestd refuses root and SlurmUser
 
 # Where the images expect things (images/README.md, "contract").
 MUNGE_DIR = "/etc/slurmk8s/secret"
@@ -66,6 +74,8 @@ HOST_KEYS_DIR = "/etc/slurmk8s/ssh-host-keys"
 DB_PASSWORD_DIR = "/etc/slurmk8s/db"  # the entrypoints read <dir>/password
 SLURMDBD_CONF_DIR = "/etc/slurmk8s/slurmdbd"
 SPEC_DIR = "/etc/slurmk8s/spec"
+JWT_DIR = "/etc/slurmk8s/jwt"  # the mounted Secret; the entrypoints install the key at JWT_KEY_PATH
+# JWT_KEY_PATH (provisioner.render): AuthAltParameters=jwt_key= of slurm.conf and slurmdbd.conf
 ELASTIC_ENV = "/etc/slurmk8s/elastic.env"  # read by the resume/suspend programs (provisioner.elastic)
 ELASTIC_ENV_KEY = "elastic.env"
 SLURM_CONF_DIR = "/etc/slurm"

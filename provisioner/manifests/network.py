@@ -1,4 +1,4 @@
-"""NetworkPolicies: any traffic among the cluster's own pods, SSH and metrics from anywhere."""
+"""NetworkPolicies: any traffic among the cluster's own pods, SSH, metrics and the REST API from anywhere."""
 
 from __future__ import annotations
 
@@ -6,13 +6,14 @@ from typing import Any
 
 from ..config import ClusterSpec
 from .common import K8sSite, _meta
-from .names import (CONTROLLER, L_CLUSTER, L_COMPONENT, LOGIN, MARIADB, METRICS_PORT, MYSQL_PORT, SLURMDBD,
-                    SSH_PORT, selector)
+from .names import (CONTROLLER, L_CLUSTER, L_COMPONENT, LOGIN, MARIADB, METRICS_PORT, MYSQL_PORT, REST, REST_PORT,
+                    SLURMDBD, SSH_PORT, selector)
 
 
 def network_policies(spec: ClusterSpec, site: K8sSite = K8sSite()) -> list[dict[str, Any]]:
     """Any traffic among the cluster's own pods (MPI, NCCL, srun and jobs that call back to the
-    login pod use arbitrary ports); from elsewhere only SSH to the login pod.
+    login pod use arbitrary ports); from elsewhere only SSH to the login pod (and, with ``rest``,
+    HTTP to slurmrestd; every request there needs a user's token).
 
     Host-network workers send from their node's address, which no pod selector matches: their
     nodes' addresses (``site.host_network_sources``) are admitted to the cluster's pods too.
@@ -30,6 +31,8 @@ def network_policies(spec: ClusterSpec, site: K8sSite = K8sSite()) -> list[dict[
     }
     policies = [intra, _open_port(spec, "login-ssh", LOGIN, SSH_PORT),
                 _open_port(spec, "controller-metrics", CONTROLLER, METRICS_PORT)]
+    if spec.rest.enabled:
+        policies.append(_open_port(spec, "rest-http", REST, REST_PORT))
     if spec.accounting.enabled and spec.accounting.external_database is None:
         policies.append({
             "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
@@ -45,7 +48,7 @@ def network_policies(spec: ClusterSpec, site: K8sSite = K8sSite()) -> list[dict[
 
 
 def _open_port(spec: ClusterSpec, name: str, component: str, port: int) -> dict[str, Any]:
-    """Admit one TCP port of one component's pods from anywhere (SSH to login, metrics)."""
+    """Admit one TCP port of one component's pods from anywhere (SSH to login, metrics, REST)."""
     return {
         "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
         "metadata": _meta(spec, name, "network"),

@@ -13,7 +13,8 @@ from ..config import ClusterSpec
 from .common import (K8sSite, _config_volume, _container_security, _meta, _pod_security, _pvc, _pvc_volume,
                      _secret_volume, content_hash, dns_searches, tier_labels)
 from .names import (A_CONFIG_HASH, A_SPEC_HASH, A_USERS_HASH, AUTH_SECRET, BASE_CAPS, BIN_DIR, CONTROLLER,
-                    CONTROLLER_GRACE_SECONDS, CONTROLLER_STATE_PVC, ELASTIC_ENV, ELASTIC_ENV_KEY, METRICS_PORT,
+                    CONTROLLER_GRACE_SECONDS, CONTROLLER_STATE_PVC, ELASTIC_ENV, ELASTIC_ENV_KEY, JWT_DIR, JWT_SECRET,
+                    METRICS_PORT,
                     MUNGE_DIR, MUNGE_SOCKET_DIR, RECONCILE_PERIOD, SLURM_CONF_DIR, SLURM_CONFIG, SLURM_FILES, GZIPPED_FILES,
                     SLURM_UID, SLURMCTLD_PORT, SLURMK8S_LOG_DIR, SPEC_CONFIG, SPEC_DIR, STATE_DIR, USER_FILES,
                     USERS_CONFIG, USERS_DIR, base_labels, selector)
@@ -164,6 +165,18 @@ def controller_statefulset(spec: ClusterSpec, files: Mapping[str, str], site: K8
             {"name": "slurmk8s-log", "mountPath": SLURMK8S_LOG_DIR},
         ],
     }
+    volumes = [
+        _config_volume("slurm-config", SLURM_CONFIG),
+        _config_volume("spec", SPEC_CONFIG),
+        _config_volume("users", USERS_CONFIG),
+        _secret_volume("munge-key", AUTH_SECRET),
+        _pvc_volume("state", CONTROLLER_STATE_PVC),
+        {"name": "munge-socket", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
+        {"name": "slurmk8s-log", "emptyDir": {"sizeLimit": "256Mi"}},
+    ]
+    if spec.rest.enabled:  # slurmctld signs and checks users' JWTs (the entrypoint installs the key)
+        container["volumeMounts"].append({"name": "jwt-key", "mountPath": JWT_DIR, "readOnly": True})
+        volumes.append(_secret_volume("jwt-key", JWT_SECRET))
     return {
         "apiVersion": "apps/v1", "kind": "StatefulSet",
         "metadata": {**_meta(spec, CONTROLLER, CONTROLLER), "labels": tier_labels(spec, CONTROLLER)},
@@ -184,15 +197,7 @@ def controller_statefulset(spec: ClusterSpec, files: Mapping[str, str], site: K8
                     "terminationGracePeriodSeconds": CONTROLLER_GRACE_SECONDS,
                     "containers": [container, reconcile] + (
                         [accounting_container(spec)] if spec.accounting.enabled else []),
-                    "volumes": [
-                        _config_volume("slurm-config", SLURM_CONFIG),
-                        _config_volume("spec", SPEC_CONFIG),
-                        _config_volume("users", USERS_CONFIG),
-                        _secret_volume("munge-key", AUTH_SECRET),
-                        _pvc_volume("state", CONTROLLER_STATE_PVC),
-                        {"name": "munge-socket", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
-                        {"name": "slurmk8s-log", "emptyDir": {"sizeLimit": "256Mi"}},
-                    ],
+                    "volumes": volumes,
                 },
             },
         },

@@ -60,6 +60,7 @@ chart's own settings (`chart`). Use: {{- $d := include "slurmk8s.defaults" . | f
       "database": "slurmk8s/mariadb:dev",
       "login": "slurmk8s/login:dev",
       "pull_policy": "IfNotPresent",
+      "rest": "slurmk8s/slurmrestd:dev",
       "slurmdbd": "slurmk8s/slurmdbd:dev",
       "worker": "slurmk8s/slurmd:dev"
     },
@@ -70,6 +71,11 @@ chart's own settings (`chart`). Use: {{- $d := include "slurmk8s.defaults" . | f
       "sleeps_with_control_tier": false
     },
     "namespace": null,
+    "rest": {
+      "enabled": false,
+      "node_port": null,
+      "service_type": "ClusterIP"
+    },
     "slurm": {
       "cluster_name": null,
       "default_partition": null,
@@ -131,6 +137,7 @@ chart's own settings (`chart`). Use: {{- $d := include "slurmk8s.defaults" . | f
     "database": "slurmk8s/mariadb:dev",
     "login": "slurmk8s/login:dev",
     "pull_policy": "IfNotPresent",
+    "rest": "slurmk8s/slurmrestd:dev",
     "slurmdbd": "slurmk8s/slurmdbd:dev",
     "worker": "slurmk8s/slurmd:dev"
   },
@@ -180,6 +187,11 @@ chart's own settings (`chart`). Use: {{- $d := include "slurmk8s.defaults" . | f
     "shm_size": null,
     "tolerations": [],
     "weight": 1
+  },
+  "Rest": {
+    "enabled": false,
+    "node_port": null,
+    "service_type": "ClusterIP"
   },
   "SecretRef": {
     "key": "password"

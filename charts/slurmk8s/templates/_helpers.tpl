@@ -42,6 +42,11 @@ render-config init container, with the same Python code as `slurmk8s up`.
 {{- if not (kindIs "invalid" $l.node_port) -}}
 {{- $_ := set $login "node_port" (int64 $l.node_port) -}}
 {{- end -}}
+{{- $r := $v.rest | default dict -}}
+{{- $rest := dict "enabled" (ternary $r.enabled $d.Rest.enabled (hasKey $r "enabled")) "service_type" ($r.service_type | default $d.Rest.service_type) -}}
+{{- if not (kindIs "invalid" $r.node_port) -}}
+{{- $_ := set $rest "node_port" (int64 $r.node_port) -}}
+{{- end -}}
 {{- $users := list -}}
 {{- range $u := $v.users | default list -}}
 {{- $gid := $u.uid -}}
@@ -78,7 +83,7 @@ render-config init container, with the same Python code as `slurmk8s up`.
 {{- $chart := dict "createSecrets" (ternary $c.createSecrets $d.chart.createSecrets (hasKey $c "createSecrets")) -}}
 {{- $cluster := $v.name | replace "-" "_" -}}
 {{- if and $v.slurm $v.slurm.cluster_name }}{{ $cluster = $v.slurm.cluster_name }}{{ end -}}
-{{- toJson (dict "name" $v.name "namespace" $ns "sleeps" $sleeps "cluster_name" $cluster "images" $images "login" $login "users" $users "groups" $groups "storage" $storage "pools" $pools "site" $site "chart" $chart "accounting" $accounting) -}}
+{{- toJson (dict "name" $v.name "namespace" $ns "sleeps" $sleeps "cluster_name" $cluster "images" $images "login" $login "users" $users "groups" $groups "storage" $storage "pools" $pools "site" $site "chart" $chart "accounting" $accounting "rest" $rest) -}}
 {{- end -}}
 
 {{/* slurmk8s.document: the spec as the in-cluster programs read it (spec.json): the values as
