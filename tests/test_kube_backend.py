@@ -327,6 +327,13 @@ def live():
         core.create_namespaced_service_account(ns, m.controller_service_account(spec))
         rbac.create_namespaced_role(ns, m.worker_role(spec))
         rbac.create_namespaced_role_binding(ns, m.worker_role_binding(spec))
+        # the owner every worker pod names (read by the backend before its first create); no replicas
+        labels = {"app.kubernetes.io/component": m.CONTROLLER}
+        client.AppsV1Api(admin).create_namespaced_stateful_set(ns, {
+            "metadata": {"name": m.CONTROLLER},
+            "spec": {"replicas": 0, "serviceName": m.CONTROLLER, "selector": {"matchLabels": labels},
+                     "template": {"metadata": {"labels": labels},
+                                  "spec": {"containers": [{"name": "slurmctld", "image": "slurmk8s/slurmctld:dev"}]}}}})
         token = core.create_namespaced_service_account_token(
             "slurmctld", ns, {"spec": {"expirationSeconds": 600}}).status.token
         cfg = client.Configuration()
@@ -353,6 +360,7 @@ def test_e2e_backend_creates_lists_and_deletes_real_pods(live):
     assert set(workers) == {n.name} and workers[n.name].phase in ("Pending", "Running")
     pod = core.read_namespaced_pod(n.name, ns)
     assert pod.spec.hostname == n.name and pod.spec.subdomain == "workers"
+    assert [(r.kind, r.name) for r in pod.metadata.owner_references] == [("StatefulSet", m.CONTROLLER)]
     assert pod.spec.affinity.node_affinity.required_during_scheduling_ignored_during_execution \
         .node_selector_terms[0].match_fields[0].values == [n.k8s_node]
     t0 = time.monotonic()
@@ -377,7 +385,8 @@ def test_e2e_rbac_allows_pods_only_in_the_own_namespace(live):
     other = KubernetesBackend(spec, api, namespace="default")
     with pytest.raises(BackendError) as berr:
         other.create(inv.nodes[0])
-    assert "RBAC: not allowed to create pods in namespace default" in berr.value.reason
+    # its first request there, the read of the pods' owner, is refused: no pod is created
+    assert f"RBAC: not allowed to get StatefulSet {m.CONTROLLER} in default" in berr.value.reason, berr.value.reason
     assert not berr.value.retryable
     with pytest.raises(ApiException):
         core.read_namespaced_pod(inv.nodes[0].name, "default")
