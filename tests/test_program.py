@@ -340,8 +340,13 @@ def test_rest_objects_with_the_jwt_key_as_a_pulumi_secret(pulumi_run, keys):
     by_parent: dict[str, set[str]] = {}
     for r in run.kubernetes():
         by_parent.setdefault(r.parent.rsplit("::", 1)[-1], set()).add(f"{r.type.split(':')[-1]}/{r.name}")
-    assert by_parent["local-rest"] == {"Secret/local-slurm-jwt", "ConfigMap/local-slurmrestd-config",
-                                       "Service/local-slurmrestd", "Deployment/local-slurmrestd"}
+    assert by_parent["local-rest"] == {"ConfigMap/local-slurmrestd-config", "Service/local-slurmrestd",
+                                       "Deployment/local-slurmrestd"}
+    # the key is the controller's: slurmctld mounts it, and slurmdbd waits for it (no deadlock on
+    # the Rest component, which waits for slurmctld)
+    assert "Secret/local-slurm-jwt" in by_parent["local-controller"]
+    dbd = next(r for r in run.resources if r.name == "local-slurmdbd" and r.type.endswith("Deployment"))
+    assert "local-slurm-jwt" in {d.rsplit("::", 1)[-1] for d in dbd.dependencies}
     jwt = next(r for r in run.resources if r.name == "local-slurm-jwt")
     assert jwt.secret_paths == ("data",) and jwt.inputs["data"]["jwt_hs256.key"] == keys[JWT_KEY]
     rest = next(r for r in run.resources if r.name == "local-slurmrestd" and r.type.endswith("Deployment"))

@@ -141,6 +141,12 @@ class Controller(_Component):
         super().__init__("slurmk8s:index:Controller", name, spec, wait, opts, depends_on)
         files = gen.files
         self._add(m.auth_secret(spec, pulumi.Output.secret(secrets.munge_key_b64)))
+        # the JWT key (rest.enabled): slurmctld and slurmdbd mount it, so it comes before both
+        self.jwt_secret: pulumi.Resource | None = None
+        if spec.rest.enabled:
+            if secrets.jwt_key_b64 is None:
+                raise pulumi.RunError(missing_jwt_key_error())
+            self.jwt_secret = self._add(m.jwt_secret(spec, pulumi.Output.secret(secrets.jwt_key_b64)))
         self._add(m.slurm_config_map(spec, files))
         self._add(m.users_config_map(spec, files))
         self._add(m.spec_config_map(spec, site))
@@ -236,6 +242,8 @@ class Rest(_Component):
                                pulumi.Output.secret(secrets.jwt_key_b64))
         svc = None
         for obj in m.rest_objects(spec, sec, site):
+            if obj["kind"] == "Secret":
+                continue  # the JWT key: the Controller component applies it, before slurmctld and slurmdbd
             res = self._add(obj)
             if obj["kind"] == "Service":
                 svc = res
@@ -332,7 +340,9 @@ class SlurmCluster(pulumi.ComponentResource):
         self.storage = Storage(f"{name}-storage", spec, wait=wait, depends_on=[ns], opts=child)
         self.controller = Controller(f"{name}-controller", spec, gen, secrets, site, wait=wait,
                                      depends_on=[ns], opts=child)
-        self.accounting = (Accounting(f"{name}-accounting", spec, secrets, site, wait=wait, depends_on=[ns], opts=child)
+        jwt = [self.controller.jwt_secret] if self.controller.jwt_secret is not None else []
+        self.accounting = (Accounting(f"{name}-accounting", spec, secrets, site, wait=wait, depends_on=[ns, *jwt],
+                                      opts=child)
                            if spec.accounting.enabled else None)
         self.workers = WorkerPools(f"{name}-workers", spec, gen, site, wait=wait, depends_on=[ns], opts=child)
         self.login = (Login(f"{name}-login", spec, gen, secrets, site, wait=wait,
