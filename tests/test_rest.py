@@ -133,7 +133,15 @@ def test_slurmrestd_runs_unprivileged_with_no_key_and_no_token(cluster):
     assert sc["capabilities"] == {"drop": ["ALL"], "add": []} and sc["allowPrivilegeEscalation"] is False
     assert sc["privileged"] is False and sc["seccompProfile"] == {"type": "RuntimeDefault"}
     assert sc["readOnlyRootFilesystem"] is True
-    assert pod["volumes"] == [{"name": "config", "configMap": {"name": m.REST_CONFIG, "defaultMode": 0o444}}]
+    # no Secret of any kind: its config, the cluster's users (for user names) and a memory emptyDir
+    assert pod["volumes"] == [{"name": "config", "configMap": {"name": m.REST_CONFIG, "defaultMode": 0o444}},
+                              {"name": "users", "configMap": {"name": "slurm-users", "defaultMode": 0o444}},
+                              {"name": "nss", "emptyDir": {"medium": "Memory", "sizeLimit": "16Mi"}}]
+    (init,) = pod["initContainers"]
+    assert init["securityContext"] == sc and init["image"] == c["image"]
+    assert "cat /etc/passwd /etc/slurmk8s/users/passwd >/run/slurmk8s-nss/passwd" in init["command"][-1]
+    assert {(v["mountPath"], v.get("subPath")) for v in c["volumeMounts"]} == {
+        ("/etc/slurm", None), ("/etc/passwd", "passwd"), ("/etc/group", "group")}
     assert c["env"] == [{"name": "SLURM_JWT", "value": "daemon"}]
     assert c["args"] == ["-a", "rest_auth/jwt", "-s", "openapi/slurmctld,openapi/slurmdbd", "0.0.0.0:6820"]
     assert c["image"] == "slurmk8s/slurmrestd:dev"
@@ -202,7 +210,7 @@ def test_jwt_key_never_reaches_a_config_map_or_a_pod_spec(cluster, secrets):
 def test_rest_objects_need_the_key():
     spec = _spec()
     with pytest.raises(ValueError, match="jwt_key_b64"):
-        m.rest_objects(spec, m.ClusterSecrets("bXVuZ2U=", {}, None, None))
+        m.rest_objects(spec, m.ClusterSecrets("bXVuZ2U=", {}, None, None), {"passwd": "", "group": ""})
 
 
 # ---------------------------------------------------------------- slurmk8s token

@@ -117,7 +117,7 @@ def all_objects(spec: ClusterSpec, inventory: Inventory, files: Mapping[str, str
         objs += [ssh_host_keys_secret(spec, secrets.ssh_host_keys), authorized_keys_secret(spec),
                  login_deployment(spec, files, site), login_service(spec)]
     objs += accounting_objects(spec, secrets, site)
-    objs += rest_objects(spec, secrets, site)
+    objs += rest_objects(spec, secrets, files, site)
     objs += [worker_template_config_map(spec, p, site) for p in spec.pools]
     objs += [workers_service(spec), workers_pdb(spec)]
     objs += network_policies(spec, site)

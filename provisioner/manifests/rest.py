@@ -14,13 +14,14 @@ sleeps and answers requests with an error until something wakes the tier (docs/r
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 from ..config import ClusterSpec
 from .common import (ClusterSecrets, K8sSite, _config_volume, _container_security, _meta, _pod_security,
                      content_hash, dns_searches, service_fqdn)
-from .names import (A_CONFIG_HASH, CONTROLLER_POD, JWT_KEY_FILE, JWT_SECRET, REST, REST_CONFIG, REST_PORT, REST_UID,
-                    SLURM_CONF_DIR, SLURMCTLD_PORT, SLURMDBD, SLURMDBD_PORT, base_labels, selector)
+from .names import (A_CONFIG_HASH, A_USERS_HASH, CONTROLLER_POD, JWT_KEY_FILE, JWT_SECRET, REST, REST_CONFIG,
+                    REST_PORT, REST_UID, SLURM_CONF_DIR, SLURMCTLD_PORT, SLURMDBD, SLURMDBD_PORT, USER_FILES,
+                    USERS_CONFIG, USERS_DIR, base_labels, selector)
 
 JWT_KEY_BYTES = 64  # HS256 key; SchedMD's example uses 32 random bytes
 
@@ -75,8 +76,26 @@ def rest_service(spec: ClusterSpec) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Service", "metadata": _meta(spec, REST, REST), "spec": svc_spec}
 
 
-def rest_deployment(spec: ClusterSpec, site: K8sSite = K8sSite()) -> dict[str, Any]:
-    """slurmrestd as REST_UID: no munge key, no JWT key, no ServiceAccount token, no capabilities."""
+def rest_deployment(spec: ClusterSpec, files: Mapping[str, str], site: K8sSite = K8sSite()) -> dict[str, Any]:
+    """slurmrestd as REST_UID: no munge key, no JWT key, no ServiceAccount token, no capabilities.
+
+    slurmrestd names a job's user from its uid with the pod's own user database (the `user_name`
+    of every job it returns): an init container writes the image's /etc/passwd and /etc/group plus
+    the cluster's users (ConfigMap slurm-users) to an emptyDir, mounted over /etc/passwd and
+    /etc/group (the root file system stays read-only). A change of users rolls the pod."""
+    security = {**_container_security(()), "runAsUser": REST_UID, "runAsGroup": REST_UID,
+                "runAsNonRoot": True, "readOnlyRootFilesystem": True}
+    merge = " && ".join(f"cat /etc/{f} {USERS_DIR}/{f} >/run/slurmk8s-nss/{f}" for f in USER_FILES)
+    init = {
+        "name": "users",
+        "image": spec.images.rest,
+        "imagePullPolicy": spec.images.pull_policy,
+        "command": ["/bin/sh", "-c", merge],
+        "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}},
+        "securityContext": security,
+        "volumeMounts": [{"name": "users", "mountPath": USERS_DIR, "readOnly": True},
+                         {"name": "nss", "mountPath": "/run/slurmk8s-nss"}],
+    }
     container = {
         "name": REST,
         "image": spec.images.rest,
@@ -89,9 +108,10 @@ def rest_deployment(spec: ClusterSpec, site: K8sSite = K8sSite()) -> dict[str, A
         "livenessProbe": {"tcpSocket": {"port": REST_PORT}, "initialDelaySeconds": 30, "periodSeconds": 20,
                           "failureThreshold": 6},
         "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}},
-        "securityContext": {**_container_security(()), "runAsUser": REST_UID, "runAsGroup": REST_UID,
-                            "runAsNonRoot": True, "readOnlyRootFilesystem": True},
-        "volumeMounts": [{"name": "config", "mountPath": SLURM_CONF_DIR, "readOnly": True}],
+        "securityContext": security,
+        "volumeMounts": [{"name": "config", "mountPath": SLURM_CONF_DIR, "readOnly": True},
+                         *({"name": "nss", "mountPath": f"/etc/{f}", "subPath": f, "readOnly": True}
+                           for f in USER_FILES)],
     }
     return {
         "apiVersion": "apps/v1", "kind": "Deployment",
@@ -100,26 +120,30 @@ def rest_deployment(spec: ClusterSpec, site: K8sSite = K8sSite()) -> dict[str, A
             "selector": {"matchLabels": selector(spec, REST)},
             "template": {
                 "metadata": {"labels": base_labels(spec, REST),
-                             "annotations": {A_CONFIG_HASH: content_hash(rest_conf(spec, site))}},
+                             "annotations": {A_CONFIG_HASH: content_hash(rest_conf(spec, site)),
+                                             A_USERS_HASH: content_hash({n: files[n] for n in USER_FILES})}},
                 "spec": {
                     "automountServiceAccountToken": False,
                     "enableServiceLinks": False,
                     "dnsConfig": {"searches": dns_searches(spec, site)},
                     "securityContext": _pod_security(),
                     "terminationGracePeriodSeconds": 10,
+                    "initContainers": [init],
                     "containers": [container],
-                    "volumes": [_config_volume("config", REST_CONFIG)],
+                    "volumes": [_config_volume("config", REST_CONFIG), _config_volume("users", USERS_CONFIG),
+                                {"name": "nss", "emptyDir": {"medium": "Memory", "sizeLimit": "16Mi"}}],
                 },
             },
         },
     }
 
 
-def rest_objects(spec: ClusterSpec, secrets: ClusterSecrets, site: K8sSite = K8sSite()) -> list[dict[str, Any]]:
+def rest_objects(spec: ClusterSpec, secrets: ClusterSecrets, files: Mapping[str, str],
+                 site: K8sSite = K8sSite()) -> list[dict[str, Any]]:
     """The JWT key Secret, slurmrestd's configuration, Service and Deployment (none without rest.enabled)."""
     if not spec.rest.enabled:
         return []
     if secrets.jwt_key_b64 is None:
         raise ValueError("rest.enabled needs ClusterSecrets.jwt_key_b64 (the generated JWT key)")
     return [jwt_secret(spec, secrets.jwt_key_b64), rest_config_map(spec, site), rest_service(spec),
-            rest_deployment(spec, site)]
+            rest_deployment(spec, files, site)]
