@@ -208,4 +208,4 @@ def test_uninstall_leaves_the_volumes(release: Release):
         f"`helm uninstall` must keep the volumes, as `down` does: {pvcs}"
     # the generated keys stay too, so a reinstall keeps the host keys (as the Pulumi stack keeps them)
     secrets = sorted(i["metadata"]["name"] for i in kjson("get", "secrets", "-n", NAMESPACE)["items"])
-    assert secrets == ["accounting-db", "slurm-auth", "ssh-host-keys"], secrets
+    assert secrets == ["accounting-db", "slurm-auth", "slurm-jwt", "ssh-host-keys"], secrets  # slurm-jwt: rest.enabled

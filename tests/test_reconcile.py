@@ -866,6 +866,20 @@ def test_a_restart_under_a_running_job_is_flagged_whatever_the_skew(skew):
     assert only(replaced, "cpu-1").kind is Kind.OK
 
 
+def test_a_slurmd_back_two_seconds_after_the_job_started_is_a_restart_one_second_is_rounding():
+    """Whole seconds on both sides: a node booted just before its job may read a second after it;
+    a slurmd restarted under a 1.6 s old job read 2 s after it (a CI run missed it with 2 s slack)."""
+    start = NOW - 100
+    died = Worker("cpu-1", "Running", created_at=NOW - 600, died_at=start + 1, restarts=1,
+                  died_how="slurmd Error (exit 137), 1 restarts")
+    kinds_by_boot = {}
+    for after in (1, 2):
+        snap = Snapshot(parse_nodes({"nodes": [up("cpu-1", boot=start + after)]}), {"cpu-1": died}, inventory(),
+                        {}, {"cpu-1": (start, 42)})
+        kinds_by_boot[after] = only(snap, "cpu-1").kind
+    assert kinds_by_boot == {1: Kind.OK, 2: Kind.WORKER_RESTARTED}
+
+
 def test_slurm_boot_time_is_slurmctlds_not_slurmds_start_time():
     """boot_time is slurmctld's clock minus the uptime slurmd reports (slurmd -b counts it from its
     own start); slurmd_start_time is slurmd's own clock, so it is not used to judge a job."""
