@@ -27,7 +27,7 @@ from datetime import datetime, timezone
 from typing import Any, Mapping, Protocol, Sequence
 
 from .errors import SlurmK8sError
-from .kubeapi import exec_status  # noqa: F401  (the exec API's status, re-exported for callers and tests)
+from .kubeapi import pod_exec
 from .slurm.state import NodeStatus, parse_jobs, parse_nodes
 
 A_STATE = "slurmk8s.io/state"  # awake | asleep (written by the idle sleep / wake logic)
@@ -509,8 +509,6 @@ class KubeReader:
     def exec(self, namespace: str, pod: str, container: str, argv: Sequence[str],
              timeout: float) -> tuple[int, str, str]:
         """Run argv in the container (the exec subresource, as `kubectl exec`): (exit code, stdout, stderr)."""
-        from .kubeapi import pod_exec
-
         return pod_exec(self._core, namespace, pod, container, argv, timeout)
 
 

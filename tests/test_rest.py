@@ -210,7 +210,7 @@ def test_jwt_key_never_reaches_a_config_map_or_a_pod_spec(cluster, secrets):
 def test_rest_objects_need_the_key():
     spec = _spec()
     with pytest.raises(ValueError, match="jwt_key_b64"):
-        m.rest_objects(spec, m.ClusterSecrets("bXVuZ2U=", {}, None, None), {"passwd": "", "group": ""})
+        m.jwt_objects(spec, m.ClusterSecrets("bXVuZ2U=", {}, None, None))
 
 
 # ---------------------------------------------------------------- slurmk8s token

@@ -14,6 +14,7 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from provisioner import status as st
+from provisioner.kubeapi import exec_status
 from provisioner.elastic.backend import Worker
 from provisioner.inventory import Inventory, SlurmNode
 from provisioner.reconcile.act import Report
@@ -290,11 +291,11 @@ def test_cli_json_and_exit_code(monkeypatch):
 
 
 def test_exec_status_from_the_error_channel():
-    assert st.exec_status('{"metadata":{},"status":"Success"}') == (0, "")
-    assert st.exec_status('{"metadata":{},"status":"Failure","message":"command terminated with non-zero exit code",'
+    assert exec_status('{"metadata":{},"status":"Success"}') == (0, "")
+    assert exec_status('{"metadata":{},"status":"Failure","message":"command terminated with non-zero exit code",'
                           '"reason":"NonZeroExitCode","details":{"causes":[{"reason":"ExitCode","message":"2"}]}}') \
         == (2, "")
-    code, why = st.exec_status('{"status":"Failure","reason":"InternalError","message":"OCI runtime exec failed: '
+    code, why = exec_status('{"status":"Failure","reason":"InternalError","message":"OCI runtime exec failed: '
                                'exec: \\"nope\\": executable file not found in $PATH"}')
     assert code == 126 and "executable file not found" in why
-    assert st.exec_status("")[0] == 125 and st.exec_status("garbage")[0] == 125
+    assert exec_status("")[0] == 125 and exec_status("garbage")[0] == 125

@@ -226,24 +226,18 @@ class Login(_Component):
 
 
 class Rest(_Component):
-    """The REST API: the JWT key (Secret), slurmrestd's client configuration, Service and Deployment."""
+    """The REST API: slurmrestd's client configuration, Service and Deployment."""
 
     url: pulumi.Output[str]
     service_type: pulumi.Output[str]
     node_port: pulumi.Output[Any]
     external_ips: pulumi.Output[Any]
 
-    def __init__(self, name: str, spec: ClusterSpec, gen: Generated, secrets: m.ClusterSecrets, site: m.K8sSite, *,
+    def __init__(self, name: str, spec: ClusterSpec, gen: Generated, site: m.K8sSite, *,
                  wait: bool, depends_on: Sequence[pulumi.Resource], opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("slurmk8s:index:Rest", name, spec, wait, opts, depends_on)
-        if secrets.jwt_key_b64 is None:
-            raise pulumi.RunError(missing_jwt_key_error())
-        sec = m.ClusterSecrets(secrets.munge_key_b64, secrets.ssh_host_keys, secrets.db_password,
-                               pulumi.Output.secret(secrets.jwt_key_b64))
         svc = None
-        for obj in m.rest_objects(spec, sec, gen.files, site):
-            if obj["kind"] == "Secret":
-                continue  # the JWT key: the Controller component applies it, before slurmctld and slurmdbd
+        for obj in m.rest_objects(spec, gen.files, site):  # its JWT key Secret is the Controller's
             res = self._add(obj)
             if obj["kind"] == "Service":
                 svc = res
@@ -349,7 +343,7 @@ class SlurmCluster(pulumi.ComponentResource):
                             depends_on=[ns, self.storage, self.controller], opts=child)
                       if spec.login.enabled else None)
         # depends on the controller: slurmctld must have the JWT key before requests arrive
-        self.rest = (Rest(f"{name}-rest", spec, gen, secrets, site, wait=wait, depends_on=[ns, self.controller], opts=child)
+        self.rest = (Rest(f"{name}-rest", spec, gen, site, wait=wait, depends_on=[ns, self.controller], opts=child)
                      if spec.rest.enabled else None)
         self.network = NetworkPolicies(f"{name}-network", spec, site, wait=wait, depends_on=[ns], opts=child)
         self.namespace = ns.metadata.name

@@ -37,7 +37,7 @@ from .names import (ACTIVITY_DIR, ACTIVITY_PORT, AUTHORIZED_KEYS_SECRET, AUTH_SE
                     SSH_PORT, TEMPLATE_PREFIX, TIER_CONTROL, TIER_ROLE, USERS_DIR, WAKE_DIR, WAKE_SOCKET, WORKERS,
                     WORKER_GRACE_SECONDS, WORKER_ROLE)
 from .network import network_policies
-from .rest import (jwt_secret, rest_conf, rest_config_map, rest_deployment, rest_objects, rest_openapi_plugins,
+from .rest import (jwt_objects, jwt_secret, rest_conf, rest_config_map, rest_deployment, rest_objects, rest_openapi_plugins,
                    rest_service)
 from .rbac import (control_tier_role, control_tier_role_binding, control_tier_workloads, controller_service_account,
                    login_agent_role, login_agent_role_binding, login_agent_service_account, worker_role,
@@ -49,7 +49,7 @@ from .workers import (task_prolog_env, worker_pod, worker_pod_template, worker_t
 
 __all__ = [
     "JWT_DIR", "JWT_KEY_FILE", "JWT_KEY_PATH", "JWT_SECRET", "REST", "REST_CONFIG", "REST_PORT", "REST_UID",
-    "jwt_secret", "rest_conf", "rest_config_map", "rest_deployment", "rest_objects", "rest_openapi_plugins",
+    "jwt_objects", "jwt_secret", "rest_conf", "rest_config_map", "rest_deployment", "rest_objects", "rest_openapi_plugins",
     "rest_service",
     "ACTIVITY_DIR", "ACTIVITY_PORT", "AUTHORIZED_KEYS_SECRET", "AUTH_SECRET", "A_CONFIG_HASH", "A_MULTUS",
     "A_SPEC_HASH", "A_USERS_HASH", "BASE_CAPS", "BIN_DIR", "CONTROLLER", "CONTROLLER_GRACE_SECONDS", "CONTROLLER_POD",

@@ -14,7 +14,7 @@ from .login import authorized_keys_secret, login_deployment, login_service, ssh_
 from .names import (AUTH_SECRET, CONTROLLER, CONTROLLER_POD, CONTROLLER_STATE_PVC, DATABASE_PVC, HOME_PVC,
                     L_CLUSTER, L_INSTANCE, L_NAME, L_PART_OF, LOGIN, LOGIN_HOST, REST, USER_FILES, USERS_CONFIG, WORKERS)
 from .network import network_policies
-from .rest import rest_objects
+from .rest import jwt_objects, rest_objects
 from .rbac import control_tier_objects, controller_service_account, worker_role, worker_role_binding
 from .slurmctld import (controller_service, controller_state_pvc, controller_statefulset, slurm_config_map,
                         spec_config_map)
@@ -107,7 +107,7 @@ def all_objects(spec: ClusterSpec, inventory: Inventory, files: Mapping[str, str
     check_home_access(spec, inventory)
     objs: list[dict[str, Any]] = [namespace(spec), home_pvc(spec)]
     objs += [
-        auth_secret(spec, secrets.munge_key_b64), slurm_config_map(spec, files), users_config_map(spec, files),
+        auth_secret(spec, secrets.munge_key_b64), *jwt_objects(spec, secrets), slurm_config_map(spec, files), users_config_map(spec, files),
         spec_config_map(spec, site), controller_service_account(spec), worker_role(spec),
         worker_role_binding(spec), *admission_objects(spec, site), *control_tier_objects(spec),
         controller_state_pvc(spec),
@@ -117,7 +117,7 @@ def all_objects(spec: ClusterSpec, inventory: Inventory, files: Mapping[str, str
         objs += [ssh_host_keys_secret(spec, secrets.ssh_host_keys), authorized_keys_secret(spec),
                  login_deployment(spec, files, site), login_service(spec)]
     objs += accounting_objects(spec, secrets, site)
-    objs += rest_objects(spec, secrets, files, site)
+    objs += rest_objects(spec, files, site)
     objs += [worker_template_config_map(spec, p, site) for p in spec.pools]
     objs += [workers_service(spec), workers_pdb(spec)]
     objs += network_policies(spec, site)

@@ -138,12 +138,18 @@ def rest_deployment(spec: ClusterSpec, files: Mapping[str, str], site: K8sSite =
     }
 
 
-def rest_objects(spec: ClusterSpec, secrets: ClusterSecrets, files: Mapping[str, str],
-                 site: K8sSite = K8sSite()) -> list[dict[str, Any]]:
-    """The JWT key Secret, slurmrestd's configuration, Service and Deployment (none without rest.enabled)."""
+def jwt_objects(spec: ClusterSpec, secrets: ClusterSecrets) -> list[dict[str, Any]]:
+    """The JWT key Secret (none without rest.enabled): the controller's, as slurmctld and slurmdbd
+    mount it and so come after it."""
     if not spec.rest.enabled:
         return []
     if secrets.jwt_key_b64 is None:
         raise ValueError("rest.enabled needs ClusterSecrets.jwt_key_b64 (the generated JWT key)")
-    return [jwt_secret(spec, secrets.jwt_key_b64), rest_config_map(spec, site), rest_service(spec),
-            rest_deployment(spec, files, site)]
+    return [jwt_secret(spec, secrets.jwt_key_b64)]
+
+
+def rest_objects(spec: ClusterSpec, files: Mapping[str, str], site: K8sSite = K8sSite()) -> list[dict[str, Any]]:
+    """slurmrestd's configuration, Service and Deployment (none without rest.enabled)."""
+    if not spec.rest.enabled:
+        return []
+    return [rest_config_map(spec, site), rest_service(spec), rest_deployment(spec, files, site)]
