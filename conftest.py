@@ -9,6 +9,7 @@ SLURMK8S_INTEGRATION=1 / SLURMK8S_E2E=1 enable one tier without -m.
 from __future__ import annotations
 
 import os
+from typing import Mapping
 
 import pytest
 
@@ -35,10 +36,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 _TIER_SECONDS: dict[str, list[float]] = {}
 
 
-def tier_of(keywords: "pytest.Item | object") -> str:
-    """integration | e2e | unit, by the item's markers."""
-    names = getattr(keywords, "keywords", keywords)
-    return next((tier for tier in TIERS if tier in names), "unit")
+def tier_of(keywords: Mapping[str, object]) -> str:
+    """integration | e2e | unit, by a test's keywords (its markers among them)."""
+    return next((tier for tier in TIERS if tier in keywords), "unit")
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:

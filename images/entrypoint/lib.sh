@@ -163,17 +163,18 @@ make_homes() {
 # without dotfiles sees it) with each user's HOME, USER, LOGNAME and SHELL; users' own dotfiles
 # still run where the job script is a login shell (#!/bin/bash -l).
 write_env_cache() {
-    local dir="$1" frag="$SLURMK8S_USERS_DIR/passwd" base name uid gid home shell made=0
+    local dir="$1" frag="$SLURMK8S_USERS_DIR/passwd" base name home shell made=0
     [ -e "$frag" ] || return 0
     base=$(setpriv --reuid=65534 --regid=65534 --clear-groups \
         env -i HOME=/nonexistent USER=nobody LOGNAME=nobody SHELL=/bin/bash \
         timeout 10 bash -l -c 'env -u PWD -u SHLVL -u _ -u OLDPWD' 2>/dev/null) \
         || { log "env cache: cannot read the login environment; jobs asking for it get only theirs"; return 0; }
+    base=$(printf '%s\n' "$base" | grep -v -E '^(HOME|USER|LOGNAME|SHELL|MAIL)=' || true)  # each user's own below
     install -d -m 0700 "$dir"
-    while IFS=: read -r name _ uid gid _ home shell || [ -n "$name" ]; do
+    while IFS=: read -r name _ _ _ _ home shell || [ -n "$name" ]; do
         case "$name" in ''|'#'*|*/*|.*) continue ;; esac
         {
-            printf '%s\n' "$base" | grep -v -E '^(HOME|USER|LOGNAME|SHELL|MAIL)='
+            [ -z "$base" ] || printf '%s\n' "$base"
             printf 'HOME=%s\nUSER=%s\nLOGNAME=%s\nSHELL=%s\n' "$home" "$name" "$name" "${shell:-/bin/bash}"
         } >"$dir/.$name.new"
         chmod 0600 "$dir/.$name.new"
