@@ -32,7 +32,7 @@ from provisioner.elastic.programs import Context, run_resume, run_resume_fail, r
 from provisioner.logs import Log
 from provisioner.inventory import Inventory, SlurmNode
 from provisioner.reconcile.act import Report, run_once
-from provisioner.reconcile.classify import ACTIONS, Finding, Kind, Op, Snapshot, classify
+from provisioner.reconcile.classify import ACTIONS, Finding, Kind, Op, RestartWatch, Snapshot, classify
 from provisioner.reconcile.main import _deployment_id
 from provisioner.reconcile.metrics import Metrics, dashboard_queries, exported_names, metric_catalog, metrics_markdown
 from provisioner.reconcile.usage import Usage, UsageFile, resume_usage
@@ -839,7 +839,8 @@ def test_clock_skew_never_requeues_a_healthy_job(skew):
     nodes = [up("cpu-1", boot=true_death + 3)]  # the new slurmd registered, before the job started
     first = Snapshot(parse_nodes({"nodes": nodes}), {"cpu-1": died}, inventory(), {}, {"cpu-1": (start, 42)})
     assert only(first, "cpu-1").kind is Kind.OK
-    watched = Snapshot(first.nodes, first.workers, first.inventory, {}, first.running, {"cpu-1": ("", 42, 1)})
+    watched = Snapshot(first.nodes, first.workers, first.inventory, {}, first.running,
+                       {"cpu-1": RestartWatch("", 42, before=1, at_first=1, last=1)})
     assert only(watched, "cpu-1").kind is Kind.OK
 
 
@@ -856,13 +857,14 @@ def test_a_restart_under_a_running_job_is_flagged_whatever_the_skew(skew):
         # not registered again yet (or crash-looping): the kubelet's count went up since the loop
         # first saw the job on this pod
         not_back = Snapshot(parse_nodes({"nodes": [up("cpu-1", boot=NOW - 600)]}), {"cpu-1": died}, inventory(),
-                            {}, {"cpu-1": (start, 42)}, {"cpu-1": ("", 42, 0)})
+                            {}, {"cpu-1": (start, 42)}, {"cpu-1": RestartWatch("", 42, 0, 0, 1)})
         assert only(not_back, "cpu-1").kind is Kind.WORKER_RESTARTED, (skew, true_death)
     # the count seen for another job, or another pod by the same name, is no baseline for this one
     other = Snapshot(parse_nodes({"nodes": [up("cpu-1", boot=NOW - 600)]}), {"cpu-1": died}, inventory(),
-                     {}, {"cpu-1": (start, 42)}, {"cpu-1": ("", 41, 0)})
+                     {}, {"cpu-1": (start, 42)}, {"cpu-1": RestartWatch("", 41, 0, 0, 1)})
     assert only(other, "cpu-1").kind is Kind.OK
-    replaced = Snapshot(other.nodes, other.workers, other.inventory, {}, other.running, {"cpu-1": ("old-uid", 42, 0)})
+    replaced = Snapshot(other.nodes, other.workers, other.inventory, {}, other.running,
+                        {"cpu-1": RestartWatch("old-uid", 42, 0, 0, 1)})
     assert only(replaced, "cpu-1").kind is Kind.OK
 
 
@@ -895,20 +897,65 @@ def test_run_once_remembers_the_restart_count_it_first_saw_under_each_job():
     healthy = Worker("cpu-1", "Running", created_at=NOW - 600, uid="u1", restarts=2, died_at=NOW + 500)
     report = run_once(slurm, FakeBackend({"cpu-1": healthy}), inventory(), MemoryLedger(POLICY), NOW, log, POLICY,
                       restart_watch=watch)
-    assert slurm.updates == [] and watch == {"cpu-1": ("u1", 42, 2)} and report.of(Kind.WORKER_RESTARTED) == []
+    assert slurm.updates == [] and watch == {"cpu-1": RestartWatch("u1", 42, 0, 2, 2)}
+    assert report.of(Kind.WORKER_RESTARTED) == []
     # the same count next pass: still fine; one more restart: flagged
     run_once(slurm, FakeBackend({"cpu-1": healthy}), inventory(), MemoryLedger(POLICY), NOW + 10, log, POLICY,
              restart_watch=watch)
-    assert slurm.updates == [] and watch == {"cpu-1": ("u1", 42, 2)}
+    assert slurm.updates == [] and watch == {"cpu-1": RestartWatch("u1", 42, 0, 2, 2)}
     again = Worker("cpu-1", "Running", created_at=NOW - 600, uid="u1", restarts=3, died_at=NOW - 900)
     run_once(slurm, FakeBackend({"cpu-1": again}), inventory(), MemoryLedger(POLICY), NOW + 20, log, POLICY,
              restart_watch=watch)
     assert [u[3] for u in slurm.updates] == ["state=DOWN", "state=POWER_DOWN_FORCE"]
-    # the job gone from the queue: its baseline goes too
+    # the job gone from the queue: its baseline goes too; the worker's count is kept for the next job
     slurm.job_list = []
     run_once(slurm, FakeBackend({"cpu-1": again}), inventory(), MemoryLedger(POLICY), NOW + 30, log, POLICY,
              restart_watch=watch)
-    assert watch == {}
+    assert watch == {"cpu-1": RestartWatch("u1", None, 3, 3, 3)}
+
+
+def _pass(watch: dict, worker: Worker, boot: float, jobs: list[dict], now: float) -> FakeSlurmClient:
+    """One pass of the loop with its memory `watch`; the Slurm calls it made are in `.updates`."""
+    slurm = FakeSlurmClient(nodes=[up("cpu-1", "ALLOCATED" if jobs else "IDLE", boot=boot)], job_list=jobs)
+    run_once(slurm, FakeBackend({"cpu-1": worker}), inventory(), MemoryLedger(POLICY), now,
+             Log("reconcile", stream=io.StringIO()), POLICY, restart_watch=watch)
+    return slurm
+
+
+def test_a_container_killed_within_a_second_of_its_job_start_is_caught_though_no_pass_saw_the_job():
+    """A CI run: the job was 0.7 s old at the kill, its slurmd was back within the second, and the
+    loop's passes saw the pod idle before and the job only after: Slurm's boot time reads at most a
+    second after the job's start (rounding, as for a healthy node), and the count seen under the
+    job is already the restarted one. The count went up since the last pass before the job, and
+    the boot is within the slack of the start: requeued."""
+    start = NOW - 5
+    fresh = Worker("cpu-1", "Running", created_at=NOW - 30, uid="u1", restarts=0)
+    killed = Worker("cpu-1", "Running", created_at=NOW - 30, uid="u1", restarts=1, died_at=start + 0.7,
+                    died_how="slurmd Error (exit 137)")
+    for boot_after in (0, 1):
+        watch: dict = {}
+        assert _pass(watch, fresh, NOW - 25, [], NOW - 10).updates == []  # the pass before: idle, no restart
+        seen = _pass(watch, killed, start + boot_after, [_job(42, "cpu-1", start)], NOW)
+        assert [u[3] for u in seen.updates] == ["state=DOWN", "state=POWER_DOWN_FORCE"], boot_after
+        # no pass saw the pod at all before (created for this job): it started at 0 restarts
+        watch = {}
+        seen = _pass(watch, killed, start + boot_after, [_job(42, "cpu-1", start)], NOW)
+        assert [u[3] for u in seen.updates] == ["state=DOWN", "state=POWER_DOWN_FORCE"], boot_after
+
+
+def test_a_slurmd_that_crashed_while_idle_keeps_the_job_started_after_it_came_back():
+    """The price of the rule above is bounded by the slack: a slurmd that crashed while idle and was
+    back 3 s before the next job started (both since the last pass) keeps that job; so does a loop
+    that starts afresh (a woken controller) on a pod that restarted long before its job."""
+    start = NOW - 5
+    fresh = Worker("cpu-1", "Running", created_at=NOW - 300, uid="u1", restarts=0)
+    crashed = Worker("cpu-1", "Running", created_at=NOW - 300, uid="u1", restarts=1, died_at=start - 4)
+    watch: dict = {}
+    _pass(watch, fresh, NOW - 290, [], NOW - 10)
+    assert _pass(watch, crashed, start - 3, [_job(42, "cpu-1", start)], NOW).updates == []
+    assert _pass(watch, crashed, start - 3, [_job(42, "cpu-1", start)], NOW + 10).updates == []
+    old = Worker("cpu-1", "Running", created_at=NOW - 900, uid="u2", restarts=3, died_at=NOW - 800)
+    assert _pass({}, old, NOW - 795, [_job(43, "cpu-1", NOW - 100)], NOW).updates == []
 
 
 def test_run_once_reads_the_queue_and_requeues_the_job_of_a_restarted_worker():

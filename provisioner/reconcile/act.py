@@ -16,7 +16,7 @@ from ..slurm.commands import (
     resume_argv,
 )
 from ..slurm.state import JobStatus, parse_jobs, parse_nodes, running_since
-from .classify import Finding, Kind, Op, Snapshot, classify, watch_restarts
+from .classify import Finding, Kind, Op, RestartWatch, Snapshot, classify, watch_restarts
 
 if TYPE_CHECKING:
     from ..inventory import Inventory
@@ -84,12 +84,12 @@ def _do(op: Op, finding: Finding, slurm: SlurmClient, backend: NodeBackend, ledg
 
 def run_once(slurm: SlurmClient, backend: NodeBackend, inventory: "Inventory", ledger: FailureLedger, now: float,
              log: "Log", policy: Policy = Policy(), scontrol: str = "scontrol",
-             restart_watch: dict[str, tuple[str, int, int]] | None = None) -> Report:
+             restart_watch: dict[str, RestartWatch] | None = None) -> Report:
     """Fetch, classify, act, log. Never raises for a failing backend, Slurm or ledger: the
     errors are in the report and the log, and the next pass tries again.
 
-    `restart_watch`: the loop's memory of the restart count of each busy worker when its job was
-    first seen (see :func:`~provisioner.reconcile.classify.restarted_under_job`); updated in place.
+    `restart_watch`: the loop's memory of each worker's restart count across passes (see
+    :func:`~provisioner.reconcile.classify.restarted_under_job`); updated in place.
     A pass that cannot read the queue leaves it as it was."""
     report = Report()
     try:
@@ -114,11 +114,14 @@ def run_once(slurm: SlurmClient, backend: NodeBackend, inventory: "Inventory", l
         report.jobs = parse_jobs(slurm.jobs())
     except SlurmCommandError as err:
         log.write(f"cannot read the queue ({err}); workers restarted under a job are judged next pass")
-    watched = restart_watch if restart_watch is not None else {}
-    snapshot = Snapshot(nodes, workers, inventory, history, running_since(report.jobs or ()), dict(watched))
-    if restart_watch is not None and report.jobs is not None:
-        restart_watch.clear()
-        restart_watch.update(watch_restarts(snapshot, watched))
+    running = running_since(report.jobs or ())
+    watched = dict(restart_watch or {})
+    if report.jobs is not None:
+        watched = watch_restarts(workers, running, watched)
+        if restart_watch is not None:
+            restart_watch.clear()
+            restart_watch.update(watched)
+    snapshot = Snapshot(nodes, workers, inventory, history, running, watched)
     report.snapshot = snapshot
     report.findings = classify(snapshot, now, policy)
     todo = report.acted

@@ -103,9 +103,20 @@ class Snapshot:
     history: Mapping[str, PoolHistory] = field(default_factory=dict)  # pool -> resume failure history
     # node -> (start time, job id) of its oldest running job
     running: Mapping[str, tuple[float, int]] = field(default_factory=dict)
-    # node -> (worker uid, job id, the worker's restart count when the loop first saw that job
-    # RUNNING on that worker): kept by the loop across passes (:func:`watch_restarts`)
-    watched: Mapping[str, tuple[str, int, int]] = field(default_factory=dict)
+    # node -> what the loop has seen of its worker's restart count, this pass included; kept by
+    # the loop across passes (:func:`watch_restarts`)
+    watched: Mapping[str, RestartWatch] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class RestartWatch:
+    """The loop's memory of one worker's restart count (the kubelet's ``restartCount``)."""
+
+    uid: str  # the worker (pod uid): another pod by the same name starts a new memory
+    job: int | None  # the oldest job RUNNING on it at the last pass (None: none)
+    before: int  # the count at the last pass before `job` was first seen (0: the loop saw no earlier pass of this pod, which started at 0)
+    at_first: int  # the count at the first pass that saw `job` on this worker
+    last: int  # the count at the last pass
 
 
 # Slurm's boot time of a healthy node is at most its registration (job starts come after it) but,
@@ -122,39 +133,57 @@ def restarted_under_job(name: str, node: NodeStatus, worker: Worker, snapshot: S
     Never by comparing the kubelet's clock with slurmctld's (the container's
     ``lastState.terminated.finishedAt`` against the job's start from ``squeue``): a worker's node
     running 2 minutes ahead would requeue every young job that runs on a slurmd restarted just
-    before it. Each comparison here stays within one clock:
+    before it. Each comparison here stays within one clock, or needs none:
 
-    - slurmctld's: the node's Slurm boot time against the job's start. slurmctld sets the boot
-      time to its own clock minus the uptime slurmd reports, which slurmd -b counts from its own
-      start; so a slurmd restarted under the job boots after the job started (by more than
-      :data:`BOOT_SLACK`), while one the job was launched on booted before it. Seen once the
-      restarted slurmd has registered (seconds), on whichever pass sees the job first.
-    - the kubelet's: the restart count now against the count when the loop first saw this job
-      RUNNING on this worker (same pod uid, same job id; :attr:`Snapshot.watched`). Catches a
-      restart whose slurmd has not registered again (crash loop), whatever either clock says.
+    1. slurmctld's clock: the node's Slurm boot time against the job's start. slurmctld sets the
+       boot time to its own clock minus the uptime slurmd reports, which slurmd -b counts from its
+       own start; so a slurmd restarted under the job boots after the job started (by more than
+       :data:`BOOT_SLACK`), while one the job was launched on booted before it. Seen once the
+       restarted slurmd has registered (seconds), on whichever pass sees the job first.
+    2. The order of the loop's passes (:attr:`Snapshot.watched`): the kubelet's count went up
+       since the first pass that saw this job RUNNING on this worker (same pod uid, same job id).
+       Catches a restart whose slurmd has not registered again (crash loop), whatever either
+       clock says.
+    3. Both together, for a container killed within a second of its job's start, before any pass
+       saw the job: the count went up since the last pass before the job was seen (a pod the
+       loop never saw started at 0), and the restarted slurmd's boot time is within
+       :data:`BOOT_SLACK` of the job's start, where whole seconds cannot order the two. Such a
+       job is taken as dead: requeued, where leaving it would keep it RUNNING with nothing
+       running until its time limit (a CI run did). The price: a job started within a second of
+       a slurmd that crashed while idle, both since the last pass, is requeued once.
 
-    Both also need the kubelet to report a restart at all (``restarts`` > 0): a fresh pod has none.
+    All need the kubelet to report a restart at all (``restarts`` > 0): a fresh pod has none.
     """
     since = snapshot.running.get(name)
     if since is None or worker.phase != "Running" or not node.busy or worker.restarts <= 0:
         return False
     start, job = since
-    if node.slurm_boot_at is not None and node.slurm_boot_at > start + BOOT_SLACK:
+    boot = node.slurm_boot_at
+    if boot is not None and boot > start + BOOT_SLACK:
         return True
     seen = snapshot.watched.get(name)
-    return seen is not None and seen[:2] == (worker.uid, job) and worker.restarts > seen[2]
+    if seen is None or (seen.uid, seen.job) != (worker.uid, job):
+        return False
+    if worker.restarts > seen.at_first:
+        return True
+    return worker.restarts > seen.before and boot is not None and boot >= start - BOOT_SLACK
 
 
-def watch_restarts(snapshot: Snapshot, previous: Mapping[str, tuple[str, int, int]]) -> dict[str, tuple[str, int, int]]:
-    """The next pass's :attr:`Snapshot.watched`: for each node with a RUNNING job and a worker, the
-    restart count first seen for that (worker, job); a new job or a new pod starts from its count now."""
-    out: dict[str, tuple[str, int, int]] = {}
-    for name, (_start, job) in snapshot.running.items():
-        worker = snapshot.workers.get(name)
-        if worker is None:
-            continue
-        seen = previous.get(name)
-        out[name] = seen if seen is not None and seen[:2] == (worker.uid, job) else (worker.uid, job, worker.restarts)
+def watch_restarts(workers: Mapping[str, Worker], running: Mapping[str, tuple[float, int]],
+                   previous: Mapping[str, RestartWatch]) -> dict[str, RestartWatch]:
+    """This pass's :attr:`Snapshot.watched`, from the last pass's: one entry per worker, with the
+    restart counts that :func:`restarted_under_job` compares against."""
+    out: dict[str, RestartWatch] = {}
+    for name, worker in workers.items():
+        job = running[name][1] if name in running else None
+        count = worker.restarts
+        prev = previous.get(name)
+        if prev is None or prev.uid != worker.uid:
+            out[name] = RestartWatch(worker.uid, job, 0, count, count)
+        elif prev.job == job:
+            out[name] = replace(prev, last=count)
+        else:
+            out[name] = RestartWatch(worker.uid, job, prev.last, count, count)
     return out
 
 

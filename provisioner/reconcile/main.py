@@ -18,7 +18,7 @@ from ..elastic.ledger import DEFAULT_LEDGER, FileLedger, LedgerError, Policy
 from ..slurm.commands import SlurmCli, SlurmCommandError
 from ..slurm.state import JobStatus, parse_jobs
 from .act import Report, run_once
-from .classify import Kind
+from .classify import Kind, RestartWatch
 from .idle import idle_watch_from_env
 from .metrics import Metrics, metrics_markdown
 from .usage import DEFAULT_USAGE, UsageFile, resume_usage
@@ -113,7 +113,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     backend: NodeBackend | None = None
     usage_file = UsageFile(env.get("SLURMK8S_USAGE", DEFAULT_USAGE)) if metrics is not None else None
     usage_restored, usage_error, deployment = False, False, ""
-    restart_watch: dict[str, tuple[str, int, int]] = {}  # see classify.restarted_under_job
+    restart_watch: dict[str, RestartWatch] = {}  # see classify.restarted_under_job
 
     def get_backend() -> NodeBackend:
         nonlocal backend
