@@ -10,13 +10,15 @@ import json
 import os
 import subprocess
 import time
+import urllib.error
+import urllib.request
 from typing import Iterator
 
 import asyncssh
 import pytest
 
 import sleepy
-from helpers import SLURMK8S, TOOLCHAIN_BIN, kjson, kubeconfig, kubectl, wait_for, wait_job
+from helpers import ISSUED_TOKENS, SLURMK8S, TOOLCHAIN_BIN, kjson, kubeconfig, kubectl, wait_for, wait_job
 
 pytestmark = pytest.mark.e2e
 NAMESPACE = sleepy.NS  # conftest's failure report collects this namespace's pod logs
@@ -135,3 +137,57 @@ def test_slurmk8s_ssh_runs_a_command_on_the_login_pod(sleepy_cluster: sleepy.Sle
         capture_output=True, text=True, timeout=300, check=False,
         env={**os.environ, "KUBECONFIG": kubeconfig(), "PATH": f"{TOOLCHAIN_BIN}:{os.environ.get('PATH', '')}"})
     assert proc.returncode == 0 and proc.stdout.strip() == "alice", (proc.stdout, proc.stderr)
+
+
+def _rest_get(url: str, token: str) -> tuple[int, dict[str, str], float]:
+    """One GET as a pipeline step would send it: (status, headers, seconds); a refused or hung
+    connection fails the test."""
+    req = urllib.request.Request(url, headers={"X-SLURM-USER-NAME": "alice", "X-SLURM-USER-TOKEN": token})
+    t0 = time.monotonic()
+    try:
+        with urllib.request.urlopen(req, timeout=40) as resp:
+            resp.read()
+            return resp.status, dict(resp.headers), time.monotonic() - t0
+    except urllib.error.HTTPError as err:
+        err.read()
+        return err.code, dict(err.headers), time.monotonic() - t0
+
+
+def test_a_rest_request_wakes_the_asleep_tier_and_rest_use_keeps_it_awake(sleepy_cluster: sleepy.Sleepy):
+    """The REST front (provisioner.controltier.restfront): a request with a token to an asleep
+    cluster wakes it and is answered once slurmctld is up (or 503 + Retry-After while it wakes),
+    never refused or hung; a pipeline polling the API counts as use for the idle clock."""
+    c = sleepy_cluster
+    proc = subprocess.run(
+        [SLURMK8S, "token", "--user", "alice", "--lifetime", "15m", "--spec", str(c.spec_path)],
+        capture_output=True, text=True, timeout=300, check=False,
+        env={**os.environ, "KUBECONFIG": kubeconfig(), "PATH": f"{TOOLCHAIN_BIN}:{os.environ.get('PATH', '')}"})
+    assert proc.returncode == 0 and proc.stdout.startswith("SLURM_JWT="), (proc.stdout[:20], proc.stderr)
+    token = proc.stdout.strip().split("=", 1)[1]
+    ISSUED_TOKENS.append(("alice", token))
+    svc = kjson("get", "service", "-n", sleepy.NS, "slurmrestd")
+    url = f"http://{svc['spec']['clusterIP']}:6820/slurm/v0.0.42/jobs"
+    try:
+        sleepy.wait_asleep(240)
+    except pytest.fail.Exception:
+        pytest.fail("not asleep again:\n" + _diagnose(c))
+    t0 = time.monotonic()
+    answers = []
+    while True:
+        status, headers, took = _rest_get(url, token)
+        answers.append(f"{status} after {took:.1f}s")
+        if status == 200:
+            break
+        assert status == 503 and headers.get("Retry-After"), (answers, headers)
+        assert time.monotonic() - t0 < 240, f"no 200 within 240 s: {answers}\n" + _diagnose(c)
+        time.sleep(int(headers["Retry-After"]))
+    print(f"REST GET /jobs to an asleep cluster -> 200 in {time.monotonic() - t0:.1f}s ({', '.join(answers)})")
+    woke = wait_for("the wake recorded with its reason", sleepy.awake_recorded, 60, interval=2)
+    assert "a REST request by alice" in woke["slurmk8s.io/state-reason"], woke
+    # REST use is activity: polled every 5 s for twice the idle teardown, the tier stays awake
+    until = time.monotonic() + 2 * sleepy.IDLE_TEARDOWN + 10
+    while time.monotonic() < until:
+        assert _rest_get(url, token)[0] == 200
+        state = (sleepy.controller()["metadata"].get("annotations") or {}).get("slurmk8s.io/state")
+        assert state != "asleep", "the tier fell asleep while a program used the REST API:\n" + _diagnose(c)
+        time.sleep(5)

@@ -47,7 +47,7 @@ def activity_from_doc(doc: Mapping[str, Any] | None, error: str = "") -> tuple[i
 
 
 def fetch_activity(url: str, timeout: float = 3.0) -> tuple[dict[str, Any] | None, str]:
-    """GET the login agent's /activity: (document, '') or (None, why not)."""
+    """GET an /activity document (the login agent's, the REST front's): (document, '') or (None, why not)."""
     import urllib.error
     import urllib.request
 
@@ -55,7 +55,7 @@ def fetch_activity(url: str, timeout: float = 3.0) -> tuple[dict[str, Any] | Non
         with urllib.request.urlopen(url, timeout=timeout) as resp:
             doc = json.loads(resp.read().decode())
     except (OSError, urllib.error.URLError, ValueError) as err:
-        return None, f"login agent at {url} did not answer: {err}"
+        return None, f"{url} did not answer: {err}"
     return (doc if isinstance(doc, dict) else None), ""
 
 

@@ -130,7 +130,7 @@ class Activity:
     jobs: int | None  # jobs not finished (pending, running, completing, suspended, ...)
     workers: int | None  # worker pods, terminating ones included
     sessions: int | None  # authenticated SSH sessions on the login pod
-    last_request: float | None = None  # last Slurm command / SSH login on the login pod (epoch)
+    last_request: float | None = None  # last Slurm command / SSH login on the login pod, or REST request (epoch)
     users: tuple[str, ...] = ()
     unknown: str = ""  # why sessions / jobs could not be read
 

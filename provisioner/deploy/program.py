@@ -226,7 +226,8 @@ class Login(_Component):
 
 
 class Rest(_Component):
-    """The REST API: slurmrestd's client configuration, Service and Deployment."""
+    """The REST API: slurmrestd's client configuration, Service and Deployment; with the idle
+    teardown, its waking front's ServiceAccount and Role."""
 
     url: pulumi.Output[str]
     service_type: pulumi.Output[str]
@@ -237,8 +238,12 @@ class Rest(_Component):
                  wait: bool, depends_on: Sequence[pulumi.Resource], opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("slurmk8s:index:Rest", name, spec, wait, opts, depends_on)
         svc = None
+        front: list[pulumi.Resource] = []
+        if m.sleeps(spec):  # the waking front's account (its token reaches only the front's container)
+            front = [self._add(m.rest_front_service_account(spec)), self._add(m.rest_front_role(spec)),
+                     self._add(m.rest_front_role_binding(spec))]
         for obj in m.rest_objects(spec, gen.files, site):  # its JWT key Secret is the Controller's
-            res = self._add(obj)
+            res = self._add(obj, after=front if obj["kind"] == "Deployment" else ())
             if obj["kind"] == "Service":
                 svc = res
         assert svc is not None

@@ -31,7 +31,8 @@ from .names import (ACTIVITY_DIR, ACTIVITY_PORT, AUTHORIZED_KEYS_SECRET, AUTH_SE
                     A_SPEC_HASH, A_USERS_HASH, BASE_CAPS, BIN_DIR, CONTROLLER, CONTROLLER_GRACE_SECONDS,
                     CONTROLLER_POD, CONTROLLER_STATE_PVC, DATABASE_PVC, DB_SECRET, HOME_PVC, LOGIN, LOGIN_AGENT,
                     LOGIN_HOST, L_CLUSTER, L_COMPONENT, L_NODE, L_POOL, L_SUBDOMAIN, L_TIER, MUNGE_DIR, SA_TOKEN_DIR,
-                    JWT_DIR, JWT_KEY_FILE, JWT_KEY_PATH, JWT_SECRET, REST, REST_CONFIG, REST_PORT, REST_UID,
+                    JWT_DIR, JWT_KEY_FILE, JWT_KEY_PATH, JWT_SECRET, REST, REST_CONFIG, REST_FRONT, REST_LOCAL_PORT,
+                    REST_PORT, REST_UID,
                     SLURMCTLD_PORT, SLURMDBD_CONF_SECRET, SLURMDBD_PORT, SLURMK8S_LOG_DIR, SLURM_CONFIG,
                     SLURM_CONF_DIR, SLURM_UID, SPEC_CONFIG, SPEC_DIR, SSH_HOST_KEYS_SECRET, SSH_HOST_KEY_TYPES,
                     SSH_PORT, TEMPLATE_PREFIX, TIER_CONTROL, TIER_ROLE, USERS_DIR, WAKE_DIR, WAKE_SOCKET, WORKERS,
@@ -40,7 +41,8 @@ from .network import network_policies
 from .rest import (jwt_objects, jwt_secret, rest_conf, rest_config_map, rest_deployment, rest_objects, rest_openapi_plugins,
                    rest_service)
 from .rbac import (control_tier_role, control_tier_role_binding, control_tier_workloads, controller_service_account,
-                   login_agent_role, login_agent_role_binding, login_agent_service_account, worker_role,
+                   login_agent_role, login_agent_role_binding, login_agent_service_account, rest_front_role,
+                   rest_front_role_binding, rest_front_service_account, worker_role,
                    worker_role_binding)
 from .slurmctld import (accounting_container, config_map_files, controller_service, controller_state_pvc,
                         controller_statefulset, slurm_config_map, spec_config_map)
@@ -48,7 +50,8 @@ from .workers import (task_prolog_env, worker_pod, worker_pod_template, worker_t
                       workers_service)
 
 __all__ = [
-    "JWT_DIR", "JWT_KEY_FILE", "JWT_KEY_PATH", "JWT_SECRET", "REST", "REST_CONFIG", "REST_PORT", "REST_UID",
+    "JWT_DIR", "JWT_KEY_FILE", "JWT_KEY_PATH", "JWT_SECRET", "REST", "REST_CONFIG", "REST_FRONT", "REST_LOCAL_PORT",
+    "REST_PORT", "REST_UID",
     "jwt_objects", "jwt_secret", "rest_conf", "rest_config_map", "rest_deployment", "rest_objects", "rest_openapi_plugins",
     "rest_service",
     "ACTIVITY_DIR", "ACTIVITY_PORT", "AUTHORIZED_KEYS_SECRET", "AUTH_SECRET", "A_CONFIG_HASH", "A_MULTUS",
@@ -64,6 +67,7 @@ __all__ = [
     "control_tier_workloads", "controller_address", "controller_user", "controller_service", "controller_service_account",
     "controller_state_pvc", "controller_statefulset", "db_check_pod", "db_endpoint", "dns_searches", "home_pvc",
     "kept_claims", "login_agent_role", "login_agent_role_binding", "login_agent_service_account", "login_deployment",
+    "rest_front_role", "rest_front_role_binding", "rest_front_service_account",
     "login_service", "login_sleeps", "namespace", "network_policies", "policy_name", "service_fqdn", "sleeps", "slurm_config_map",
     "slurmdbd_conf", "slurmdbd_host", "spec_config_map", "ssh_host_keys_secret", "task_prolog_env", "users_config_map",
     "worker_pod", "worker_pod_policy", "worker_pod_policy_binding",

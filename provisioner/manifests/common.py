@@ -120,3 +120,13 @@ def _pvc(spec: ClusterSpec, name: str, component: str, volume) -> dict[str, Any]
         pvc_spec["storageClassName"] = volume.storage_class
     return {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
             "metadata": _meta(spec, name, component), "spec": pvc_spec}
+
+
+def service_account_token_volume(name: str) -> dict[str, Any]:
+    """The pod's ServiceAccount token as a projected volume, for the one container that mounts it
+    at SA_TOKEN_DIR (the pod itself automounts none): token, the cluster's CA, the namespace."""
+    return {"name": name, "projected": {"defaultMode": 0o444, "sources": [
+        {"serviceAccountToken": {"path": "token", "expirationSeconds": 3600}},
+        {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+        {"downwardAPI": {"items": [{"path": "namespace", "fieldRef": {"fieldPath": "metadata.namespace"}}]}},
+    ]}}

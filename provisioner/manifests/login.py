@@ -8,7 +8,7 @@ from typing import Any, Mapping
 from ..config import ClusterSpec
 from .common import (K8sSite, _config_volume, _container_security, _meta, _pod_security, _pvc_volume,
                      _secret_volume, content_hash, controller_address, dns_searches, login_sleeps, sleeps,
-                     tier_labels)
+                     service_account_token_volume, tier_labels)
 from .names import (A_USERS_HASH, ACTIVITY_DIR, ACTIVITY_PORT, AGENT_UID, AUTH_SECRET, AUTHORIZED_KEYS_DIR,
                     AUTHORIZED_KEYS_SECRET, BIN_DIR, HOME_PVC, HOST_KEYS_DIR, L_SUBDOMAIN, LOGIN, LOGIN_AGENT,
                     LOGIN_CAPS, LOGIN_HOST, MUNGE_DIR, SA_TOKEN_DIR, SSH_HOST_KEY_TYPES, SSH_HOST_KEYS_SECRET,
@@ -156,10 +156,5 @@ def _add_login_agent(spec: ClusterSpec, pod_spec: dict[str, Any], login: dict[st
     pod_spec["volumes"] += [
         {"name": "activity", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
         {"name": "wake", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
-        {"name": "agent-token", "projected": {"defaultMode": 0o444, "sources": [
-            {"serviceAccountToken": {"path": "token", "expirationSeconds": 3600}},
-            {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
-            {"downwardAPI": {"items": [{"path": "namespace",
-                                        "fieldRef": {"fieldPath": "metadata.namespace"}}]}},
-        ]}},
+        service_account_token_volume("agent-token"),
     ]

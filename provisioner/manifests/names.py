@@ -64,6 +64,8 @@ SLURMDBD_PORT = 6819
 MYSQL_PORT = 3306
 SSH_PORT = 22
 REST_PORT = 6820
+REST_LOCAL_PORT = 6821  # slurmrestd's own port behind the waking front (with idle_teardown)
+REST_FRONT = "rest-front"  # ServiceAccount, Role and container of slurmrestd's waking front
 REST_UID = 6820  # the slurmrestd user of its image: slurmrestd refuses root and SlurmUser
 
 # Where the images expect things (images/README.md, "contract").

@@ -6,7 +6,7 @@ from typing import Any
 
 from ..config import ClusterSpec
 from .common import _meta, login_sleeps, sleeps
-from .names import CONTROLLER, LOGIN, LOGIN_AGENT, MARIADB, SLURMDBD, TIER_ROLE, WORKER_ROLE
+from .names import CONTROLLER, LOGIN, LOGIN_AGENT, MARIADB, REST, REST_FRONT, SLURMDBD, TIER_ROLE, WORKER_ROLE
 
 
 # ---------------------------------------------------------------- RBAC for the resume/suspend programs
@@ -111,6 +111,22 @@ def login_agent_role_binding(spec: ClusterSpec) -> dict[str, Any]:
     return _binding(spec, LOGIN_AGENT, LOGIN, LOGIN_AGENT)
 
 
+def rest_front_service_account(spec: ClusterSpec) -> dict[str, Any]:
+    """The slurmrestd pod's account. Its token reaches only the waking front's container; slurmrestd
+    itself has none."""
+    return {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(spec, REST_FRONT, REST),
+            "automountServiceAccountToken": False}
+
+
+def rest_front_role(spec: ClusterSpec) -> dict[str, Any]:
+    """The login agent's rights (wake only), for a REST request that finds the tier asleep."""
+    return _role(spec, REST_FRONT, REST, _tier_rules(spec, controller=False))
+
+
+def rest_front_role_binding(spec: ClusterSpec) -> dict[str, Any]:
+    return _binding(spec, REST_FRONT, REST, REST_FRONT)
+
+
 def control_tier_objects(spec: ClusterSpec) -> list[dict[str, Any]]:
     """The RBAC of the idle teardown (none without ``idle_teardown``)."""
     if not sleeps(spec):
@@ -118,4 +134,6 @@ def control_tier_objects(spec: ClusterSpec) -> list[dict[str, Any]]:
     objs = [control_tier_role(spec), control_tier_role_binding(spec)]
     if spec.login.enabled:
         objs += [login_agent_service_account(spec), login_agent_role(spec), login_agent_role_binding(spec)]
+    if spec.rest.enabled:
+        objs += [rest_front_service_account(spec), rest_front_role(spec), rest_front_role_binding(spec)]
     return objs

@@ -9,7 +9,9 @@ nor the JWT key: a compromised slurmrestd can act only with the tokens sent to i
 
 It reads a client slurm.conf of its own (:func:`rest_conf`, from the spec alone: no nodes): a
 configless fetch would need munge. It is not part of the control tier: it stays up while the tier
-sleeps and answers requests with an error until something wakes the tier (docs/rest.md).
+sleeps. With ``idle_teardown`` a waking front owns the REST port
+(:mod:`provisioner.controltier.restfront`): a request with a token wakes the tier, and counts as
+activity for the idle clock.
 """
 
 from __future__ import annotations
@@ -18,10 +20,12 @@ from typing import Any, Mapping
 
 from ..config import ClusterSpec
 from .common import (ClusterSecrets, K8sSite, _config_volume, _container_security, _meta, _pod_security,
-                     content_hash, dns_searches, service_fqdn)
-from .names import (A_CONFIG_HASH, A_USERS_HASH, CONTROLLER_POD, JWT_KEY_FILE, JWT_SECRET, REST, REST_CONFIG,
-                    REST_PORT, REST_UID, SLURM_CONF_DIR, SLURMCTLD_PORT, SLURMDBD, SLURMDBD_PORT, USER_FILES,
-                    USERS_CONFIG, USERS_DIR, base_labels, selector)
+                     content_hash, controller_address, dns_searches, service_account_token_volume, service_fqdn,
+                     sleeps)
+from .names import (A_CONFIG_HASH, A_USERS_HASH, ACTIVITY_PORT, AGENT_UID, BIN_DIR, CONTROLLER_POD, JWT_KEY_FILE,
+                    JWT_SECRET, L_SUBDOMAIN, REST, REST_CONFIG, REST_FRONT, REST_LOCAL_PORT, REST_PORT, REST_UID,
+                    SA_TOKEN_DIR, SLURM_CONF_DIR, SLURMCTLD_PORT, SLURMDBD, SLURMDBD_PORT, USER_FILES, USERS_CONFIG,
+                    USERS_DIR, WORKERS, base_labels, selector)
 
 JWT_KEY_BYTES = 64  # HS256 key; SchedMD's example uses 32 random bytes
 
@@ -96,16 +100,18 @@ def rest_deployment(spec: ClusterSpec, files: Mapping[str, str], site: K8sSite =
         "volumeMounts": [{"name": "users", "mountPath": USERS_DIR, "readOnly": True},
                          {"name": "nss", "mountPath": "/run/slurmk8s-nss"}],
     }
+    front = sleeps(spec)
+    port = REST_LOCAL_PORT if front else REST_PORT  # behind the front, slurmrestd has a port of its own
     container = {
         "name": REST,
         "image": spec.images.rest,
         "imagePullPolicy": spec.images.pull_policy,
         # SLURM_JWT=daemon: JWTs for every call to slurmctld / slurmdbd, munge never loaded
         "env": [{"name": "SLURM_JWT", "value": "daemon"}],
-        "args": ["-a", "rest_auth/jwt", "-s", rest_openapi_plugins(spec), f"0.0.0.0:{REST_PORT}"],
-        "ports": [{"name": "http", "containerPort": REST_PORT, "protocol": "TCP"}],
-        "readinessProbe": {"tcpSocket": {"port": REST_PORT}, "periodSeconds": 3, "failureThreshold": 3},
-        "livenessProbe": {"tcpSocket": {"port": REST_PORT}, "initialDelaySeconds": 30, "periodSeconds": 20,
+        "args": ["-a", "rest_auth/jwt", "-s", rest_openapi_plugins(spec), f"0.0.0.0:{port}"],
+        "ports": [{"name": "slurmrestd" if front else "http", "containerPort": port, "protocol": "TCP"}],
+        "readinessProbe": {"tcpSocket": {"port": port}, "periodSeconds": 3, "failureThreshold": 3},
+        "livenessProbe": {"tcpSocket": {"port": port}, "initialDelaySeconds": 30, "periodSeconds": 20,
                           "failureThreshold": 6},
         "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}},
         "securityContext": security,
@@ -113,29 +119,63 @@ def rest_deployment(spec: ClusterSpec, files: Mapping[str, str], site: K8sSite =
                          *({"name": "nss", "mountPath": f"/etc/{f}", "subPath": f, "readOnly": True}
                            for f in USER_FILES)],
     }
+    pod_spec: dict[str, Any] = {
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "dnsConfig": {"searches": dns_searches(spec, site)},
+        "securityContext": _pod_security(),
+        "terminationGracePeriodSeconds": 10,
+        "initContainers": [init],
+        "containers": [container],
+        "volumes": [_config_volume("config", REST_CONFIG), _config_volume("users", USERS_CONFIG),
+                    {"name": "nss", "emptyDir": {"medium": "Memory", "sizeLimit": "16Mi"}}],
+    }
+    labels = base_labels(spec, REST)
+    if front:
+        _add_front(spec, pod_spec, site)
+        labels[L_SUBDOMAIN] = WORKERS
     return {
         "apiVersion": "apps/v1", "kind": "Deployment",
         "metadata": _meta(spec, REST, REST),
         "spec": {
             "selector": {"matchLabels": selector(spec, REST)},
             "template": {
-                "metadata": {"labels": base_labels(spec, REST),
+                "metadata": {"labels": labels,
                              "annotations": {A_CONFIG_HASH: content_hash(rest_conf(spec, site)),
                                              A_USERS_HASH: content_hash({n: files[n] for n in USER_FILES})}},
-                "spec": {
-                    "automountServiceAccountToken": False,
-                    "enableServiceLinks": False,
-                    "dnsConfig": {"searches": dns_searches(spec, site)},
-                    "securityContext": _pod_security(),
-                    "terminationGracePeriodSeconds": 10,
-                    "initContainers": [init],
-                    "containers": [container],
-                    "volumes": [_config_volume("config", REST_CONFIG), _config_volume("users", USERS_CONFIG),
-                                {"name": "nss", "emptyDir": {"medium": "Memory", "sizeLimit": "16Mi"}}],
-                },
+                "spec": pod_spec,
             },
         },
     }
+
+
+def _add_front(spec: ClusterSpec, pod_spec: dict[str, Any], site: K8sSite) -> None:
+    """The waking front (``python -m provisioner.controltier.restfront``, slurmctld image) on the
+    Service's port, before slurmrestd on REST_LOCAL_PORT. It alone gets the pod's ServiceAccount
+    token (the login agent's rights: wake the tier) and serves its activity on ACTIVITY_PORT; the
+    pod is named ``slurmrestd`` under the workers' subdomain so the reconcile loop finds it there."""
+    front = {
+        "name": REST_FRONT,
+        "image": spec.images.controller,
+        "imagePullPolicy": spec.images.pull_policy,
+        # tini: python as PID 1 would ignore SIGTERM (the pod would take its whole grace period)
+        "command": ["/usr/bin/tini", "--", f"{BIN_DIR}/python", "-m", "provisioner.controltier.restfront",
+                    "--namespace", spec.namespace_name, "--port", str(REST_PORT),
+                    "--upstream", f"127.0.0.1:{REST_LOCAL_PORT}", "--controller", controller_address(spec, site),
+                    "--activity-port", str(ACTIVITY_PORT)],
+        "ports": [{"name": "http", "containerPort": REST_PORT, "protocol": "TCP"},
+                  {"name": "activity", "containerPort": ACTIVITY_PORT, "protocol": "TCP"}],
+        "readinessProbe": {"tcpSocket": {"port": ACTIVITY_PORT}, "periodSeconds": 3},
+        "resources": {"requests": {"cpu": "10m", "memory": "64Mi"}},
+        "securityContext": {**_container_security(()), "runAsUser": AGENT_UID, "runAsGroup": AGENT_UID,
+                            "runAsNonRoot": True, "readOnlyRootFilesystem": True},
+        "volumeMounts": [{"name": "front-token", "mountPath": SA_TOKEN_DIR, "readOnly": True}],
+    }
+    pod_spec["hostname"] = REST
+    pod_spec["subdomain"] = WORKERS
+    pod_spec["serviceAccountName"] = REST_FRONT
+    pod_spec["containers"].insert(0, front)
+    pod_spec["volumes"].append(service_account_token_volume("front-token"))
 
 
 def jwt_objects(spec: ClusterSpec, secrets: ClusterSecrets) -> list[dict[str, Any]]:

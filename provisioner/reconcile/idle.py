@@ -58,7 +58,7 @@ class IdleWatch:
         act = self.activity(job_doc, workers, time.time())
         busy = act.busy()
         if act.last_request is not None and time.time() - act.last_request < self.recent:
-            busy.append(f"a Slurm command or SSH login on the login pod {time.time() - act.last_request:.0f}s ago")
+            busy.append(f"a Slurm command, SSH login or REST request {time.time() - act.last_request:.0f}s ago")
         return "; ".join(busy)
 
     def step(self, job_doc: Mapping[str, Any] | None, workers: int | None, now: float) -> bool:
@@ -88,6 +88,17 @@ class IdleWatch:
             self.log(f"control tier: sleep failed: {err}")
             self.tracker.idle_since = None  # try again after a full idle period
             return False
+
+
+def merge_activity(*sources: tuple[int | None, tuple[str, ...], float | None, str]
+                   ) -> tuple[int | None, tuple[str, ...], float | None, str]:
+    """One (sessions, users, last_request, why unknown) from several (the login agent's, the REST
+    front's): the sessions add up, the latest request counts; any source unknown makes it unknown."""
+    whys = [why or "no answer" for count, _u, _l, why in sources if count is None]
+    lasts = [last for _c, _u, last, _w in sources if last is not None]
+    users = tuple(dict.fromkeys(u for _c, us, _l, _w in sources for u in us))
+    total = None if whys else sum(count or 0 for count, _u, _l, _w in sources)
+    return total, users, max(lasts) if lasts else None, "; ".join(whys)
 
 
 def idle_watch_from_env(env: Mapping[str, str], log: "Log", slurm: "SlurmCli",
@@ -135,8 +146,9 @@ def idle_watch_from_env(env: Mapping[str, str], log: "Log", slurm: "SlurmCli",
         return None
     tier = Tier(ClientTierApi(client), namespace, "slurmk8s-reconcile", log=tier_log)
     url = f"http://{m.LOGIN_HOST}.{m.WORKERS}.{namespace}.svc.{domain}:{m.ACTIVITY_PORT}/activity"
+    rest_url = f"http://{m.REST}.{m.WORKERS}.{namespace}.svc.{domain}:{m.ACTIVITY_PORT}/activity"
 
-    def sessions() -> tuple[int | None, tuple[str, ...], float | None, str]:
+    def login_sessions() -> tuple[int | None, tuple[str, ...], float | None, str]:
         if not spec.login.enabled:
             return 0, (), None, ""
         doc, err = fetch_activity(url)
@@ -149,7 +161,15 @@ def idle_watch_from_env(env: Mapping[str, str], log: "Log", slurm: "SlurmCli",
                 err = f"{err}; login Deployment unreadable: {exc}"
         return activity_from_doc(doc, err)
 
-    log.write(f"idle teardown after {teardown:.0f}s; login sessions from {url}; sleeps and wakes also in {durable.path}")
+    def sessions() -> tuple[int | None, tuple[str, ...], float | None, str]:
+        got = login_sessions()
+        if not spec.rest.enabled:
+            return got
+        return merge_activity(got, activity_from_doc(*fetch_activity(rest_url)))
+
+    log.write(f"idle teardown after {teardown:.0f}s; login sessions from {url}"
+              + (f", REST requests from {rest_url}" if spec.rest.enabled else "")
+              + f"; sleeps and wakes also in {durable.path}")
     return IdleWatch(tier, IdleTracker(float(teardown)), sessions, slurm.jobs,
                      lambda: len(backend().list()),
                      lambda: not port_open("127.0.0.1", m.SLURMCTLD_PORT), tier_log)

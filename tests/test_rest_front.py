@@ -1,0 +1,234 @@
+"""The REST API's waking front (provisioner.controltier.restfront), over real sockets: a fake
+slurmrestd behind it, the wake and slurmctld's port injected."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from pathlib import Path
+
+from provisioner import manifests as m
+from provisioner.config import load_spec, parse_spec
+from provisioner.manifests.names import USER_FILES
+from provisioner.manifests.rbac import control_tier_objects
+from provisioner.controltier.decision import TierError
+from provisioner.controltier.restfront import Front, parse_headers, serve
+from provisioner.reconcile.idle import merge_activity
+
+TOKEN = "X-SLURM-USER-NAME: alice\r\nX-SLURM-USER-TOKEN: eyJhbGciOi.x.y\r\n"
+
+
+class Tier:
+    """The wake: `asleep` until a wake finishes (after `takes` seconds); counts the calls that woke."""
+
+    def __init__(self, asleep: bool, takes: float = 0.0, error: str = "") -> None:
+        self.asleep, self.takes, self.error = asleep, takes, error
+        self.calls: list[str] = []
+        self.woke = 0
+        self._lock = threading.Lock()
+
+    def wake(self, reason: str) -> bool:
+        with self._lock:  # Tier.wake is called from one thread at a time by the front
+            self.calls.append(reason)
+            if self.error:
+                raise TierError(self.error)
+            if not self.asleep:
+                return False
+            time.sleep(self.takes)
+            self.asleep = False
+            self.woke += 1
+            return True
+
+
+async def _slurmrestd(seen: list[bytes]) -> tuple[asyncio.AbstractServer, int]:
+    """A stand-in for slurmrestd: reads one request's head and answers 200 with a JSON body."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        seen.append(await reader.readuntil(b"\r\n\r\n"))
+        body = b'{"jobs": []}'
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body))
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    return server, server.sockets[0].getsockname()[1]
+
+
+async def _get(port: int, headers: str = TOKEN) -> tuple[int, dict[str, str], bytes]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(f"GET /slurm/v0.0.42/jobs HTTP/1.1\r\nHost: x\r\n{headers}\r\n".encode())
+    await writer.drain()
+    data = await reader.read()
+    writer.close()
+    head, _, body = data.partition(b"\r\n\r\n")
+    status = int(head.split(b" ")[1])
+    return status, parse_headers(head + b"\r\n\r\n"), body
+
+
+def _run(tier: Tier, scenario, *, controller_up=lambda: True, **kw):
+    """Start a fake slurmrestd and the front before it, run `scenario(front, port, seen)`."""
+
+    async def main():
+        seen: list[bytes] = []
+        upstream, up_port = await _slurmrestd(seen)
+        front = Front(tier.wake, controller_up, ("127.0.0.1", up_port), lambda _l: None, **kw)
+        server = await asyncio.start_server(front.handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        try:
+            return await scenario(front, port, seen)
+        finally:
+            server.close()
+            upstream.close()
+
+    return asyncio.run(main())
+
+
+def test_an_awake_tier_passes_requests_through_and_counts_them_as_activity():
+    tier = Tier(asleep=False)
+
+    async def scenario(front, port, seen):
+        before = time.time()
+        status, _h, body = await _get(port)
+        assert status == 200 and json.loads(body) == {"jobs": []}
+        assert b"X-SLURM-USER-TOKEN: eyJhbGciOi.x.y" in seen[0]  # the head reaches slurmrestd unchanged
+        assert front.last_request is not None and front.last_request >= before
+        assert front.activity()["last_request"] == front.last_request and front.activity()["sessions"] == 0
+        await _get(port)  # within the awake cache: no second look at the tier
+
+    _run(tier, scenario)
+    assert tier.calls == ["a REST request by alice"] and tier.woke == 0
+
+
+def test_a_request_to_an_asleep_tier_wakes_it_once_and_is_answered_when_slurmctld_is():
+    tier = Tier(asleep=True, takes=0.3)
+    up_at = time.monotonic() + 0.6  # slurmctld answers a little after its pod is Ready
+
+    async def scenario(front, port, seen):
+        answers = await asyncio.gather(*(_get(port) for _ in range(3)))
+        assert [a[0] for a in answers] == [200, 200, 200] and len(seen) == 3
+        assert time.monotonic() >= up_at
+
+    _run(tier, scenario, controller_up=lambda: time.monotonic() >= up_at, hold=5)
+    assert tier.woke == 1 and len(tier.calls) == 1  # the three requests shared one wake
+
+
+def test_a_wake_longer_than_the_hold_is_answered_503_with_retry_after_and_goes_on():
+    tier = Tier(asleep=True, takes=0.8)
+
+    async def scenario(front, port, seen):
+        status, headers, body = await _get(port)
+        assert status == 503 and headers["retry-after"] == "5" and seen == []
+        assert "waking up" in json.loads(body)["errors"][0]["error"]
+        await asyncio.sleep(1.0)  # the wake finished meanwhile: the retry goes through
+        assert (await _get(port))[0] == 200
+
+    _run(tier, scenario, hold=0.2)
+    assert tier.woke == 1
+
+
+def test_a_request_without_a_token_neither_wakes_nor_counts():
+    tier = Tier(asleep=True)
+
+    async def scenario(front, port, seen):
+        status, _h, _b = await _get(port, headers="")
+        assert status == 200 and len(seen) == 1  # slurmrestd answers it (the real one: 401)
+        assert front.last_request is None
+
+    _run(tier, scenario)
+    assert tier.calls == [] and tier.asleep
+
+
+def test_a_failed_wake_is_a_503_naming_why_and_the_next_request_tries_again():
+    tier = Tier(asleep=True, error="statefulset/slurmctld not ready after 300s")
+
+    async def scenario(front, port, seen):
+        status, _h, body = await _get(port)
+        assert status == 503 and "could not be woken: statefulset/slurmctld not ready" in body.decode()
+        await _get(port)
+
+    _run(tier, scenario)
+    assert len(tier.calls) == 2
+
+
+def test_an_unverifiable_user_name_is_not_written_into_the_wake_reason():
+    tier = Tier(asleep=False)
+
+    async def scenario(front, port, seen):
+        await _get(port, headers="X-SLURM-USER-NAME: a\u00e9 b; rm\r\nX-SLURM-USER-TOKEN: t\r\n")
+
+    _run(tier, scenario)
+    assert tier.calls == ["a REST request by a user"]
+
+
+def test_connections_over_the_cap_hear_503_at_once():
+    tier = Tier(asleep=True, takes=0.5)
+
+    async def scenario(front, port, seen):
+        slow = asyncio.ensure_future(_get(port))
+        await asyncio.sleep(0.1)
+        status, _h, body = await _get(port)
+        assert status == 503 and "too many connections" in body.decode()
+        assert (await slow)[0] == 200
+
+    _run(tier, scenario, max_connections=1, hold=5)
+
+
+def test_slurmrestd_not_listening_is_a_503_not_a_reset():
+    async def main():
+        front = Front(lambda _r: False, lambda: True, ("127.0.0.1", 1), lambda _l: None)
+        server = await asyncio.start_server(front.handle, "127.0.0.1", 0)
+        try:
+            status, headers, body = await _get(server.sockets[0].getsockname()[1])
+        finally:
+            server.close()
+        assert status == 503 and "slurmrestd is not answering yet" in body.decode() and headers["retry-after"]
+
+    asyncio.run(main())
+
+
+def test_serve_listens_on_the_given_port():
+    assert asyncio.iscoroutinefunction(serve)
+
+
+def test_merge_activity_adds_sessions_takes_the_latest_request_and_any_unknown_wins():
+    login = (2, ("alice",), 100.0, "")
+    rest = (0, (), 250.0, "")
+    assert merge_activity(login, rest) == (2, ("alice",), 250.0, "")
+    assert merge_activity(login, (0, (), None, "")) == (2, ("alice",), 100.0, "")
+    unknown = merge_activity(login, (None, (), None, "http://slurmrestd.workers... did not answer"))
+    assert unknown[0] is None and "did not answer" in unknown[3]
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _spec(**extra):
+    data = load_spec(ROOT / "examples/local.yaml").model_dump(mode="json", exclude_defaults=True)
+    return parse_spec({**data, "rest": {"enabled": True}, "users": [{"name": "alice", "uid": 2001}], **extra})
+
+
+def _rest_pod(spec):
+    return m.rest_deployment(spec, {name: "" for name in USER_FILES})["spec"]["template"]
+
+
+def test_with_idle_teardown_the_front_owns_the_rest_port_and_alone_holds_the_token():
+    pod = _rest_pod(_spec(elasticity={**_spec().elasticity.model_dump(mode="json", exclude_defaults=True), "idle_teardown": "30m"}))
+    spec = pod["spec"]
+    front, restd = spec["containers"]
+    assert front["name"] == m.REST_FRONT and front["ports"][0]["containerPort"] == m.REST_PORT
+    assert restd["args"][-1] == f"0.0.0.0:{m.REST_LOCAL_PORT}"
+    assert spec["serviceAccountName"] == m.REST_FRONT and spec["automountServiceAccountToken"] is False
+    assert [v["mountPath"] for v in front["volumeMounts"]] == [m.SA_TOKEN_DIR]
+    assert all(v["mountPath"] != m.SA_TOKEN_DIR for v in restd["volumeMounts"])
+    assert (spec["hostname"], spec["subdomain"]) == (m.REST, m.WORKERS)
+    assert pod["metadata"]["labels"][m.L_SUBDOMAIN] == m.WORKERS
+    names = {(o["kind"], o["metadata"]["name"]) for o in control_tier_objects(_spec(elasticity={**_spec().elasticity.model_dump(mode="json", exclude_defaults=True), "idle_teardown": "30m"}))}
+    assert {("ServiceAccount", m.REST_FRONT), ("Role", m.REST_FRONT), ("RoleBinding", m.REST_FRONT)} <= names
+
+
+def test_without_idle_teardown_slurmrestd_owns_the_port_alone():
+    spec = _rest_pod(_spec())["spec"]
+    assert [c["name"] for c in spec["containers"]] == [m.REST]
+    assert spec["containers"][0]["args"][-1] == f"0.0.0.0:{m.REST_PORT}" and "serviceAccountName" not in spec
