@@ -84,11 +84,12 @@ def needs_nodes(spec: ClusterSpec) -> bool:
 def render_files(spec: ClusterSpec, k8s_nodes: Sequence[Mapping[str, Any]],
                  cluster_domain: str = "cluster.local") -> tuple[dict[str, str], list[str]]:
     """The files of the ``slurm-config`` ConfigMap, exactly as the Pulumi program builds them, and
-    the Kubernetes nodes left out (with the reason)."""
+    the lines to log: the Kubernetes nodes left out (with the reason), the topology's notices."""
     gen = generate_for_kubernetes(spec, k8s_nodes, cluster_domain)
     m.check_names(spec, gen.inventory)
-    excluded = [f"{e.k8s_node} ({e.pool}): {e.reason}" for e in gen.inventory.excluded]
-    return m.config_map_files(m.slurm_config_map(spec, gen.files)), excluded
+    notes = [f"Kubernetes node left out of pool {e.k8s_node} ({e.pool}): {e.reason}" for e in gen.inventory.excluded]
+    notes += [f"notice: {n}" for n in gen.topology.notices]
+    return m.config_map_files(m.slurm_config_map(spec, gen.files)), notes
 
 
 def read_nodes(env: Mapping[str, str]) -> list[dict[str, Any]]:
@@ -141,12 +142,12 @@ def render_main(argv: Sequence[str] | None = None) -> int:
     except (OSError, ValueError) as err:
         _log(f"cannot read {site_path} ({err}): assuming cluster domain {domain}")
     try:
-        files, excluded = render_files(spec, raw, domain)
+        files, notes = render_files(spec, raw, domain)
     except SlurmK8sError as err:
         _log(f"cannot build the cluster from the spec and the {len(raw)} Kubernetes nodes:\n{err}")
         return 2
-    for line in excluded:
-        _log(f"Kubernetes node left out of pool {line}")
+    for line in notes:
+        _log(line)
     write_files(files, out)
     _log(f"wrote {', '.join(sorted(files))} to {out} ({len(raw)} Kubernetes nodes read)")
     return 0

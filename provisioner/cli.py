@@ -116,6 +116,8 @@ def render(
                f"topology {result.topology.plugin}")
     for ex in inv.excluded:
         typer.echo(f"left out Kubernetes node {ex.k8s_node} (pool {ex.pool}): {ex.reason}")
+    for notice in result.topology.notices:
+        typer.echo(f"notice: {notice}")
     for node in inv.nodes:
         if node.unavailable:
             typer.echo(f"drained {node.name}: {node.unavailable}")

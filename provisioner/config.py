@@ -401,16 +401,27 @@ class Slurm(Model):
 
 # ---------------------------------------------------------------- topology
 
+# Topograph before 1.0 (its first label scheme): datacenter > spine > block (the leaf switch), and
+# the NVLink domain. Topograph 1.0 replaced them; an upgrade leaves them on the nodes, stale.
+TOPOGRAPH_OLD_LEVELS = (
+    "network.topology.nvidia.com/datacenter",
+    "network.topology.nvidia.com/spine",
+    "network.topology.nvidia.com/block",
+)
+TOPOGRAPH_OLD_ACCELERATOR = "network.topology.nvidia.com/accelerator"
+# Topograph 1.0: fabric tiers of any depth, tier-0 the switch nearest the node ("closest-first",
+# docs/reference/node-labels.md of NVIDIA/topograph v1.0.0), and the accelerator (NVLink) domain.
+# accelerator.topograph.run/sub-domain (a locality inside the domain, written by few providers) is
+# not used: BlockSizes joins consecutive base blocks, so sub-domains as base blocks could be joined
+# across two domains, which NVLink does not span; the domain is the unit a job must not leave.
+TOPOGRAPH_TIER_PREFIX = "fabric.topograph.run/tier-"
+TOPOGRAPH_ACCELERATOR = "accelerator.topograph.run/domain"
+
 TOPOLOGY_PRESETS: dict[str, dict[str, Any]] = {
-    # NVIDIA topograph: datacenter > spine > block (leaf switches); NVLink domains separately.
-    "topograph": {
-        "plugin": "tree",
-        "levels": (
-            "network.topology.nvidia.com/datacenter",
-            "network.topology.nvidia.com/spine",
-            "network.topology.nvidia.com/block",
-        ),
-    },
+    # Topograph, whichever labels a node carries: the 1.0 tiers, else the older levels.
+    "topograph": {"plugin": "tree", "tier_prefix": TOPOGRAPH_TIER_PREFIX, "levels": TOPOGRAPH_OLD_LEVELS},
+    "topograph-fabric": {"plugin": "tree", "tier_prefix": TOPOGRAPH_TIER_PREFIX},
+    "topograph-legacy": {"plugin": "tree", "levels": TOPOGRAPH_OLD_LEVELS},
     # AWS EC2 instance topology: layer-1 is the top of the network, layer-3 the node's own switch.
     "aws": {
         "plugin": "tree",
@@ -437,25 +448,74 @@ TOPOLOGY_PRESETS: dict[str, dict[str, Any]] = {
     },
     # NVLink domains (GB200 NVL72 and similar) as Slurm blocks.
     "nvlink": {"plugin": "block", "block_label": "nvidia.com/gpu.clique"},
-    "topograph-nvlink": {"plugin": "block", "block_label": "network.topology.nvidia.com/accelerator"},
+    "topograph-nvlink": {"plugin": "block", "block_label": TOPOGRAPH_ACCELERATOR,
+                         "fallback_block_label": TOPOGRAPH_OLD_ACCELERATOR},
+    "topograph-accelerator": {"plugin": "block", "block_label": TOPOGRAPH_ACCELERATOR},
+    "topograph-legacy-nvlink": {"plugin": "block", "block_label": TOPOGRAPH_OLD_ACCELERATOR},
 }
+
+TopologyPreset = Literal[
+    "topograph", "topograph-fabric", "topograph-legacy", "aws", "gke", "zone-rack", "nvlink",
+    "topograph-nvlink", "topograph-accelerator", "topograph-legacy-nvlink",
+]
+
+_TIER_NUMBER = re.compile(r"^(0|[1-9][0-9]*)$")
 
 
 class Topology(Model):
-    preset: Literal["topograph", "aws", "gke", "zone-rack", "nvlink", "topograph-nvlink"] | None = Field(
-        default=None, description="A label scheme in use today; sets plugin, levels / block_label."
+    """Where each node sits in the network, from its Kubernetes labels, so Slurm places a job's
+    nodes close together: topology/tree (switches) or topology/block (e.g. NVLink domains). The
+    presets read the label schemes in use today:
+
+    - `topograph`: tree from NVIDIA Topograph's labels: a node's `fabric.topograph.run/tier-N`
+      (Topograph 1.0 on; any depth, `tier-0` the switch nearest the node, the highest tier its top),
+      else its older `network.topology.nvidia.com/{datacenter,spine,block}`. A node carrying both
+      is placed by the tiers (the older labels stay, stale, after an upgrade) and a notice names it.
+    - `topograph-fabric`: tree from `fabric.topograph.run/tier-N` only (Topograph 1.0 on).
+    - `topograph-legacy`: tree from `network.topology.nvidia.com/{datacenter,spine,block}` only
+      (Topograph before 1.0).
+    - `aws`: tree from `topology.k8s.aws/network-node-layer-{1,2,3}`.
+    - `gke`: tree from `cloud.google.com/gce-topology-{block,subblock,host}`.
+    - `zone-rack`: tree from `topology.kubernetes.io/{zone,rack}`, rack switches named by zone and rack.
+    - `nvlink`: blocks from `nvidia.com/gpu.clique`.
+    - `topograph-nvlink`: blocks from a node's `accelerator.topograph.run/domain` (Topograph 1.0 on),
+      else its older `network.topology.nvidia.com/accelerator`; a node carrying both is placed by
+      the domain and a notice names it. `accelerator.topograph.run/sub-domain` is not used: Slurm
+      joins neighbouring base blocks (BlockSizes) into bigger ones, which with sub-domains as base
+      blocks could span two domains, which NVLink does not.
+    - `topograph-accelerator`: blocks from `accelerator.topograph.run/domain` only (Topograph 1.0 on).
+    - `topograph-legacy-nvlink`: blocks from `network.topology.nvidia.com/accelerator` only
+      (Topograph before 1.0).
+    """
+
+    preset: TopologyPreset | None = Field(
+        default=None, description="A label scheme in use today (see above); sets plugin and its label fields."
     )
     plugin: Literal["tree", "block", "flat"] = Field(
         default="flat", description="topology/tree (switches), topology/block, or flat (no topology.conf)."
     )
+    tier_prefix: str | None = Field(
+        default=None,
+        description="tree: the stem of numbered node labels naming a node's switch per tier, `<stem>0` the "
+        "switch nearest the node and each higher number the next one up (Topograph 1.0: "
+        "`fabric.topograph.run/tier-`); nodes may carry different numbers of tiers, but no gap below their "
+        "highest. With `levels` too, a node without a complete set of tiers is placed by `levels`.",
+    )
     levels: tuple[str, ...] = Field(
-        default=(), description="tree: node label keys from the top of the network down to the leaf switch."
+        default=(),
+        description="tree: node label keys from the top of the network down to the leaf switch (with "
+        "`tier_prefix`: for the nodes without tier labels).",
     )
     switch_names: Literal["global", "path"] = Field(
         default="global",
         description="global: a label value names one switch everywhere; path: qualified by its parents.",
     )
     block_label: str | None = Field(default=None, description="block: node label key naming the block.")
+    fallback_block_label: str | None = Field(
+        default=None,
+        description="block: the label naming the block of a node without `block_label` (an older scheme, "
+        "e.g. Topograph's before 1.0); a node carrying both is placed by `block_label`.",
+    )
     block_sizes: tuple[int, ...] = Field(
         default=(), description="block: BlockSizes (base, then power-of-two multiples of it)."
     )
@@ -486,19 +546,48 @@ class Topology(Model):
             raise ValueError("a label key appears twice in levels; each level needs its own label")
         return levels
 
+    @field_validator("tier_prefix")
+    @classmethod
+    def _tier_prefix(cls, prefix: str | None) -> str | None:
+        if prefix is not None and not LABEL_KEY.match(prefix + "0"):
+            raise ValueError(f"{prefix!r} followed by a number is not a Kubernetes label key; "
+                             "use e.g. 'fabric.topograph.run/tier-'")
+        return prefix
+
     @model_validator(mode="after")
     def _consistent(self) -> "Topology":
-        if self.plugin == "tree" and not self.levels:
+        if self.plugin == "tree" and not self.levels and not self.tier_prefix:
             raise ValueError("plugin 'tree' has no levels; set levels (label keys, top first) or a preset such as 'aws'")
+        if self.plugin != "tree" and self.tier_prefix:
+            raise ValueError("tier_prefix only applies to plugin 'tree'; remove tier_prefix or set plugin: tree")
         if self.plugin == "block":
             if not self.block_label:
                 raise ValueError("plugin 'block' has no block_label; set block_label (e.g. nvidia.com/gpu.clique) or preset 'nvlink'")
-            if not LABEL_KEY.match(self.block_label):
-                raise ValueError(f"block_label {self.block_label!r} is not a Kubernetes label key; use 'prefix/name'")
+            for name, key in (("block_label", self.block_label), ("fallback_block_label", self.fallback_block_label)):
+                if key is not None and not LABEL_KEY.match(key):
+                    raise ValueError(f"{name} {key!r} is not a Kubernetes label key; use 'prefix/name'")
+            if self.fallback_block_label == self.block_label:
+                raise ValueError("fallback_block_label is block_label; remove fallback_block_label")
             check_block_sizes(self.block_sizes)
-        elif self.block_sizes:
-            raise ValueError("block_sizes only applies to plugin 'block'; remove block_sizes or set plugin: block")
+        else:
+            if self.block_sizes:
+                raise ValueError("block_sizes only applies to plugin 'block'; remove block_sizes or set plugin: block")
+            if self.fallback_block_label:
+                raise ValueError("fallback_block_label only applies to plugin 'block'; remove it or set plugin: block")
         return self
+
+    def tier_number(self, key: str) -> int | None:
+        """The tier a label key names under `tier_prefix` (``<prefix>0`` -> 0), else None. Strict
+        digits: ``tier-01`` is no tier, so one switch cannot be named by two keys."""
+        if not self.tier_prefix or not key.startswith(self.tier_prefix):
+            return None
+        rest = key[len(self.tier_prefix):]
+        return int(rest) if _TIER_NUMBER.match(rest) else None
+
+    def uses_label(self, key: str) -> bool:
+        """Whether the topology reads the node label `key` (the inventory keeps only those)."""
+        return (key in self.levels or key in (self.block_label, self.fallback_block_label)
+                or self.tier_number(key) is not None)
 
 
 def check_block_sizes(sizes: tuple[int, ...]) -> None:

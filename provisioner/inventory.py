@@ -219,13 +219,11 @@ def _tolerated(taint: Mapping[str, str], tolerations: Iterable[Mapping[str, Any]
     return False
 
 
-def _topology_keys(spec: ClusterSpec, pool: Pool) -> tuple[str, ...]:
-    keys = list(spec.topology.levels)
-    if spec.topology.block_label:
-        keys.append(spec.topology.block_label)
-    if pool.domain_label:
-        keys.append(pool.domain_label)
-    return tuple(dict.fromkeys(keys))
+def _topology_labels(spec: ClusterSpec, pool: Pool, labels: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    """The node's labels the topology and the pool's domain read (tier labels are any number, so
+    they are picked by name, not looked up)."""
+    return tuple(sorted((k, v) for k, v in labels.items()
+                        if spec.topology.uses_label(k) or k == pool.domain_label))
 
 
 def _pinned(spec: ClusterSpec, index: int, pool: Pool, members: list[K8sNode]) -> tuple[list[SlurmNode], list[Excluded]]:
@@ -234,7 +232,6 @@ def _pinned(spec: ClusterSpec, index: int, pool: Pool, members: list[K8sNode]) -
     reserve_milli = int(round(parse_quantity(pool.reserve_cpu) * 1000))
     reserve_mib = mib(pool.reserve_memory)
     min_mib = mib(pool.min_memory)
-    keys = _topology_keys(spec, pool)
     for k8s in sorted(members, key=lambda n: n.name):
         blocking = [t for t in k8s.taints if t.get("effect") in ("NoSchedule", "NoExecute")
                     and not _tolerated(t, pool.tolerations)
@@ -278,7 +275,7 @@ def _pinned(spec: ClusterSpec, index: int, pool: Pool, members: list[K8sNode]) -
             features=tuple(dict.fromkeys(features)),
             weight=pool.weight,
             k8s_node=k8s.name,
-            topology_labels=tuple(sorted((k, k8s.labels[k]) for k in keys if k in k8s.labels)),
+            topology_labels=_topology_labels(spec, pool, k8s.labels),
             unavailable=unavailable,
         ))
     return nodes, excluded

@@ -3,15 +3,21 @@
 Pure. :func:`build_topology` derives it from an :class:`~provisioner.inventory.Inventory` and the
 spec's topology rules, then validates it with the same checks Slurm applies (the fatal ones and the
 silent ones: a node under no switch gets no jobs at all), so a bad file is never written.
+
+A rule may name two label schemes, a current one and an older one (Topograph 1.0's tiers and
+accelerator domain, and the labels it wrote before): each node is placed by the first it carries
+completely. After an upgrade the older labels stay on the nodes, stale, so a node carrying both
+is placed by the current ones, and the topology's ``notices`` say so (the renders print them).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Iterable, Literal
+from typing import Iterable, Literal, Mapping
 
 from .config import ClusterSpec, check_block_sizes
+from .config import Topology as Rules  # the spec's rules; Topology here is the result
 from .errors import Issue, TopologyError
 from .inventory import Inventory, sanitize_word
 
@@ -39,6 +45,9 @@ class Topology:
     switches: tuple[Switch, ...] = ()
     blocks: tuple[Block, ...] = ()
     block_sizes: tuple[int, ...] = ()
+    # worth saying at render time, never fatal: printed by `slurmk8s render`, logged by the Pulumi
+    # program and the chart's render init container
+    notices: tuple[Issue, ...] = ()
 
     @property
     def slurm_plugin(self) -> str:
@@ -64,47 +73,129 @@ def build_topology(spec: ClusterSpec, inventory: Inventory) -> Topology:
     return topo
 
 
+Hops = tuple[tuple[str, str], ...]  # a node's switches from the top down, as (label key, value)
+
+
+@dataclass(frozen=True)
+class _Placement:
+    hops: Hops
+    fallback: bool  # placed by the older scheme (``levels`` under ``tier_prefix``)
+
+
+def _tier_hops(rules: Rules, labels: Mapping[str, str]) -> tuple[Hops, list[str]]:
+    """The node's tier labels, highest tier (its top) first, and the tier keys missing below that
+    top: tiers count from the node up, so a gap would hang a switch from the wrong parent."""
+    tiers: dict[int, tuple[str, str]] = {}
+    for key, value in labels.items():
+        n = rules.tier_number(key)
+        if n is not None and value:
+            tiers[n] = (key, value)
+    if not tiers:
+        return (), [f"{rules.tier_prefix}N"]
+    missing = [f"{rules.tier_prefix}{n}" for n in range(max(tiers)) if n not in tiers]
+    return tuple(tiers[n] for n in sorted(tiers, reverse=True)), missing
+
+
+def _level_hops(levels: tuple[str, ...], labels: Mapping[str, str]) -> tuple[Hops, list[str]]:
+    return tuple((k, labels[k]) for k in levels if labels.get(k)), [k for k in levels if not labels.get(k)]
+
+
+def _place(rules: Rules, labels: Mapping[str, str]) -> tuple[_Placement | None, str]:
+    """The node's switches by the first scheme it carries completely (the tiers, then ``levels``);
+    else None and what it lacks, per scheme."""
+    schemes: list[tuple[Hops, list[str]]] = []
+    if rules.tier_prefix:
+        schemes.append(_tier_hops(rules, labels))
+    if rules.levels:
+        schemes.append(_level_hops(rules.levels, labels))
+    for i, (hops, missing) in enumerate(schemes):
+        if hops and not missing:
+            return _Placement(hops, fallback=i > 0), ""
+    return None, " or ".join(", ".join(missing) for _, missing in schemes)
+
+
+def _keys_text(keys: Iterable[str]) -> str:
+    """Label keys for a message: ``net/{a,b}`` when they share a prefix."""
+    keys = list(keys)
+    prefixes = {k.rpartition("/")[0] for k in keys}
+    if len(keys) > 1 and len(prefixes) == 1 and "" not in prefixes:
+        return f"{prefixes.pop()}/{{{','.join(k.rpartition('/')[2] for k in keys)}}}"
+    return ", ".join(keys)
+
+
+def _few(names: list[str]) -> str:
+    more = f" and {len(names) - 5} more" if len(names) > 5 else ""
+    return f"{len(names)} node(s) ({', '.join(names[:5])}{more})"
+
+
+def _scheme_notices(current: str, older: tuple[str, ...], both: list[str], older_only: list[str],
+                    current_count: int, one_scheme: str) -> tuple[Issue, ...]:
+    """What to say when nodes carry two label schemes: the ones carrying both (placed by the
+    current one, the older labels being stale) and, while a relabelling is half done, the ones
+    still placed by the older labels."""
+    out: list[Issue] = []
+    old = _keys_text(older)
+    if both:
+        out.append(Issue("topology", f"{_few(both)} carry both {current} and the older {old} labels; placed by "
+                         f"{current}, the older ones are ignored (stale, left by an upgrade such as Topograph 1.0's)",
+                         f"remove them: kubectl label node NAME {' '.join(k + '-' for k in older)}"))
+    if older_only and current_count:
+        out.append(Issue("topology", f"{_few(older_only)} carry only the older {old} labels and are placed by "
+                         f"those, the other {current_count} node(s) by {current}",
+                         f"relabel them (Topograph 1.0 does once it runs there), or read one scheme only "
+                         f"(preset {one_scheme})"))
+    return tuple(out)
+
+
 def _tree(spec: ClusterSpec, inventory: Inventory) -> Topology:
     rules = spec.topology
-    levels = rules.levels
-    depth = len(levels)
     issues: list[Issue] = []
     unlabeled: list[str] = []
-    # per level (0 = top): switch name -> (raw path, parent name, children)
-    parent_of: list[dict[str, tuple[str | None, str]]] = [dict() for _ in levels]
-    raw_of: list[dict[str, str]] = [dict() for _ in levels]
+    both: list[str] = []
+    older_only: list[str] = []
+    current_count = 0
+    # per level (0 = leaf, as Switch.level): switch name -> (parent name, a node under it)
+    parent_of: dict[int, dict[str, tuple[str | None, str]]] = defaultdict(dict)
+    raw_of: dict[int, dict[str, str]] = defaultdict(dict)
     leaf_nodes: dict[str, list[str]] = defaultdict(list)
 
     for node in inventory.nodes:
+        who = node.k8s_node or node.name
         labels = node.labels
-        values = [labels.get(k) for k in levels]
-        if any(v is None or v == "" for v in values):
+        placement, missing = _place(rules, labels)
+        if placement is None:
             if rules.unlabeled == "error":
-                missing = [k for k, v in zip(levels, values) if not v]
-                issues.append(Issue(f"nodes.{node.k8s_node or node.name}",
-                                    f"lacks topology label(s) {', '.join(missing)}",
+                issues.append(Issue(f"nodes.{who}", f"lacks topology label(s) {missing}",
                                     "label the node, or set topology.unlabeled: group"))
             unlabeled.append(node.name)
             continue
+        if placement.fallback:
+            older_only.append(who)
+        elif rules.tier_prefix:
+            current_count += 1
+            if any(labels.get(k) for k in rules.levels):
+                both.append(who)
+        hops = placement.hops
         parent: str | None = None
         path: list[str] = []
-        for j, raw in enumerate(values):
+        for j, (key, raw) in enumerate(hops):
+            level = len(hops) - 1 - j
             path.append(_name(raw))
             name = "_".join(path) if rules.switch_names == "path" else path[-1]
-            key = "/".join(values[: j + 1]) if rules.switch_names == "path" else raw
-            seen_raw = raw_of[j].setdefault(name, key)
-            if seen_raw != key:
-                issues.append(Issue(f"nodes.{node.k8s_node or node.name}",
-                                    f"label values {seen_raw!r} and {key!r} of {levels[j]} both become switch {name!r}",
+            ident = "/".join(v for _, v in hops[: j + 1]) if rules.switch_names == "path" else raw
+            seen_raw = raw_of[level].setdefault(name, ident)
+            if seen_raw != ident:
+                issues.append(Issue(f"nodes.{who}",
+                                    f"label values {seen_raw!r} and {ident!r} of {key} both become switch {name!r}",
                                     "use label values that differ in letters or digits"))
-            known = parent_of[j].get(name)
+            known = parent_of[level].get(name)
             if known is None:
-                parent_of[j][name] = (parent, node.k8s_node or node.name)
+                parent_of[level][name] = (parent, who)
             elif known[0] != parent:
                 issues.append(Issue(
-                    f"nodes.{node.k8s_node or node.name}",
-                    f"label conflict: switch {name!r} ({levels[j]}) is under {known[0]!r} for node {known[1]!r} "
-                    f"but under {parent!r} for this node; a switch has one parent in a tree",
+                    f"nodes.{who}",
+                    f"label conflict: switch {name!r} ({key}) is under {_under(known[0])} for node {known[1]!r} "
+                    f"but under {_under(parent)} for this node; a switch has one parent in a tree",
                     "fix the nodes' labels, or set topology.switch_names: path if the values repeat per parent",
                 ))
             parent = name
@@ -112,45 +203,65 @@ def _tree(spec: ClusterSpec, inventory: Inventory) -> Topology:
     if issues:
         raise TopologyError(issues, title="invalid topology labels")
 
+    children_of: dict[tuple[int, str], list[str]] = defaultdict(list)
+    for level, members in parent_of.items():
+        for child, (par, _) in members.items():
+            if par is not None:
+                children_of[(level + 1, par)].append(child)
     switches: list[Switch] = []
-    for j in range(depth - 1, -1, -1):
-        level = depth - 1 - j
-        children_of: dict[str, list[str]] = defaultdict(list)
-        if j + 1 < depth:
-            for child, (par, _) in parent_of[j + 1].items():
-                children_of[par].append(child)  # type: ignore[index]
-        for name in sorted(parent_of[j]):
-            if j == depth - 1:
-                switches.append(Switch(name, level, nodes=tuple(leaf_nodes[name])))
+    for level in sorted(parent_of):
+        for name in sorted(parent_of[level]):
+            if level == 0:
+                switches.append(Switch(name, 0, nodes=tuple(leaf_nodes[name])))
             else:
-                switches.append(Switch(name, level, switches=tuple(sorted(children_of[name]))))
-    tops = sorted(parent_of[0]) if depth else []
+                switches.append(Switch(name, level, switches=tuple(sorted(children_of[(level, name)]))))
+    # nodes may carry different numbers of tiers: a top is any switch without a parent
+    tops = sorted(name for members in parent_of.values() for name, (par, _) in members.items() if par is None)
     if unlabeled:
         switches.append(Switch(UNLABELED, 0, nodes=tuple(unlabeled)))
         tops.append(UNLABELED)
     if len(tops) > 1:
         top_level = max(s.level for s in switches) + 1
         switches.append(Switch(ROOT, top_level, switches=tuple(tops)))
-    return Topology("tree", switches=tuple(switches))
+    notices = _scheme_notices(f"{rules.tier_prefix}N", rules.levels, both, older_only, current_count,
+                              "topograph-fabric or topograph-legacy") if rules.tier_prefix and rules.levels else ()
+    return Topology("tree", switches=tuple(switches), notices=notices)
+
+
+def _under(parent: str | None) -> str:
+    return repr(parent) if parent is not None else "no switch (a top)"
 
 
 def _blocks(spec: ClusterSpec, inventory: Inventory) -> Topology:
     rules = spec.topology
-    key = rules.block_label or ""
+    keys = [k for k in (rules.block_label, rules.fallback_block_label) if k]
     members: dict[str, list[str]] = defaultdict(list)
     raw_of: dict[str, str] = {}
     issues: list[Issue] = []
+    both: list[str] = []
+    older_only: list[str] = []
+    current_count = 0
     for node in inventory.nodes:
-        raw = node.labels.get(key)
-        if not raw:
+        who = node.k8s_node or node.name
+        labels = node.labels
+        key = next((k for k in keys if labels.get(k)), None)
+        if key is None:
             if rules.unlabeled == "error":
-                issues.append(Issue(f"nodes.{node.k8s_node or node.name}", f"lacks block label {key}",
+                issues.append(Issue(f"nodes.{who}", f"lacks block label {' or '.join(keys)}",
                                     "label the node, or set topology.unlabeled: group"))
             members[UNLABELED].append(node.name)
             continue
+        if rules.fallback_block_label:
+            if key == rules.fallback_block_label:
+                older_only.append(who)
+            else:
+                current_count += 1
+                if labels.get(rules.fallback_block_label):
+                    both.append(who)
+        raw = labels[key]
         name = _name(raw)
         if raw_of.setdefault(name, raw) != raw:
-            issues.append(Issue(f"nodes.{node.k8s_node or node.name}",
+            issues.append(Issue(f"nodes.{who}",
                                 f"label values {raw_of[name]!r} and {raw!r} of {key} both become block {name!r}",
                                 "use label values that differ in letters or digits"))
         members[name].append(node.name)
@@ -161,7 +272,9 @@ def _blocks(spec: ClusterSpec, inventory: Inventory) -> Topology:
         raise TopologyError(issues, title="invalid topology labels")
     blocks = tuple(Block(name, tuple(nodes)) for name, nodes in sorted(members.items()))
     sizes = rules.block_sizes or ((min(len(b.nodes) for b in blocks),) if blocks else ())
-    return Topology("block", blocks=blocks, block_sizes=tuple(sizes))
+    notices = _scheme_notices(rules.block_label or "", (rules.fallback_block_label,), both, older_only, current_count,
+                              "topograph-accelerator or topograph-legacy-nvlink") if rules.fallback_block_label else ()
+    return Topology("block", blocks=blocks, block_sizes=tuple(sizes), notices=notices)
 
 
 def validate_tree(switches: Iterable[Switch], node_names: Iterable[str]) -> list[Issue]:

@@ -140,6 +140,11 @@ CASES: list[tuple[str, dict[str, Any], list[dict[str, Any]], type[Problem], str]
      TopologyError, "topology.block_sizes"),
     ("block label value reserved", spec_with(topology={"preset": "nvlink"}),
      [node("n1", {"pool": "cpu", "nvidia.com/gpu.clique": "unlabeled"})], TopologyError, "topology.block_label"),
+    ("tier labels with a gap refused", spec_with(topology={"preset": "topograph-fabric", "unlabeled": "error"}),
+     [node("n1", {"pool": "cpu", "fabric.topograph.run/tier-0": "leaf", "fabric.topograph.run/tier-2": "core"})],
+     TopologyError, "nodes.n1"),
+    ("tier prefix on blocks", spec_with(topology={"preset": "nvlink", "tier_prefix": "fabric.topograph.run/tier-"}),
+     tree_nodes(), SpecError, "topology"),
 ]
 
 

@@ -418,6 +418,8 @@ def cluster_program(spec: ClusterSpec, k8s_nodes: Sequence[Mapping[str, Any]] | 
 
     for ex in gen.inventory.excluded:
         pulumi.log.info(f"Kubernetes node {ex.k8s_node} left out of pool {ex.pool}: {ex.reason}")
+    for notice in gen.topology.notices:
+        pulumi.log.warn(str(notice))
     pulumi.export("namespace", cluster.namespace)
     pulumi.export("controller", cluster.controller.address)
     pulumi.export("slurm_nodes", cluster.workers.node_names)

@@ -102,10 +102,12 @@ chart's own settings (`chart`). Use: {{- $d := include "slurmk8s.defaults" . | f
     "topology": {
       "block_label": null,
       "block_sizes": [],
+      "fallback_block_label": null,
       "levels": [],
       "plugin": "flat",
       "preset": null,
       "switch_names": "global",
+      "tier_prefix": null,
       "unlabeled": "group"
     },
     "users": []
@@ -223,10 +225,12 @@ chart's own settings (`chart`). Use: {{- $d := include "slurmk8s.defaults" . | f
   "Topology": {
     "block_label": null,
     "block_sizes": [],
+    "fallback_block_label": null,
     "levels": [],
     "plugin": "flat",
     "preset": null,
     "switch_names": "global",
+    "tier_prefix": null,
     "unlabeled": "group"
   },
   "User": {
