@@ -31,6 +31,8 @@ need /usr/bin/tini /usr/local/bin/slurmk8s-entrypoint /usr/local/lib/slurmk8s/li
     /usr/bin/setpriv
 [ "$(id -u slurm 2>/dev/null)" = 64030 ] || missing+=("user slurm with uid 64030")
 
+# Slurm's version: the daemon's own answer where it gives one without a config, else the package's
+pkg_version() { dpkg-query -W -f='${Version}' "$1" 2>/dev/null | sed 's/-[^-]*$//'; }
 slurm=""
 case "$ROLE" in
     slurmd)
@@ -41,10 +43,8 @@ case "$ROLE" in
     login)
         need /usr/sbin/sshd /usr/sbin/sackd /usr/bin/python3 /usr/local/lib/slurmk8s/slurm-command \
             /usr/local/lib/slurmk8s/slurmk8s-wake /usr/local/bin/sbatch /etc/ssh/sshd_config
-        slurm="$(/usr/bin/sinfo -V 2>/dev/null | awk '{print $2}')" ;;
-    slurmctld) slurm="$(/usr/sbin/slurmctld -V 2>/dev/null | awk '{print $2}')" ;;
-    slurmdbd) slurm="$(/usr/sbin/slurmdbd -V 2>/dev/null | awk '{print $2}')" ;;
-    slurmrestd) slurm="$(/usr/sbin/slurmrestd -V 2>/dev/null | awk '{print $2}')" ;;
+        slurm="$(pkg_version slurm-client)" ;;
+    slurmctld|slurmdbd|slurmrestd) slurm="$(pkg_version "$ROLE")" ;;
 esac
 
 say image "$ROLE"

@@ -257,7 +257,7 @@ def outcome(state: str, detail: str, lasted: float, *, waited: float, log: str |
         ident = parse_identify(log or "")
         if ident is not None:
             return Outcome("identified", detail, ident, waited)
-        tail = [ln.strip() for ln in (log or "").splitlines() if ln.strip()][-3:]
+        tail = [ln.strip()[:200] for ln in (log or "").splitlines() if ln.strip()][-3:]
         return Outcome("exited", detail + (": " + " | ".join(tail) if tail else ", no output"), None, waited)
     if state in ("never", "start"):
         return Outcome(state, detail, None, waited)
