@@ -49,7 +49,7 @@ done
 
 # Inputs of each image, relative to the repo root (files or directories).
 inputs() {
-    local common=(images/Dockerfile images/common images/entrypoint/lib.sh .dockerignore)
+    local common=(images/Dockerfile images/common images/entrypoint/lib.sh images/entrypoint/identify.sh .dockerignore)
     case "$1" in
         slurmd) printf '%s\n' "${common[@]}" images/entrypoint/slurmd.sh images/health images/slurmd provisioner/health.py ;;
         login) printf '%s\n' "${common[@]}" images/entrypoint/login.sh images/login ;;

@@ -7,6 +7,12 @@ SLURMK8S_DIR="${SLURMK8S_DIR:-/etc/slurmk8s}"
 SLURMK8S_MUNGE_KEY="${SLURMK8S_MUNGE_KEY:-$SLURMK8S_DIR/secret/munge.key}"
 SLURMK8S_USERS_DIR="${SLURMK8S_USERS_DIR:-$SLURMK8S_DIR/users}"
 
+# `slurmk8s up` checks pool (and login) images by running them with SLURMK8S_IDENTIFY=1: answer
+# before anything else (sourced, so "$@" is the entrypoint's arguments, the image's CMD).
+if [ "${SLURMK8S_IDENTIFY:-}" = 1 ]; then
+    exec /usr/local/sbin/slurmk8s-identify "$@"
+fi
+
 log() { printf '%s [slurmk8s-%s] %s\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$SLURMK8S_ROLE" "$*" >&2; }
 die() { log "FATAL: $*"; exit 1; }
 

@@ -98,7 +98,7 @@ def up(spec: SpecOpt, kubeconfig: KubeOpt = None, state: StateOpt = None, stack:
             a.repair(session, _echo_line)
         else:  # what an interrupted run left: its processes, its lock, pending operations
             a.recover(session, _echo_line)
-        a.preflight(session, _echo_line, database=True, reclaim=True)
+        a.preflight(session, _echo_line, database=True, reclaim=True, images="pods")
         made = a.ensure_stack_config(session, wait=wait, spec_path=spec)
         if made:
             typer.echo(f"generated and stored (encrypted) in the stack config: {', '.join(made)}")
@@ -120,7 +120,7 @@ def preview(spec: SpecOpt, kubeconfig: KubeOpt = None, state: StateOpt = None, s
     try:
         _owner_check(session, "preview")
         a.recover(session, _echo_line, pending=False)
-        a.preflight(session, _echo_line, database=False)
+        a.preflight(session, _echo_line, database=False, images="labels")
         a.ensure_stack_config(session, wait=wait, spec_path=spec)
         a.diagnose_now(session, _echo_line)
         result = a.preview(session, _echo_line, diff=diff)

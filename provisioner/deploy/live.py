@@ -29,14 +29,18 @@ def _cluster(session: Session) -> tuple[Any, bool]:
     return session.api_client, bool(session.local_cluster)
 
 
-def preflight(session: Session, echo: Printer, *, database: bool, reclaim: bool = False) -> None:
+def preflight(session: Session, echo: Printer, *, database: bool, reclaim: bool = False,
+              images: str = "labels") -> None:
     """Checks against the live cluster before anything is applied (storage classes, volumes, the
     external database's Secret; with `database`, a connection test of the external database). On the
     local cluster, with `reclaim`, its own volumes that a deleted claim of this cluster left Released
-    are given back first (provisioner.volumes)."""
+    are given back first (provisioner.volumes). The pool and login images (provisioner.deploy.imagecheck):
+    `images="pods"` (up) runs each new one in a check pod, "labels" (preview) reads the local Docker
+    engine's labels, "none" skips them."""
     from kubernetes.client.exceptions import ApiException
 
     from .. import manifests as m
+    from . import imagecheck
     from . import preflight as pf
 
     t0 = time.monotonic()
@@ -50,6 +54,12 @@ def preflight(session: Session, echo: Printer, *, database: bool, reclaim: bool 
         pf.check(session.spec, facts)
         if database:
             pf.check_database(session.spec, api, echo)
+        if images == "pods":
+            imagecheck.check(session.spec, imagecheck.CheckApi(api), echo, namespace_exists=facts.namespace_exists,
+                             local=local)
+        elif images == "labels":
+            imagecheck.preview_check(session.spec, imagecheck.CheckApi(api), echo,
+                                     namespace_exists=facts.namespace_exists)
     except ApiException as err:
         raise DeployError(f"preflight checks could not read the cluster: {err.status} {err.reason}") from None
     finally:

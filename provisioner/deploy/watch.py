@@ -340,7 +340,7 @@ def read(api_client: Any, cluster: str, namespace: str, *, local: bool = False,
     t = (5.0, 20.0)
     claims = raw_call(core.list_namespaced_persistent_volume_claim, t, namespace).get("items") or []
     pods = raw_call(core.list_namespaced_pod, t, namespace,
-                    label_selector=f"{m.L_CLUSTER}={cluster},{m.L_COMPONENT} notin (worker,db-check)").get("items") or []
+                    label_selector=f"{m.L_CLUSTER}={cluster},{m.L_COMPONENT} notin (worker,db-check,image-check)").get("items") or []
     events = (raw_call(core.list_namespaced_event, t, namespace,
                        field_selector="involvedObject.kind=PersistentVolumeClaim").get("items") or []) + \
              (raw_call(core.list_namespaced_event, t, namespace,
