@@ -107,24 +107,34 @@ def test_active_jobs_counts_unfinished_ones():
 # ---------------------------------------------------------------- wake and sleep
 
 
-def test_wake_scales_database_first_login_last_each_ready_before_the_next():
+def test_wake_scales_everything_at_once_and_waits_for_slurmctld_and_login_only():
+    """slurmdbd waits for its database by itself and slurmctld (woken: it has state files) takes
+    jobs without slurmdbd: nothing is scaled only after another is ready, and the waker does not
+    wait for accounting (P7: the sequential wake took 11-12 s to RUNNING)."""
     api = _full_tier(ready_after=3)
     for key in list(api.workloads):
         if key[1] != "other":
             api.workloads[key]["spec"]["replicas"] = 0
             api.workloads[key]["status"]["readyReplicas"] = 0
     tier, _ = _tier(api)
+    get = api.get_workload
+    api.get_workload = lambda ns, kind, name: (api.calls.append(("ready?", name)), get(ns, kind, name))[1]
     progress = []
     assert tier.wake("slurmk8s submit by alice", progress.append) is True
     scaled = [c[2] for c in api.calls if c[0] == "scale"]
     assert scaled == ["mariadb", "slurmdbd", "slurmctld", "login"]
+    scales = [i for i, c in enumerate(api.calls) if c[0] == "scale"]
+    looks = [i for i, c in enumerate(api.calls) if c[0] == "ready?"]
+    assert looks and max(scales) < min(looks), api.calls  # every scale before the first readiness look
+    assert any(p.startswith("not waited for: statefulset/mariadb, statefulset/slurmdbd") for p in progress), progress
+    assert not any(p.startswith(("statefulset/mariadb ready", "statefulset/slurmdbd ready")) for p in progress)
     assert [c for c in api.calls if c[0] == "event"] == [("event", "WakeRequested", "slurmk8s submit by alice")]
     assert progress[0] == "waking the control tier (slurmk8s submit by alice)"
     assert any(p.startswith("statefulset/slurmctld ready (") for p in progress)
     assert api.workloads[("Deployment", "other")]["spec"]["replicas"] == 1
     # idempotent: awake -> nothing scaled, no event
     api.calls.clear()
-    assert tier.wake("again") is False and api.calls == []
+    assert tier.wake("again") is False and [c for c in api.calls if c[0] != "ready?"] == []
 
 
 def test_wake_errors_name_the_workload_and_the_fix():

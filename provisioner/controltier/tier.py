@@ -30,6 +30,10 @@ from .decision import (
     wake_order,
 )
 
+# what a wake waits for: what Slurm commands and logins need (accounting comes up on its own)
+WAKE_WAITS_FOR = frozenset({m.CONTROLLER, m.LOGIN})
+
+
 SLEEP_WAIT = 120.0  # how long a wake waits for a sleep under way to finish (each step is bounded)
 
 
@@ -130,9 +134,10 @@ class Tier:
 
     def wake(self, reason: str, progress: Callable[[str], None] = lambda _l: None,
              timeout: float = DEFAULT_WAKE_TIMEOUT, running_in: str = "") -> bool:
-        """Scale every tier workload at zero back to one, database first, each ready before the
-        next. Idempotent; True when something was asleep or still starting (then slurmctld may
-        not answer RPCs yet), False when all was up. A sleep under way (`asleep` recorded, not all
+        """Scale every tier workload at zero back to one, all at once, and wait until slurmctld (and
+        the login pod, when it sleeps with the tier) is ready; accounting (slurmdbd, its database)
+        finishes starting on its own. Idempotent; True when something was asleep or still starting
+        (then slurmctld may not answer RPCs yet), False when all was up. A sleep under way (`asleep` recorded, not all
         at zero yet) is waited for and then undone: the request may follow the sleep's last look
         at the queue, and a job saved in that window must not wait for the next wake. Leaves a WakeRequested Event naming who and
         why when it scales (the woken reconcile loop records the awake state with it).
@@ -147,17 +152,25 @@ class Tier:
         if tier_state(ws) == ASLEEP and any(w.replicas >= 1 for w in ws):
             ws = self._await_sleep(ws, running_in, progress, deadline)
         asleep = [w for w in ws if w.replicas < 1]
-        if not asleep and all(w.ready >= 1 for w in ws):
+        if not asleep and all(w.ready >= 1 for w in ws if w.component in WAKE_WAITS_FOR):
             return False
         if asleep:
             problem = self.event(EV_WAKE_REQUEST, reason)
             if problem:
                 self.log(problem)
             progress(f"waking the control tier ({reason})")
+        # all at once: slurmdbd waits for its database by itself, and slurmctld, once it has state
+        # files (any wake: the tier slept after a start), takes jobs without slurmdbd and queues
+        # their accounting records until it answers (images/entrypoint/slurmctld.sh)
         for w in wake_order(ws):
             if w.replicas < 1:
                 progress(f"scaling {w.ref} to 1")
                 self._scale(w, 1)
+        later = [w for w in ws if w.component not in WAKE_WAITS_FOR]
+        if later:
+            progress("not waited for: " + ", ".join(w.ref for w in later)
+                     + " (slurmctld queues accounting records until slurmdbd answers)")
+        for w in wake_order([w for w in ws if w.component in WAKE_WAITS_FOR]):
             t0 = self.clock()
             while True:
                 cur = self._ready(w)
