@@ -91,6 +91,21 @@ def raw_call(fn: Callable[..., Any], timeout: tuple[float, float], *args: Any, *
     return json.loads(data) if data else {}
 
 
+class RawClient:
+    """Base of the small API classes (pods, the control tier, the image check): the core and apps
+    APIs over one client, every call through :func:`raw_call` with the same request timeouts."""
+
+    def __init__(self, api_client: Any, timeout: tuple[float, float] = (5.0, 15.0)) -> None:
+        from kubernetes import client
+
+        self._core = client.CoreV1Api(api_client)
+        self._apps = client.AppsV1Api(api_client)
+        self._timeout = timeout
+
+    def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        return raw_call(fn, self._timeout, *args, **kwargs)
+
+
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import socket
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from .decision import ACTIVITY_STALE
 
@@ -65,3 +65,26 @@ def port_open(host: str, port: int, timeout: float = 1.0) -> bool:
             return True
     except OSError:
         return False
+
+
+def serve_activity(doc: Callable[[], dict[str, Any]], port: int) -> None:
+    """Serve ``GET /activity`` (the JSON of `doc()`) on `port` for the reconcile loop; runs for ever
+    (call it in a daemon thread)."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            if self.path.split("?")[0] != "/activity":
+                self.send_error(404)
+                return
+            body = json.dumps(doc()).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    ThreadingHTTPServer(("0.0.0.0", port), Handler).serve_forever()

@@ -11,7 +11,6 @@ at once), so a flood of idle clients cannot make the agent start threads without
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import stat
@@ -24,7 +23,7 @@ from typing import Any, Callable, Sequence
 
 from .. import manifests as m
 from ..logs import Log
-from .activity import activity_doc
+from .activity import activity_doc, serve_activity
 from .api import ClientTierApi
 from .decision import DEFAULT_WAKE_TIMEOUT, TierError
 from .tier import Tier
@@ -314,27 +313,6 @@ def _drain(conn: socket.socket, limit: int = 1 << 16, timeout: float = 1.0) -> N
         pass
 
 
-def _serve_activity(agent: Agent, port: int) -> None:
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-            if self.path.split("?")[0] != "/activity":
-                self.send_error(404)
-                return
-            body = json.dumps(agent.activity()).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    ThreadingHTTPServer(("0.0.0.0", port), Handler).serve_forever()
-
-
 def agent_main(argv: Sequence[str] | None = None) -> int:
     import argparse
 
@@ -368,7 +346,7 @@ def agent_main(argv: Sequence[str] | None = None) -> int:
     except OSError as err:
         log(f"cannot listen on {args.wake_socket}: {err}")
         return 2
-    threading.Thread(target=_serve_activity, args=(agent, args.activity_port), daemon=True).start()
+    threading.Thread(target=serve_activity, args=(agent.activity, args.activity_port), daemon=True).start()
     log(f"serving wake requests on {args.wake_socket} (callers named by uid from {args.users_file}; at most "
         f"{server.max_connections} at a time, {server.max_per_uid} per uid), activity on "
         f":{args.activity_port}/activity (namespace {namespace})")

@@ -4,9 +4,10 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Protocol
+from typing import Any, Mapping, Protocol
 
 from .. import manifests as m
+from ..kubeapi import RawClient
 from .decision import rfc3339
 
 
@@ -32,20 +33,8 @@ TIER_SELECTOR = f"{m.L_TIER}={m.TIER_CONTROL}"
 MERGE_PATCH = "application/merge-patch+json"  # the client would pick json-patch for a dict body
 
 
-class ClientTierApi:
+class ClientTierApi(RawClient):
     """TierApi over the official client (raw JSON), with request timeouts."""
-
-    def __init__(self, api_client: Any, timeout: tuple[float, float] = (5.0, 15.0)) -> None:
-        from kubernetes import client
-
-        self._apps = client.AppsV1Api(api_client)
-        self._core = client.CoreV1Api(api_client)
-        self._timeout = timeout
-
-    def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        from ..kubeapi import raw_call
-
-        return raw_call(fn, self._timeout, *args, **kwargs)
 
     def list_workloads(self, namespace: str) -> list[dict[str, Any]]:
         out = []

@@ -36,7 +36,7 @@ from typing import Any, Callable, Sequence
 
 from .. import manifests as m
 from ..logs import Log
-from .activity import port_open
+from .activity import port_open, serve_activity
 from .decision import DEFAULT_WAKE_TIMEOUT, TierError
 
 MAX_HEAD = 64 * 1024  # bytes of a request's head (request line and headers)
@@ -192,27 +192,6 @@ async def _reply(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, sta
         pass
 
 
-def _serve_activity(front: Front, port: int) -> None:
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-            if self.path.split("?")[0] != "/activity":
-                self.send_error(404)
-                return
-            body = json.dumps(front.activity()).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    ThreadingHTTPServer(("0.0.0.0", port), Handler).serve_forever()
-
-
 async def serve(front: Front, port: int) -> None:
     server = await asyncio.start_server(front.handle, "0.0.0.0", port, limit=MAX_HEAD)
     async with server:
@@ -249,7 +228,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     host, port = _host_port(args.controller)
     front = Front(lambda reason: tier.wake(reason, timeout=args.timeout, running_in=m.REST),
                   lambda: port_open(host, port), _host_port(args.upstream), log, hold=args.hold)
-    threading.Thread(target=_serve_activity, args=(front, args.activity_port), daemon=True).start()
+    threading.Thread(target=serve_activity, args=(front.activity, args.activity_port), daemon=True).start()
     log(f"REST front on :{args.port} for slurmrestd at {args.upstream}: a request with a token wakes the "
         f"control tier (held {args.hold:.0f}s, then 503); activity on :{args.activity_port}/activity "
         f"(namespace {args.namespace})")

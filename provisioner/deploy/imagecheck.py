@@ -52,7 +52,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from ..config import ClusterSpec, Images
 from ..errors import Issue, Problem
-from ..kubeapi import ApiError
+from ..kubeapi import ApiError, RawClient
 from ..manifests.common import _container_security, _pod_security
 from ..manifests.names import BASE_CAPS, L_CLUSTER, L_COMPONENT, L_MANAGED_BY, LOGIN, TEMPLATE_PREFIX, base_labels
 
@@ -346,21 +346,9 @@ def base_image(spec: ClusterSpec, want: Want) -> str:
 # ---------------------------------------------------------------- running the check pods
 
 
-class CheckApi:
+class CheckApi(RawClient):
     """The calls the check makes (create, get, log, delete of pods; reading what the cluster runs),
     over the official client with request timeouts; tests replace it with a fake."""
-
-    def __init__(self, api_client: Any, timeout: tuple[float, float] = (5.0, 15.0)) -> None:
-        from kubernetes import client
-
-        self._core = client.CoreV1Api(api_client)
-        self._apps = client.AppsV1Api(api_client)
-        self._timeout = timeout
-
-    def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        from ..kubeapi import raw_call
-
-        return raw_call(fn, self._timeout, *args, **kwargs)
 
     def create(self, namespace: str, body: Mapping[str, Any]) -> dict[str, Any]:
         return self._call(self._core.create_namespaced_pod, namespace, dict(body), field_manager="slurmk8s-up")

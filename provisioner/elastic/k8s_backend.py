@@ -33,7 +33,7 @@ from .. import manifests as m
 from ..config import ClusterSpec, parse_spec
 from ..errors import SlurmK8sError
 from ..inventory import SlurmNode
-from ..kubeapi import MAX_REASON, ApiError, KubeConfigError, api_client, raw_call
+from ..kubeapi import MAX_REASON, ApiError, KubeConfigError, RawClient, api_client
 from ..manifests.admission import PREFIX as ADMISSION_PREFIX
 from .backend import BackendError, Worker, WorkerReplaced
 
@@ -56,18 +56,8 @@ class PodApi(Protocol):
     def get_statefulset(self, namespace: str, name: str) -> dict[str, Any]: ...
 
 
-class ClientPodApi:
+class ClientPodApi(RawClient):
     """PodApi over the official client (raw JSON, no model objects), with request timeouts."""
-
-    def __init__(self, api_client: Any, timeout: tuple[float, float] = (5.0, 15.0)) -> None:
-        from kubernetes import client
-
-        self._core = client.CoreV1Api(api_client)
-        self._apps = client.AppsV1Api(api_client)
-        self._timeout = timeout
-
-    def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        return raw_call(fn, self._timeout, *args, **kwargs)
 
     def create(self, namespace: str, body: Mapping[str, Any]) -> dict[str, Any]:
         return self._call(self._core.create_namespaced_pod, namespace, dict(body),
