@@ -403,10 +403,12 @@ def start_node(host: Host, lay: N.NodeLayout, spec: N.NodeSpec, say: Say, images
         kubelet_started = time.time()
         start_daemon(lay, "kubelet", N.kubelet_argv(lay, spec, kubelet=host.tool("kubelet"), node_ip=ip))
     else:
-        kubelet_started = t0
+        # already running: its Ready condition is current (a heartbeat since now could take 5 minutes:
+        # the kubelet posts an unchanged status only every nodeStatusReportFrequency)
+        kubelet_started = 0.0
     wait_ready(host, lay, kubelet_started)
     times["ready"] = time.time() - t0
-    times["kubelet_to_ready"] = time.time() - kubelet_started
+    times["kubelet_to_ready"] = time.time() - (kubelet_started or t0)
     apply_labels_and_resources(host, spec)
     return times
 

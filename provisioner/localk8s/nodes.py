@@ -209,8 +209,8 @@ def parse_labels_file(text: str, source: str = "labels file") -> dict[str, str]:
 def make_spec(name: str, labels: Mapping[str, str], resources: Mapping[str, str],
               taints: Sequence[Taint]) -> NodeSpec:
     node_names(name, 1)
-    if name != name.lower() or len(name) > 63:
-        raise NodeError(f"node name {name!r}: use lowercase and at most 63 characters")
+    if len(name) > 63:
+        raise NodeError(f"node name {name!r}: at most 63 characters (it is also the kubelet's hostname)")
     validate_labels(labels)
     validate_capacity(resources)
     for res in resources:
