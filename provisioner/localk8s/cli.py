@@ -78,7 +78,15 @@ def cluster_up(
     """Start the local cluster (idempotent) and print the kubeconfig path; its own volumes whose claim
     was deleted are given back (see reclaim-volumes)."""
     _exit(run_script(CLUSTER_SCRIPT, ["up", *(["--kwok"] if kwok else [])]))
-    _node_call(lambda host: _up_extra_nodes(host, nodes))
+    host = _host()
+    if nodes > 1 or nodehost.known_nodes(host):
+        _node_call(lambda host: _up_extra_nodes(host, nodes))
+    else:
+        try:
+            _delete_stale_node_objects(host)
+        except Exception as err:  # noqa: BLE001 - the cluster is up; stale extra-node objects are cosmetic
+            typer.echo(f"[cluster] warning: could not check for Node objects of removed extra nodes "
+                       f"({type(err).__name__}: {err})", err=True)
     try:
         give_back_volumes(None, dry_run=False, quiet=True)
     except Exception as err:  # noqa: BLE001 - the cluster is up; the volumes are a convenience on top
@@ -135,8 +143,13 @@ def cluster_down(
 ) -> None:
     """Stop every daemon and pod container (also after an interrupted up). State is kept, except that
     every extra node (`cluster node add`) is removed."""
-    _node_call(_remove_all_nodes)
+    try:
+        _node_call(_remove_all_nodes)
+        nodes_ok = True
+    except typer.Exit:
+        nodes_ok = False   # said why; node 1 and the control plane still go down
     _exit(run_script(CLUSTER_SCRIPT, ["down", *(["--purge"] if purge else [])]))
+    _exit(0 if nodes_ok else 1)
 
 
 @cluster_app.command("status")
@@ -274,9 +287,7 @@ def node_spec_from_args(name: str, label: list[str] | None, labels_file: Path | 
 
 def _up_extra_nodes(host: nodehost.Host, count: int) -> None:
     known = {lay.name: (lay, spec) for lay, spec in nodehost.known_nodes(host)}
-    for stale in nodehost.stale_node_objects(host):
-        nodehost.core_api(host).delete_node(stale)
-        _say(f"{stale}: Node object without state deleted")
+    _delete_stale_node_objects(host)
     for name in extra_node_names(host.main_node, count):
         if name in known:
             lay, spec = known[name]
@@ -287,6 +298,12 @@ def _up_extra_nodes(host: nodehost.Host, count: int) -> None:
     extra = [n for n in known if n not in extra_node_names(host.main_node, count)]
     if extra:
         _say(f"also running, not counted in --nodes: {', '.join(extra)} (slurmk8s cluster node remove NAME)")
+
+
+def _delete_stale_node_objects(host: nodehost.Host) -> None:
+    for stale in nodehost.stale_node_objects(host):
+        nodehost.core_api(host).delete_node(stale)
+        _say(f"{stale}: Node object of a removed extra node deleted")
 
 
 def _remove_all_nodes(host: nodehost.Host) -> None:
