@@ -1,0 +1,188 @@
+"""Jobs land where Slurm placed them, on several real Kubernetes nodes (issue #14 item 2).
+
+Three extra real nodes (`slurmk8s cluster node add`: their own kubelet and containerd, joined to the
+local cluster's control plane) carry AWS-style network topology labels: two under leaf switch
+`leaf-a`, one under `leaf-b`, both under one spine. A second small cluster (`topo`, namespace
+slurm-topo) has one pinned pool on exactly those nodes (a node selector, and a toleration for the
+taint that keeps every other test's pods off them) and `topology: {preset: aws}`. The tests read
+Slurm's topology, place jobs with `--switches`, and check each worker pod's `spec.nodeName` and that
+node's labels; an MPI allreduce (PMIx) runs across two Kubernetes nodes.
+
+The nodes and the cluster are removed afterwards. Needs the local cluster (`cluster node add` runs
+kubelets on this machine)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from typing import Any, Iterator
+
+import asyncssh
+import pytest
+import yaml
+
+from helpers import (LOCAL_KUBECONFIG, SLURMK8S, TOOLCHAIN_BIN, Login, clear_leftover, e2e_spec, kjson, kubeconfig,
+                     kubectl, login_in, mark_made_by, slurmk8s, static_volumes, submit, wait_for, wait_job)
+from test_e2e_cluster import ALLREDUCE_C
+
+pytestmark = pytest.mark.e2e
+
+NAME = "topo"
+NAMESPACE = f"slurm-{NAME}"  # conftest's failure report collects this namespace's pod logs
+VOLUMES = f"/var/lib/slurmk8s/volumes/{NAME}"
+TAINT = "slurmk8s.io/e2e-topo"
+SELECT = {"slurmk8s.io/e2e-topo": "yes"}
+L1, L2, L3 = (f"topology.k8s.aws/network-node-layer-{i}" for i in (1, 2, 3))
+NODES = {  # Kubernetes node -> its leaf switch (layer 3); one spine (layer 2) under one top (layer 1)
+    "e2e-topo-a1": "leaf-a",
+    "e2e-topo-a2": "leaf-a",
+    "e2e-topo-b1": "leaf-b",
+}
+
+
+def _cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([SLURMK8S, *args], capture_output=True, text=True, timeout=timeout, check=False,
+                          env={**os.environ, "KUBECONFIG": kubeconfig(),
+                               "PATH": f"{TOOLCHAIN_BIN}:{os.environ.get('PATH', '')}"})
+
+
+@pytest.fixture(scope="module")
+def topo_nodes(cluster_reachable) -> Iterator[dict[str, str]]:
+    if kubeconfig() != LOCAL_KUBECONFIG:
+        pytest.fail(f"e2e/test_e2e_topology.py adds real nodes to the local cluster (`slurmk8s cluster node add`); "
+                    f"KUBECONFIG={kubeconfig()} is another cluster: deselect it with --deselect or -k")
+    added = []
+    try:
+        for node, leaf in NODES.items():
+            _cli("cluster", "node", "remove", node)  # a leftover of an interrupted run
+            labels = {**SELECT, L1: "nn-top", L2: "nn-spine", L3: leaf}
+            proc = _cli("cluster", "node", "add", node, *(a for k, v in labels.items() for a in ("--label", f"{k}={v}")),
+                        "--taint", f"{TAINT}=true:NoSchedule", "--image", "slurmk8s/slurmd:dev")
+            assert proc.returncode == 0, f"cluster node add {node}:\n{proc.stdout}\n{proc.stderr}"
+            added.append(node)
+            print(f"node {node} ({leaf}): {proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else 'added'}")
+        yield NODES
+    finally:
+        for node in added:
+            proc = _cli("cluster", "node", "remove", node)
+            if proc.returncode != 0:
+                print(f"cluster node remove {node} failed:\n{proc.stdout}\n{proc.stderr}")
+
+
+def _spec(public_key: str) -> dict[str, Any]:
+    doc = e2e_spec(public_key)
+    doc["name"] = NAME
+    doc["rest"] = {"enabled": False}
+    doc["accounting"] = {"enabled": False}
+    doc["topology"] = {"preset": "aws"}
+    doc["pools"] = [{"name": "topo", "mode": "pinned", "node_selector": SELECT,
+                     "tolerations": [{"key": TAINT, "operator": "Exists", "effect": "NoSchedule"}],
+                     "pod_cpu_request": "50m", "pod_memory_request": "256Mi"}]
+    return doc
+
+
+@pytest.fixture(scope="module")
+def topo(topo_nodes, tmp_path_factory) -> Iterator[Login]:
+    work = tmp_path_factory.mktemp("topo")
+    key = asyncssh.generate_private_key("ssh-ed25519")
+    spec_path = work / "topo.yaml"
+    spec_path.write_text(yaml.safe_dump(_spec(key.export_public_key().decode().strip() + " e2e-topo")))
+    state, log = work / "state", work / "slurmk8s-topo.log"
+    clear_leftover(NAMESPACE, "e2e")
+    kubectl("delete", "pv", "-l", f"slurmk8s.io/e2e={NAME}", "--ignore-not-found", "--wait=true", timeout=120)
+    shutil.rmtree(VOLUMES, ignore_errors=True)
+    manifest = work / "volumes.json"
+    manifest.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": static_volumes(NAME, NAMESPACE)}))
+    kubectl("apply", "-f", str(manifest))
+    try:
+        try:
+            proc = slurmk8s("up", "--spec", str(spec_path), "--state", str(state), log=log)
+        finally:
+            mark_made_by(NAMESPACE, "e2e")
+        if proc.returncode != 0:
+            pytest.fail(f"`slurmk8s up` of {NAME} failed (exit {proc.returncode}):\n{log.read_text()[-6000:]}")
+        yield login_in(NAMESPACE, "alice", key)
+    finally:
+        if state.exists():
+            slurmk8s("down", "--spec", str(spec_path), "--state", str(state), "--purge", "--yes", log=log)
+        clear_leftover(NAMESPACE, "e2e")
+        kubectl("delete", "pv", "-l", f"slurmk8s.io/e2e={NAME}", "--ignore-not-found", "--wait=true", timeout=120)
+        shutil.rmtree(VOLUMES, ignore_errors=True)
+
+
+def _switches(login: Login) -> dict[str, str]:
+    """Slurm node -> its leaf switch, from `scontrol show topology` (the leaves: level 0)."""
+    out = login.run("scontrol show topology").stdout
+    leaves = {}
+    for line in out.splitlines():
+        m = re.search(r"SwitchName=(\S+) Level=0 .*Nodes=(\S+)", line)
+        if m:
+            for node in login.run(f"scontrol show hostnames {m.group(2)}").stdout.split():
+                leaves[node] = m.group(1)
+    return leaves
+
+
+def _placed(job: dict[str, Any]) -> dict[str, str]:
+    """The job's Slurm nodes -> the Kubernetes node each worker pod ran on."""
+    pods = {p["metadata"]["name"]: p for p in kjson("get", "pods", "-n", NAMESPACE, "-l",
+                                                    "app.kubernetes.io/component=worker")["items"]}
+    out = {}
+    for node in job["nodes_list"]:
+        pod = pods.get(node)
+        assert pod is not None, f"no worker pod for Slurm node {node} (pods: {sorted(pods)})"
+        out[node] = pod["spec"]["nodeName"]
+    return out
+
+
+def _run_and_place(login: Login, script: str) -> tuple[dict[str, Any], dict[str, str], str]:
+    job = submit(login, script)
+    seen: dict[str, str] = {}
+
+    def running():
+        doc = login.json(f"scontrol show job {job} --json")["jobs"][0]
+        if set(doc["job_state"]) & {"RUNNING", "COMPLETING", "COMPLETED"}:
+            doc["nodes_list"] = login.run(f"scontrol show hostnames {doc['nodes']}").stdout.split()
+            seen.update(_placed(doc))
+            return doc
+        return None
+
+    doc = wait_for(f"job {job} to start", running, 240, interval=1)
+    final = wait_job(login, job, 180)
+    return {**doc, "final": final}, seen, job
+
+
+def _k8s_leaf(node: str) -> str:
+    return kjson("get", "node", node)["metadata"]["labels"][L3]
+
+
+def test_slurm_sees_the_kubernetes_nodes_switches(topo: Login, topo_nodes):
+    leaves = _switches(topo)
+    assert sorted(leaves.values()) == ["leaf-a", "leaf-a", "leaf-b"], topo.run("scontrol show topology").stdout
+    assert "nn-spine" in topo.run("scontrol show topology").stdout
+
+
+def test_switches_1_lands_on_two_kubernetes_nodes_under_one_leaf(topo: Login, topo_nodes):
+    job, placed, job_id = _run_and_place(topo, "#!/bin/bash\n#SBATCH -N2 --switches=1 -o sw-%j.out\nsrun hostname")
+    assert job["final"]["job_state"] == ["COMPLETED"], topo.run(f"cat ~/sw-{job_id}.out", check=False).stdout
+    k8s_nodes = set(placed.values())
+    assert len(k8s_nodes) == 2, f"two Slurm nodes on one Kubernetes node: {placed}"
+    assert {_k8s_leaf(n) for n in k8s_nodes} == {"leaf-a"}, placed  # the only leaf with two nodes
+    leaves = _switches(topo)
+    assert {leaves[n] for n in placed} == {"leaf-a"}, (placed, leaves)
+    print(f"--switches=1: Slurm nodes {sorted(placed)} on Kubernetes nodes {sorted(k8s_nodes)} (leaf-a)")
+
+
+def test_mpi_allreduce_across_kubernetes_nodes_and_a_job_spanning_both_switches(topo: Login, topo_nodes):
+    topo.run(f"cat > allreduce.c <<'EOF'\n{ALLREDUCE_C}\nEOF\nmpicc -O2 -o allreduce allreduce.c")
+    job, placed, job_id = _run_and_place(
+        topo, "#!/bin/bash\n#SBATCH -N3 -n3 -o mpi3-%j.out\nsrun --mpi=pmix ./allreduce")
+    out = topo.run(f"cat ~/mpi3-{job_id}.out", check=False).stdout
+    assert job["final"]["job_state"] == ["COMPLETED"], out
+    lines = [line for line in out.splitlines() if line.startswith("rank ")]
+    assert len(lines) == 3 and all(line.endswith("sum 6021") for line in lines), out  # 1007 + 2007 + 3007
+    assert set(placed.values()) == set(NODES), f"3 nodes should use every Kubernetes node: {placed}"
+    assert {_k8s_leaf(n) for n in placed.values()} == {"leaf-a", "leaf-b"}
+    print(f"MPI allreduce over 3 Kubernetes nodes across 2 leaf switches: {out.strip()}")
