@@ -168,6 +168,9 @@ class Testbed:
     # worker containers confined as the worker pod is (its capabilities, no-new-privileges, its
     # seccomp profile); off: Docker's defaults (more capabilities, Docker's seccomp profile)
     pod_security: bool = False
+    # with pod_security: confine the workers with this seccomp profile type instead of the pod's
+    # (a test's measure of what another profile refuses)
+    seccomp_override: str | None = None
     token: str = field(default_factory=lambda: "t" + secrets.token_hex(3))
     started: list[str] = field(default_factory=list)
 
@@ -276,7 +279,10 @@ class Testbed:
             "SLURMK8S_DOCKER_OVERRIDES": "/etc/slurmk8s/test/overrides.json",
         }
         if self.pod_security:
-            env["SLURMK8S_DOCKER_SECURITY"] = json.dumps(security_host_config(pod_container["securityContext"]))
+            security = dict(pod_container["securityContext"])
+            if self.seccomp_override:
+                security["seccompProfile"] = {"type": self.seccomp_override}
+            env["SLURMK8S_DOCKER_SECURITY"] = json.dumps(security_host_config(security))
         (self.workdir / "elastic.env").write_text("".join(f"{k}={v}\n" for k, v in env.items()))
 
     def _run(self, name: str, image: str, *args: str) -> None:
