@@ -646,6 +646,56 @@ class SlotDomain(Model):
     count: int = Field(ge=1, le=4096, description="Slurm nodes (slots) in this domain.")
 
 
+class ContainerJobs(Model):
+    """Job steps in OCI containers on a pool (``srun --container=BUNDLE``): Slurm 24.11 runs the
+    step through rootless crun as the job's user (oci.conf). docs/containers.md."""
+
+    enabled: bool = Field(
+        default=False,
+        description="Run job steps in OCI containers (srun --container) on this pool: rootless crun as the "
+        "job's user. Needs a seccomp profile that lets an unprivileged process create user namespaces "
+        "(RuntimeDefault forbids it): see seccomp. false: --container fails on this pool's nodes.",
+    )
+    seccomp: Literal["Unconfined", "Localhost"] = Field(
+        default="Unconfined",
+        description="The worker pod's seccomp profile when enabled. Unconfined: the namespace's Pod Security "
+        "level becomes 'privileged' (baseline forbids Unconfined). Localhost: the profile at "
+        "localhost_profile on every node of the pool (under the kubelet's seccomp directory), which must "
+        "allow unshare/clone with namespace flags, mount, pivot_root, setns and keyctl; keeps 'baseline'.",
+    )
+    localhost_profile: str | None = Field(
+        default=None,
+        description="seccomp Localhost only: the profile's path relative to the kubelet's seccomp "
+        "directory, e.g. 'profiles/slurmk8s-containers.json'.",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, data: Any) -> Any:
+        # `containers: true` is `containers: {enabled: true}`
+        return {"enabled": data} if isinstance(data, bool) else data
+
+    @model_validator(mode="after")
+    def _profile(self) -> "ContainerJobs":
+        if self.seccomp == "Localhost" and not self.localhost_profile:
+            raise ValueError("seccomp Localhost needs localhost_profile (the profile's path under the kubelet's "
+                             "seccomp directory, e.g. profiles/slurmk8s-containers.json)")
+        if self.seccomp != "Localhost" and self.localhost_profile:
+            raise ValueError("localhost_profile applies to seccomp Localhost only; remove it or set seccomp: Localhost")
+        if self.localhost_profile and (self.localhost_profile.startswith("/") or ".." in self.localhost_profile.split("/")):
+            raise ValueError(f"localhost_profile {self.localhost_profile!r} must be a relative path without '..'")
+        return self
+
+    def seccomp_profile(self) -> dict[str, str]:
+        """The worker pod's seccompProfile (RuntimeDefault when not enabled)."""
+        if not self.enabled:
+            return {"type": "RuntimeDefault"}
+        if self.seccomp == "Localhost":
+            assert self.localhost_profile is not None
+            return {"type": "Localhost", "localhostProfile": self.localhost_profile}
+        return {"type": "Unconfined"}
+
+
 class Pool(Model):
     """A set of Slurm nodes of one shape, backed by worker pods created on demand."""
 
@@ -705,6 +755,11 @@ class Pool(Model):
     weight: int = Field(default=1, ge=1, description="Slurm node Weight (lower is used first).")
     image: str | None = Field(default=None, description="Worker image for this pool (defaults to images.worker).")
     network: Network = Field(default_factory=Network, description="Fabric settings for the pool's pods.")
+    containers: ContainerJobs = Field(
+        default_factory=ContainerJobs,
+        description="Job steps in OCI containers (srun --container); off by default. `containers: true` "
+        "enables them with seccomp Unconfined (Pod Security 'privileged'). docs/containers.md.",
+    )
 
     @field_validator("name")
     @classmethod

@@ -1,4 +1,4 @@
-"""Rendering: slurm.conf, topology.conf, gres.conf and the users' passwd/group entries.
+"""Rendering: slurm.conf, topology.conf, gres.conf, oci.conf and the users' passwd/group entries.
 
 Pure: :func:`render_all` returns ``{file name: text}``; nothing is written here (see
 :func:`write_files`). Templates use jinja2 with StrictUndefined; output order is deterministic.
@@ -212,6 +212,21 @@ def render_gres_conf(spec: ClusterSpec, inventory: Inventory) -> tuple[str, str]
             _ENV.get_template("gres-slurmctld.conf.j2").render(**args))
 
 
+# oci.conf's runtime: rootless crun, its state per user under /run/user/<uid> (made by the worker's
+# entrypoint for each user when SLURMK8S_CONTAINERS=1), no cgroup of its own (Slurm's confines it)
+OCI_RUNTIME = "crun --rootless=true --cgroup-manager=disabled --root=/run/user/%U/crun"
+
+
+def render_oci_conf(spec: ClusterSpec) -> str | None:
+    """oci.conf (Slurm's container jobs, ``srun --container``), or None when no pool enables
+    ``containers``. One file for every node (configless slurmd fetches it from slurmctld)."""
+    pools = [p.name for p in spec.pools if p.containers.enabled]
+    if not pools:
+        return None
+    return _ENV.get_template("oci.conf.j2").render(version=__version__, cluster=spec.slurm_cluster_name,
+                                                   pools=pools, crun=OCI_RUNTIME)
+
+
 def render_passwd(spec: ClusterSpec) -> str:
     return "".join(f"{u.name}:x:{u.uid}:{u.primary_gid}:{u.name}:/home/{u.name}:{u.shell}\n" for u in spec.users)
 
@@ -243,6 +258,9 @@ def render_all(spec: ClusterSpec, inventory: Inventory, topology: Topology, site
     gres = render_gres_conf(spec, inventory)
     if gres is not None:
         files["gres.conf"], files[GRES_SLURMCTLD_CONF] = gres
+    oci = render_oci_conf(spec)
+    if oci is not None:
+        files["oci.conf"] = oci
     files["passwd"] = render_passwd(spec)
     files["group"] = render_group(spec)
     files["inventory.json"] = inventory_json(inventory)

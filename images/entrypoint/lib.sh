@@ -161,6 +161,22 @@ make_homes() {
     log "users: created $made missing home directories under /home"
 }
 
+# Container jobs (pools[].containers, SLURMK8S_CONTAINERS=1): oci.conf runs rootless crun with
+# --root=/run/user/<uid>/crun, so each user of the passwd fragment gets /run/user/<uid>, owned by
+# them, mode 0700 (no user can make or see another's; /run/user itself stays root's, 0755).
+make_runtime_dirs() {
+    local frag="$SLURMK8S_USERS_DIR/passwd" name uid gid made=0
+    [ -e "$frag" ] || return 0
+    install -d -m 0755 /run/user
+    while IFS=: read -r name _ uid gid _ || [ -n "$name" ]; do
+        case "$name" in ''|'#'*) continue ;; esac
+        case "$uid" in ''|*[!0-9]*) continue ;; esac
+        install -d -o "$uid" -g "$gid" -m 0700 "/run/user/$uid" || die "cannot create /run/user/$uid for $name"
+        made=$((made + 1))
+    done <"$frag"
+    log "containers: /run/user/<uid> for $made users (crun's state)"
+}
+
 # The login environment slurmd gives a job that asks for it (sbatch --export=NONE or NAME=value
 # without ALL, --get-user-env). slurm.conf's GetEnvTimeout=0 makes slurmd read it from
 # <StateSaveLocation>/env_cache/<user> instead of running `su - user` in a new pid namespace,

@@ -8,6 +8,7 @@
 #   SLURMK8S_MEMLOCK_UNLIMITED  1 (default) / 0: pools[].network.memlock_unlimited (set_memlock, lib.sh)
 #   SLURMK8S_GPUS, SLURMK8S_GPU_TYPE  GPU nodes: the node's Gres count and type in slurm.conf;
 #                         /run/slurmk8s/node-gres.conf gets the node's gres.conf line from /dev/nvidia<N>
+#   SLURMK8S_CONTAINERS   1: pools[].containers (oci.conf runs rootless crun): /run/user/<uid> per user
 #   arguments             appended to the slurmd command line (e.g. -vvv)
 set -euo pipefail
 . /usr/local/lib/slurmk8s/lib.sh
@@ -44,6 +45,16 @@ chmod 0644 /run/slurmk8s/node-gres.conf.new
 mv -f /run/slurmk8s/node-gres.conf.new /run/slurmk8s/node-gres.conf
 if [ "${SLURMK8S_GPUS:-0}" != 0 ]; then
     log "gres: $(grep -v '^#' /run/slurmk8s/node-gres.conf || echo "no GPU device file (slurm.conf: $SLURMK8S_GPUS)")"
+fi
+
+# Container jobs (srun --container): crun's per-user state directories; crun must be in the image.
+if [ "${SLURMK8S_CONTAINERS:-0}" = 1 ]; then
+    make_runtime_dirs
+    if command -v crun >/dev/null 2>&1; then
+        log "containers: $(crun --version | head -n 1)"
+    else
+        log "WARNING: containers enabled but this image has no crun: srun --container will fail here"
+    fi
 fi
 
 # Locked memory (RDMA): raised to unlimited only when the pool asks (set_memlock in lib.sh).

@@ -116,6 +116,26 @@ class Mount:
         return {"Type": self.type, "Source": self.source, "Target": self.target, "ReadOnly": self.read_only}
 
 
+SECURITY_KEYS = {"CapDrop", "CapAdd", "SecurityOpt"}
+
+
+def security_host_config(container_security: Mapping[str, Any], seccomp_profiles: Mapping[str, str] = {}) -> dict[str, Any]:
+    """A pod container's securityContext as Docker HostConfig keys, for a worker container that is
+    confined as its pod would be: capabilities dropped and added, no-new-privileges, and the seccomp
+    profile (RuntimeDefault: Docker's default; Unconfined; Localhost: the profile's JSON text from
+    `seccomp_profiles`, by its localhostProfile path)."""
+    caps = container_security.get("capabilities", {})
+    opts = []
+    if container_security.get("allowPrivilegeEscalation") is False:
+        opts.append("no-new-privileges")
+    profile = container_security.get("seccompProfile", {"type": "RuntimeDefault"})
+    if profile["type"] == "Unconfined":
+        opts.append("seccomp=unconfined")
+    elif profile["type"] == "Localhost":
+        opts.append("seccomp=" + seccomp_profiles[profile["localhostProfile"]])
+    return {"CapDrop": list(caps.get("drop", ())), "CapAdd": list(caps.get("add", ())), "SecurityOpt": opts}
+
+
 @dataclass(frozen=True)
 class DockerConfig:
     cluster: str
@@ -125,6 +145,9 @@ class DockerConfig:
     mounts: tuple[Mount, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)
     overrides_path: str | None = None
+    # the worker pod's securityContext as Docker HostConfig keys (CapDrop, CapAdd, SecurityOpt),
+    # from SLURMK8S_DOCKER_SECURITY; empty: Docker's defaults (see security_host_config)
+    security: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> "DockerConfig":
@@ -136,8 +159,11 @@ class DockerConfig:
             mounts = tuple(Mount(m["type"], m["source"], m["target"], bool(m.get("read_only", False)))
                            for m in json.loads(env.get("SLURMK8S_DOCKER_MOUNTS") or "[]"))
             extra_env = json.loads(env.get("SLURMK8S_DOCKER_ENV") or "{}")
+            security = json.loads(env.get("SLURMK8S_DOCKER_SECURITY") or "{}")
+            if not isinstance(security, dict) or set(security) - SECURITY_KEYS:
+                raise TypeError(f"SLURMK8S_DOCKER_SECURITY may hold only {sorted(SECURITY_KEYS)}")
         except (json.JSONDecodeError, KeyError, TypeError) as err:
-            raise BackendError("*", f"docker backend: bad SLURMK8S_DOCKER_MOUNTS / _ENV: {err}") from None
+            raise BackendError("*", f"docker backend: bad SLURMK8S_DOCKER_MOUNTS / _ENV / _SECURITY: {err}") from None
         return cls(
             cluster=env["SLURMK8S_DOCKER_CLUSTER"],
             network=env["SLURMK8S_DOCKER_NETWORK"],
@@ -146,6 +172,7 @@ class DockerConfig:
             mounts=mounts,
             env={str(k): str(v) for k, v in extra_env.items()},
             overrides_path=env.get("SLURMK8S_DOCKER_OVERRIDES") or None,
+            security=security,
         )
 
 
@@ -164,6 +191,7 @@ def container_spec(config: DockerConfig, node: SlurmNode, image: str) -> dict[st
             # /dev/shm is a tmpfs (memory-backed) in every container; size it like the pods do
             "ShmSize": max(64, node.real_memory // 2) * 2**20,
             "RestartPolicy": {"Name": "no"},
+            **config.security,
         },
         "NetworkingConfig": {"EndpointsConfig": {config.network: {"Aliases": [node.name]}}},
     }

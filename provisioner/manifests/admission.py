@@ -10,7 +10,8 @@ namespace and to requests made by that ServiceAccount, refuses every pod that th
 - the worker labels (those of the template, the pool label naming a pool of the spec);
 - each container's image is its pool's image; no command or args of its own;
 - no privileged container, no privilege escalation, capabilities: drop ALL and add only the
-  template's; seccomp RuntimeDefault; procMount Default;
+  template's; seccomp the template's (RuntimeDefault, or what a pool with container jobs sets:
+  Unconfined or its Localhost profile); procMount Default;
 - hostNetwork only for a pool whose template has it (and host ports only as hostNetwork defaults
   them); never hostPID, hostIPC nor ephemeral containers;
 - volumes only the template's (its Secret, ConfigMap, claim, emptyDir): no hostPath, no
@@ -75,6 +76,7 @@ def allowed(spec: ClusterSpec, site: K8sSite = K8sSite()) -> dict[str, Any]:
     images: dict[str, list[str]] = {}
     caps: dict[str, list[str]] = {}
     host_network: list[str] = []
+    seccomp: dict[str, dict[str, str]] = {}
     sources: dict[str, set[str]] = {"secrets": set(), "configMaps": set(), "claims": set()}
     accounts: set[str] = set()
     for pool in spec.pools:
@@ -104,6 +106,11 @@ def allowed(spec: ClusterSpec, site: K8sSite = K8sSite()) -> dict[str, Any]:
         caps[pool.name] = sorted(added)
         if pspec.get("hostNetwork"):
             host_network.append(pool.name)
+        profiles = [pspec.get("securityContext", {}).get("seccompProfile")]
+        profiles += [(c.get("securityContext") or {}).get("seccompProfile") for c in pspec["containers"]]
+        if any(p != profiles[0] for p in profiles) or not profiles[0]:
+            raise ValueError(f"pool {pool.name}: the pod and its containers must set one and the same seccomp profile")
+        seccomp[pool.name] = dict(profiles[0])
         for vol in pspec["volumes"]:
             (kind,) = set(vol) - {"name"}
             if kind not in _VOLUME_SOURCES:
@@ -116,12 +123,20 @@ def allowed(spec: ClusterSpec, site: K8sSite = K8sSite()) -> dict[str, Any]:
         raise ValueError(f"the worker pod templates use different ServiceAccounts: {sorted(accounts)}")
     assert labels is not None  # a spec has at least one pool
     return {"workerLabels": labels, "poolImages": images, "poolCaps": caps, "hostNetworkPools": host_network,
+            "poolSeccomp": seccomp,
             "secrets": sorted(sources["secrets"]), "configMaps": sorted(sources["configMaps"]),
             "claims": sorted(sources["claims"]), "serviceAccount": accounts.pop()}
 
 
 def _var(name: str, expression: str) -> dict[str, str]:
     return {"name": name, "expression": expression}
+
+
+def _seccomp_is_the_pools(profile: str) -> str:
+    """CEL: the seccompProfile `profile` is the pool's (its type, and for Localhost its profile),
+    field by field (an object of the pod against a map literal)."""
+    return (f"({profile}.type == variables.seccomp.type && ({profile}.type != 'Localhost' || "
+            f"(has({profile}.localhostProfile) && {profile}.localhostProfile == variables.seccomp.localhostProfile)))")
 
 
 # Computed from the spec-dependent ones above; no spec value in them.
@@ -131,6 +146,8 @@ STATIC_VARIABLES: list[dict[str, str]] = [
     _var("images", "variables.pool in variables.poolImages ? variables.poolImages[variables.pool] : []"),
     _var("caps", "variables.pool in variables.poolCaps ? variables.poolCaps[variables.pool] : []"),
     _var("hostNetwork", "variables.pool in variables.hostNetworkPools"),
+    _var("seccomp", "variables.pool in variables.poolSeccomp ? variables.poolSeccomp[variables.pool] : "
+                    "{'type': 'RuntimeDefault'}"),
     _var("containers", "object.spec.containers + (has(object.spec.initContainers) ? object.spec.initContainers : [])"),
     _var("volumes", "has(object.spec.volumes) ? object.spec.volumes : []"),
     _var("badLabels", "variables.workerLabels.filter(k, !(k in variables.labels) || "
@@ -149,7 +166,7 @@ STATIC_VARIABLES: list[dict[str, str]] = [
                     "!c.securityContext.capabilities.add.all(a, a in variables.caps)))"),
     _var("unconfined", "variables.containers.filter(c, has(c.securityContext) && "
                        "((has(c.securityContext.seccompProfile) && "
-                       "c.securityContext.seccompProfile.type != 'RuntimeDefault') || "
+                       "!(" + _seccomp_is_the_pools("c.securityContext.seccompProfile") + ")) || "
                        "(has(c.securityContext.procMount) && c.securityContext.procMount != 'Default') || "
                        "(has(c.securityContext.appArmorProfile) && "
                        "c.securityContext.appArmorProfile.type == 'Unconfined')))"),
@@ -192,11 +209,11 @@ VALIDATIONS: list[dict[str, str]] = [
           "' does not give (it drops ALL and adds only its own)'"),
     _rule("size(variables.unconfined) == 0 && has(object.spec.securityContext) && "
                          "has(object.spec.securityContext.seccompProfile) && "
-                         "object.spec.securityContext.seccompProfile.type == 'RuntimeDefault'",
+                         + _seccomp_is_the_pools("object.spec.securityContext.seccompProfile"),
           "the pod or a container is not confined as the template is",
           "(size(variables.unconfined) > 0 ? 'container ' + variables.unconfined[0].name : 'the pod') + "
-          "' is not confined as the template is (seccomp RuntimeDefault, procMount Default, AppArmor not "
-          "Unconfined)'"),
+          "' is not confined as the template is (seccomp ' + variables.seccomp.type + ' as the template of pool ' + "
+          "variables.pool + ', procMount Default, AppArmor not Unconfined)'"),
     _rule("!has(object.spec.hostNetwork) || !object.spec.hostNetwork || variables.hostNetwork",
           "hostNetwork is set but the pool's template has no host network",
           "'hostNetwork is set but the template of pool ' + variables.pool + ' has no host network'"),

@@ -28,11 +28,23 @@ def uses_host_network(spec: ClusterSpec) -> bool:
     return any(p.network.host_network for p in spec.pools)
 
 
+def uses_unconfined_seccomp(spec: ClusterSpec) -> bool:
+    """A pool runs container jobs with seccomp Unconfined (baseline forbids it; Localhost passes)."""
+    return any(p.containers.enabled and p.containers.seccomp == "Unconfined" for p in spec.pools)
+
+
+def pod_security_level(spec: ClusterSpec) -> str:
+    """The Pod Security level the namespace enforces: 'privileged' when a pool needs hostNetwork or
+    seccomp Unconfined (container jobs), both of which baseline forbids; else 'baseline'."""
+    return "privileged" if uses_host_network(spec) or uses_unconfined_seccomp(spec) else "baseline"
+
+
 def namespace(spec: ClusterSpec) -> dict[str, Any]:
     """The cluster's namespace. Pod Security 'baseline' is enforced unless a pool needs hostNetwork
-    (baseline forbids it); every container here also meets it (no privilege, default capabilities only)."""
+    or seccomp Unconfined (:func:`pod_security_level`); every other container here also meets it (no
+    privilege, default capabilities only)."""
     labels = {L_NAME: "slurmk8s", L_INSTANCE: spec.name, L_PART_OF: "slurmk8s", L_CLUSTER: spec.name}
-    level = "privileged" if uses_host_network(spec) else "baseline"
+    level = pod_security_level(spec)
     labels["pod-security.kubernetes.io/enforce"] = level
     labels["pod-security.kubernetes.io/warn"] = "baseline"
     return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": spec.namespace_name, "labels": labels}}

@@ -85,7 +85,7 @@ STATE_DIR = "/var/spool/slurmctld"
 SSH_HOST_KEY_TYPES = ("ed25519", "ecdsa", "rsa")
 
 # Files of render_all() that go to the slurmctld config directory (the rest are users' files).
-SLURM_FILES = ("slurm.conf", "topology.conf", "gres.conf", "gres-slurmctld.conf", "inventory.json")
+SLURM_FILES = ("slurm.conf", "topology.conf", "gres.conf", "gres-slurmctld.conf", "oci.conf", "inventory.json")
 GZIPPED_FILES = ("inventory.json",)  # in the ConfigMap as <name>.gz: it grows with the node count
 USER_FILES = ("passwd", "group")
 

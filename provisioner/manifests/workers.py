@@ -60,6 +60,16 @@ def task_prolog_env(pool: Pool) -> str:
     return "".join(f"export {name}={value}\n" for name, value in pool.job_env.items())
 
 
+def worker_container_security(pool: Pool) -> dict[str, Any]:
+    """The slurmd container's securityContext: no privilege, no escalation, the base capabilities,
+    seccomp RuntimeDefault. A pool with container jobs (``containers.enabled``) differs in its
+    seccomp profile only: rootless crun creates a user namespace (unshare/clone with CLONE_NEWUSER,
+    then mount, pivot_root, keyctl), which RuntimeDefault refuses with EPERM (docs/containers.md)."""
+    sc = _container_security(BASE_CAPS)
+    sc["seccompProfile"] = pool.containers.seccomp_profile()
+    return sc
+
+
 def worker_pod_template(spec: ClusterSpec, pool: Pool, site: K8sSite = K8sSite()) -> dict[str, Any]:
     """Everything of a pool's worker pod that does not depend on the Slurm node.
 
@@ -73,6 +83,9 @@ def worker_pod_template(spec: ClusterSpec, pool: Pool, site: K8sSite = K8sSite()
            # no capability is added for it: see Network.memlock_unlimited
            {"name": "SLURMK8S_MEMLOCK_UNLIMITED", "value": "1" if net.memlock_unlimited else "0"}]
     env += [{"name": k, "value": v} for k, v in sorted(net.nccl_env.items())]
+    if pool.containers.enabled:
+        # the entrypoint makes each user's crun state directory, /run/user/<uid> (oci.conf's --root)
+        env.append({"name": "SLURMK8S_CONTAINERS", "value": "1"})
     job_env = task_prolog_env(pool)
     if job_env:
         # slurmd's environment does not reach jobs: the entrypoint writes this to
@@ -86,7 +99,7 @@ def worker_pod_template(spec: ClusterSpec, pool: Pool, site: K8sSite = K8sSite()
         "ports": [{"name": "slurmd", "containerPort": SLURMD_PORT, "protocol": "TCP"}],
         # no probe: slurmd logs an error for every bare TCP connection, and nothing waits for a
         # worker pod's readiness (Slurm tracks the node's registration itself)
-        "securityContext": _container_security(BASE_CAPS),
+        "securityContext": worker_container_security(pool),
         "volumeMounts": [
             {"name": "munge-key", "mountPath": MUNGE_DIR, "readOnly": True},
             {"name": "users", "mountPath": USERS_DIR, "readOnly": True},
@@ -104,7 +117,7 @@ def worker_pod_template(spec: ClusterSpec, pool: Pool, site: K8sSite = K8sSite()
         "enableServiceLinks": False,
         "dnsPolicy": "ClusterFirstWithHostNet" if net.host_network else "ClusterFirst",
         "dnsConfig": {"searches": dns_searches(spec, site)},
-        "securityContext": _pod_security(),
+        "securityContext": {**_pod_security(), "seccompProfile": pool.containers.seccomp_profile()},
         "containers": [container],
         "volumes": [
             _secret_volume("munge-key", AUTH_SECRET),

@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from factories import node  # noqa: E402
 
 from provisioner.config import ClusterSpec, parse_spec  # noqa: E402
-from provisioner.elastic.docker_backend import LABEL_CLUSTER  # noqa: E402
+from provisioner.elastic.docker_backend import LABEL_CLUSTER, security_host_config  # noqa: E402
 from provisioner.generate import Generated, generate  # noqa: E402
 from provisioner.inventory import nodes_from_api  # noqa: E402
 from provisioner.manifests import worker_pod_template  # noqa: E402
@@ -113,12 +113,13 @@ class NodeState:
 
 def cluster_spec(token: str, *, fast_start: bool = True, suspend_time: int = 15,
               resume_timeout: int = 60, suspend_timeout: int = 5, pubkey: str = "",
-              nccl_env: dict[str, str] | None = None) -> ClusterSpec:
+              nccl_env: dict[str, str] | None = None, containers: bool = False) -> ClusterSpec:
     return parse_spec({
         "name": f"it-{token}",
         "slurm": {"cluster_name": f"it_{token}"},
         "pools": [{"name": "cpu", "node_selector": {"pool": "cpu"}, "name_prefix": f"{token}-",
-                   "reserve_cpu": "500m", "reserve_memory": "1Gi", "network": {"nccl_env": nccl_env or {}}}],
+                   "reserve_cpu": "500m", "reserve_memory": "1Gi", "network": {"nccl_env": nccl_env or {}},
+                   "containers": containers}],
         "users": [{"name": USER, "uid": UID, "ssh_keys": [pubkey] if pubkey else []}],
         "elasticity": {"suspend_time": suspend_time, "resume_timeout": resume_timeout,
                        "suspend_timeout": suspend_timeout, "fast_start": fast_start},
@@ -162,6 +163,14 @@ class Testbed:
     # GPUs per node: each worker container gets the last `gpus` of 8 fake GPU device files (the host's
     # /dev/null bind-mounted at /dev/nvidia<N>: a pod given GPUs 4-7 of 8 when gpus=4) and a fake nvidia-smi
     gpus: int = 0
+    # the pool's container jobs (pools[].containers: true, seccomp Unconfined)
+    containers: bool = False
+    # worker containers confined as the worker pod is (its capabilities, no-new-privileges, its
+    # seccomp profile); off: Docker's defaults (more capabilities, Docker's seccomp profile)
+    pod_security: bool = False
+    # with pod_security: confine the workers with this seccomp profile type instead of the pod's
+    # (a test's measure of what another profile refuses)
+    seccomp_override: str | None = None
     token: str = field(default_factory=lambda: "t" + secrets.token_hex(3))
     started: list[str] = field(default_factory=list)
 
@@ -208,7 +217,7 @@ class Testbed:
         pubkey = self.key.export_public_key().decode().strip()
         self.spec = cluster_spec(self.token, fast_start=self.fast_start, suspend_time=self.suspend_time,
                               resume_timeout=self.resume_timeout, suspend_timeout=self.suspend_timeout, pubkey=pubkey,
-                              nccl_env=self.nccl_env)
+                              nccl_env=self.nccl_env, containers=self.containers)
         self.generated: Generated = generate(self.spec, nodes_from_api(fake_k8s_nodes(self.node_count, self.gpus)),
                                              Site(controller_host=self.ctld))
         files = self.generated.files
@@ -256,7 +265,8 @@ class Testbed:
                                   # where the NVIDIA runtime puts it (the check runs with no PATH)
                                   "target": "/usr/bin/nvidia-smi", "read_only": True})
         # the worker pod's environment (the pool's job environment included), as a pod would have it
-        pod_env = worker_pod_template(self.spec, self.spec.pools[0])["spec"]["containers"][0]["env"]
+        pod_container = worker_pod_template(self.spec, self.spec.pools[0])["spec"]["containers"][0]
+        pod_env = pod_container["env"]
         worker_env = {e["name"]: e["value"] for e in pod_env if e["name"] != "SLURMK8S_CONTROLLER"}
         env = {
             "SLURMK8S_BACKEND": "docker",
@@ -268,6 +278,11 @@ class Testbed:
             "SLURMK8S_CONTROLLER": f"{self.ctld}:6817",
             "SLURMK8S_DOCKER_OVERRIDES": "/etc/slurmk8s/test/overrides.json",
         }
+        if self.pod_security:
+            security = dict(pod_container["securityContext"])
+            if self.seccomp_override:
+                security["seccompProfile"] = {"type": self.seccomp_override}
+            env["SLURMK8S_DOCKER_SECURITY"] = json.dumps(security_host_config(security))
         (self.workdir / "elastic.env").write_text("".join(f"{k}={v}\n" for k, v in env.items()))
 
     def _run(self, name: str, image: str, *args: str) -> None:

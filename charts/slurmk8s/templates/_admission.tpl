@@ -69,9 +69,9 @@ The worker pods' admission policy without the spec's values (templates/admission
       "reason": "Forbidden"
     },
     {
-      "expression": "size(variables.unconfined) == 0 && has(object.spec.securityContext) && has(object.spec.securityContext.seccompProfile) && object.spec.securityContext.seccompProfile.type == 'RuntimeDefault'",
+      "expression": "size(variables.unconfined) == 0 && has(object.spec.securityContext) && has(object.spec.securityContext.seccompProfile) && (object.spec.securityContext.seccompProfile.type == variables.seccomp.type && (object.spec.securityContext.seccompProfile.type != 'Localhost' || (has(object.spec.securityContext.seccompProfile.localhostProfile) && object.spec.securityContext.seccompProfile.localhostProfile == variables.seccomp.localhostProfile)))",
       "message": "slurmk8s: the controller may only create worker pods from the pool templates: the pod or a container is not confined as the template is",
-      "messageExpression": "'slurmk8s: the controller may only create worker pods from the pool templates: ' + (size(variables.unconfined) > 0 ? 'container ' + variables.unconfined[0].name : 'the pod') + ' is not confined as the template is (seccomp RuntimeDefault, procMount Default, AppArmor not Unconfined)'",
+      "messageExpression": "'slurmk8s: the controller may only create worker pods from the pool templates: ' + (size(variables.unconfined) > 0 ? 'container ' + variables.unconfined[0].name : 'the pod') + ' is not confined as the template is (seccomp ' + variables.seccomp.type + ' as the template of pool ' + variables.pool + ', procMount Default, AppArmor not Unconfined)'",
       "reason": "Forbidden"
     },
     {
@@ -145,6 +145,10 @@ The worker pods' admission policy without the spec's values (templates/admission
       "name": "hostNetwork"
     },
     {
+      "expression": "variables.pool in variables.poolSeccomp ? variables.poolSeccomp[variables.pool] : {'type': 'RuntimeDefault'}",
+      "name": "seccomp"
+    },
+    {
       "expression": "object.spec.containers + (has(object.spec.initContainers) ? object.spec.initContainers : [])",
       "name": "containers"
     },
@@ -177,7 +181,7 @@ The worker pods' admission policy without the spec's values (templates/admission
       "name": "badCaps"
     },
     {
-      "expression": "variables.containers.filter(c, has(c.securityContext) && ((has(c.securityContext.seccompProfile) && c.securityContext.seccompProfile.type != 'RuntimeDefault') || (has(c.securityContext.procMount) && c.securityContext.procMount != 'Default') || (has(c.securityContext.appArmorProfile) && c.securityContext.appArmorProfile.type == 'Unconfined')))",
+      "expression": "variables.containers.filter(c, has(c.securityContext) && ((has(c.securityContext.seccompProfile) && !((c.securityContext.seccompProfile.type == variables.seccomp.type && (c.securityContext.seccompProfile.type != 'Localhost' || (has(c.securityContext.seccompProfile.localhostProfile) && c.securityContext.seccompProfile.localhostProfile == variables.seccomp.localhostProfile))))) || (has(c.securityContext.procMount) && c.securityContext.procMount != 'Default') || (has(c.securityContext.appArmorProfile) && c.securityContext.appArmorProfile.type == 'Unconfined')))",
       "name": "unconfined"
     },
     {

@@ -112,6 +112,11 @@ chart's own settings (`chart`). Use: {{- $d := include "slurmk8s.defaults" . | f
     },
     "users": []
   },
+  "ContainerJobs": {
+    "enabled": false,
+    "localhost_profile": null,
+    "seccomp": "Unconfined"
+  },
   "Elasticity": {
     "fast_start": true,
     "idle_teardown": null,
@@ -156,6 +161,11 @@ chart's own settings (`chart`). Use: {{- $d := include "slurmk8s.defaults" . | f
     "nccl_env": {}
   },
   "Pool": {
+    "containers": {
+      "enabled": false,
+      "localhost_profile": null,
+      "seccomp": "Unconfined"
+    },
     "cpus": null,
     "domain_label": null,
     "domains": [],

@@ -75,6 +75,7 @@ render-config init container, with the same Python code as `slurmk8s up`.
 {{- $pools := list -}}
 {{- range $p := $v.pools | default list -}}
 {{- $net := $p.network | default dict -}}
+{{- if and $p.containers (or (eq (kindOf $p.containers) "bool") $p.containers.enabled) }}{{ fail (printf "pools[%s].containers: container jobs are not supported by the Helm chart yet; deploy this spec with `slurmk8s up` (docs/containers.md)" $p.name) }}{{ end -}}
 {{- $network := dict "host_network" ($net.host_network | default $d.Network.host_network) "multus_networks" ($net.multus_networks | default $d.Network.multus_networks) "nccl_env" ($net.nccl_env | default $d.Network.nccl_env) "memlock_unlimited" (ternary $net.memlock_unlimited $d.Network.memlock_unlimited (hasKey $net "memlock_unlimited")) -}}
 {{- /* Pool.image: unset takes images.worker */ -}}
 {{- $pools = append $pools (dict "name" $p.name "mode" ($p.mode | default $d.Pool.mode) "image" ($p.image | default $images.worker) "node_selector" ($p.node_selector | default $d.Pool.node_selector) "tolerations" ($p.tolerations | default $d.Pool.tolerations) "network" $network) -}}
