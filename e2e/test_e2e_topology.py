@@ -18,6 +18,7 @@ import os
 import re
 import shutil
 import subprocess
+import time
 from typing import Any, Iterator
 
 import asyncssh
@@ -77,10 +78,19 @@ def _spec(public_key: str) -> dict[str, Any]:
     doc["name"] = NAME
     doc["rest"] = {"enabled": False}
     doc["accounting"] = {"enabled": False}
+    for user in doc["users"]:
+        user.pop("account", None)
     doc["topology"] = {"preset": "aws"}
-    doc["pools"] = [{"name": "topo", "mode": "pinned", "node_selector": SELECT,
-                     "tolerations": [{"key": TAINT, "operator": "Exists", "effect": "NoSchedule"}],
-                     "pod_cpu_request": "50m", "pod_memory_request": "256Mi"}]
+    tolerate = [{"key": TAINT, "operator": "Exists", "effect": "NoSchedule"}]
+    doc["pools"] = [
+        # one Slurm node per labelled Kubernetes node, placed by the topology
+        {"name": "topo", "mode": "pinned", "node_selector": SELECT, "tolerations": tolerate,
+         "pod_cpu_request": "50m", "pod_memory_request": "256Mi"},
+        # slots on any of them, wherever Kubernetes schedules the pod (node loss)
+        {"name": "roam", "mode": "slots", "cpus": 1, "memory": "1Gi", "pod_cpu_request": "50m",
+         "pod_memory_request": "128Mi", "domains": [{"name": "any", "count": 2}], "node_selector": SELECT,
+         "tolerations": tolerate},
+    ]
     return doc
 
 
@@ -113,15 +123,17 @@ def topo(topo_nodes, tmp_path_factory) -> Iterator[Login]:
         shutil.rmtree(VOLUMES, ignore_errors=True)
 
 
-def _switches(login: Login) -> dict[str, str]:
-    """Slurm node -> its leaf switch, from `scontrol show topology` (the leaves: level 0)."""
+def _switches(login: Login, partition: str = "topo") -> dict[str, str]:
+    """Slurm node of `partition` -> its leaf switch, from `scontrol show topology` (the leaves: level 0)."""
+    mine = set(login.run(f"sinfo -h -p {partition} -N -o %N").stdout.split())
     out = login.run("scontrol show topology").stdout
     leaves = {}
     for line in out.splitlines():
         m = re.search(r"SwitchName=(\S+) Level=0 .*Nodes=(\S+)", line)
         if m:
             for node in login.run(f"scontrol show hostnames {m.group(2)}").stdout.split():
-                leaves[node] = m.group(1)
+                if node in mine:
+                    leaves[node] = m.group(1)
     return leaves
 
 
@@ -165,7 +177,7 @@ def test_slurm_sees_the_kubernetes_nodes_switches(topo: Login, topo_nodes):
 
 
 def test_switches_1_lands_on_two_kubernetes_nodes_under_one_leaf(topo: Login, topo_nodes):
-    job, placed, job_id = _run_and_place(topo, "#!/bin/bash\n#SBATCH -N2 --switches=1 -o sw-%j.out\nsrun hostname")
+    job, placed, job_id = _run_and_place(topo, "#!/bin/bash\n#SBATCH -p topo -N2 --switches=1 -o sw-%j.out\nsrun hostname")
     assert job["final"]["job_state"] == ["COMPLETED"], topo.run(f"cat ~/sw-{job_id}.out", check=False).stdout
     k8s_nodes = set(placed.values())
     assert len(k8s_nodes) == 2, f"two Slurm nodes on one Kubernetes node: {placed}"
@@ -178,7 +190,7 @@ def test_switches_1_lands_on_two_kubernetes_nodes_under_one_leaf(topo: Login, to
 def test_mpi_allreduce_across_kubernetes_nodes_and_a_job_spanning_both_switches(topo: Login, topo_nodes):
     topo.run(f"cat > allreduce.c <<'EOF'\n{ALLREDUCE_C}\nEOF\nmpicc -O2 -o allreduce allreduce.c")
     job, placed, job_id = _run_and_place(
-        topo, "#!/bin/bash\n#SBATCH -N3 -n3 -o mpi3-%j.out\nsrun --mpi=pmix ./allreduce")
+        topo, "#!/bin/bash\n#SBATCH -p topo -N3 -n3 -o mpi3-%j.out\nsrun --mpi=pmix ./allreduce")
     out = topo.run(f"cat ~/mpi3-{job_id}.out", check=False).stdout
     assert job["final"]["job_state"] == ["COMPLETED"], out
     lines = [line for line in out.splitlines() if line.startswith("rank ")]
@@ -186,3 +198,73 @@ def test_mpi_allreduce_across_kubernetes_nodes_and_a_job_spanning_both_switches(
     assert set(placed.values()) == set(NODES), f"3 nodes should use every Kubernetes node: {placed}"
     assert {_k8s_leaf(n) for n in placed.values()} == {"leaf-a", "leaf-b"}
     print(f"MPI allreduce over 3 Kubernetes nodes across 2 leaf switches: {out.strip()}")
+
+
+# ---------------------------------------------------------------- node loss (issue #14 item 3)
+
+LOST_JOB = """#!/bin/bash
+#SBATCH -p roam -N1 --requeue -o lost-%j.out
+# first run: held until its Kubernetes node is lost; the requeued run ends at once
+if [ "${SLURM_RESTART_COUNT:-0}" = 0 ]; then sleep 3601; fi
+echo "ran on $(hostname) restart ${SLURM_RESTART_COUNT:-0}"
+"""
+
+
+def _k8s_ready(node: str) -> str:
+    conds = kjson("get", "node", node)["status"].get("conditions") or []
+    return next((c["status"] for c in conds if c["type"] == "Ready"), "?")
+
+
+def test_a_lost_kubernetes_node_sets_its_slurm_node_down_and_the_job_runs_again_elsewhere(topo: Login, topo_nodes):
+    """The kubelet and containerd of the node under a running job stop (`slurmk8s cluster node stop`,
+    its containers left running, as on a lost machine). The node controller marks it Unknown and its
+    pods not ready; the reconcile loop sets the Slurm node DOWN naming the Kubernetes node, Slurm
+    requeues the job, the pod is removed at once and the job runs again on a node that answers.
+    When the node answers again its kubelet kills what was left, and the Slurm node is back in
+    service by itself."""
+    job = submit(topo, LOST_JOB)
+
+    def running_on() -> tuple[str, str] | None:
+        doc = topo.json(f"scontrol show job {job} --json")["jobs"][0]
+        if "RUNNING" in doc["job_state"] and doc.get("nodes"):
+            pod = kjson("get", "pod", "-n", NAMESPACE, doc["nodes"])
+            return doc["nodes"], pod["spec"]["nodeName"]
+        return None
+
+    slurm_node, k8s_node = wait_for(f"job {job} to run", running_on, 240, interval=1)
+    assert k8s_node in NODES
+    stopped = _cli("cluster", "node", "stop", k8s_node)
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    t_stop = time.monotonic()
+    try:
+        seen: dict[str, float] = {}
+
+        def down_named() -> bool:
+            now = time.monotonic()
+            if "unknown" not in seen and _k8s_ready(k8s_node) != "True":
+                seen["unknown"] = now
+            doc = topo.json(f"scontrol show node {slurm_node} --json")["nodes"][0]
+            if f"Kubernetes node {k8s_node} stopped answering" in (doc.get("reason") or ""):
+                seen.setdefault("down", now)
+            restarts = topo.json(f"scontrol show job {job} --json")["jobs"][0].get("restart_cnt") or 0
+            return "down" in seen and restarts >= 1
+
+        wait_for(f"Slurm node {slurm_node} DOWN naming {k8s_node} and job {job} requeued", down_named, 150,
+                 interval=1)
+        after_condition = seen["down"] - seen.get("unknown", seen["down"])
+        print(f"node loss: kubelet stopped -> Kubernetes node not Ready {seen.get('unknown', 0) - t_stop:.0f}s, "
+              f"-> Slurm node DOWN {seen['down'] - t_stop:.0f}s ({after_condition:.0f}s after the condition)")
+        assert after_condition <= 60, f"DOWN {after_condition:.0f}s after the node's condition changed"
+        final = wait_job(topo, job, 240)
+        out = topo.run(f"cat ~/lost-{job}.out", check=False).stdout
+        assert final["job_state"] == ["COMPLETED"] and "restart 1" in out, (final["job_state"], out)
+        print(f"node loss: kubelet stopped -> job COMPLETED after its requeue {time.monotonic() - t_stop:.0f}s")
+    finally:
+        started = _cli("cluster", "node", "start", k8s_node)
+        assert started.returncode == 0, started.stdout + started.stderr
+    # the kubelet answers again: what was left of the lost pod goes, and nothing is left on the node
+    wait_for("the lost pod's processes to be gone", lambda: subprocess.run(
+        ["pgrep", "-f", "sleep 3601"], capture_output=True).returncode != 0, 120, interval=2)
+    wait_for(f"Slurm node {slurm_node} back in service", lambda: not (
+        {"DOWN", "DRAIN", "FAIL"} & set(topo.json(f"scontrol show node {slurm_node} --json")["nodes"][0]["state"])),
+        120, interval=2)

@@ -395,7 +395,7 @@ def test_run_once_pool_recovery_resets_the_ledger():
 
 def test_run_once_a_failing_step_stops_the_rest_and_is_reported():
     class NoDelete(FakeBackend):
-        def delete(self, name, uid=None):
+        def delete(self, name, uid=None, force=False):
             raise BackendError(name, "RBAC: not allowed to delete pods")
 
     report, _, slurm, ledger, log = run([up("cpu-1")], backend=NoDelete({"cpu-1": worker("cpu-1", "Failed")}))
@@ -967,3 +967,39 @@ def test_run_once_reads_the_queue_and_requeues_the_job_of_a_restarted_worker():
     assert [u[3] for u in slurm.updates] == ["state=DOWN", "state=POWER_DOWN_FORCE"]
     assert "worker-restarted" in slurm.updates[0][4] and report.jobs and report.jobs[0].job_id == 42
     assert any("cpu-1 worker-restarted" in l and "set-down ok, power-down ok" in l for l in log.lines)
+
+
+# ---------------------------------------------------------------- the worker's Kubernetes node stopped answering
+
+
+def test_a_worker_on_a_node_that_stopped_answering_is_set_down_and_removed_at_once():
+    """#14: a kubelet that stops posting status makes the node controller mark the node's pods not
+    ready (Ready False, ContainersReady as last reported) ~40-50 s later. The loop sets the Slurm
+    node DOWN naming the Kubernetes node (its jobs are requeued now, not after the 5 min eviction
+    or SlurmdTimeout), removes the pod at once (no grace: nothing can confirm it) and powers the
+    node down, so the next resume places its pod on a node that answers. Not a pool failure."""
+    lost = Worker("cpu-1", "Running", created_at=NOW - 600, host="k8s-node-7", uid="u1", host_lost=True)
+    slurm = FakeSlurmClient(nodes=[up("cpu-1")], job_list=[_job(42, "cpu-1", NOW - 120)])
+    backend = FakeBackend({"cpu-1": lost})
+    ledger = MemoryLedger(POLICY)
+    report = run_once(slurm, backend, inventory(), ledger, NOW, Log("reconcile", stream=io.StringIO()), POLICY)
+    f = report.of(Kind.HOST_LOST)[0]
+    assert f.ops == (Op.SET_DOWN, Op.FORCE_DELETE_WORKER, Op.POWER_DOWN) and f.uid == "u1"
+    assert [u[3] for u in slurm.updates] == ["state=DOWN", "state=POWER_DOWN_FORCE"]
+    assert "host-lost: Kubernetes node k8s-node-7 stopped answering" in slurm.updates[0][4]
+    assert ("force-delete", "cpu-1") in backend.calls and "cpu-1" not in backend.workers
+    assert ledger.load() == {} or not any(h.failures for h in ledger.load().values())
+
+
+def test_host_lost_is_read_from_the_pods_conditions():
+    from provisioner.elastic.k8s_backend import worker_from_pod
+
+    def pod(ready: str, containers: str, phase: str = "Running") -> dict:
+        return {"metadata": {"name": "cpu-1", "uid": "u"}, "spec": {"nodeName": "n7"},
+                "status": {"phase": phase, "conditions": [{"type": "Ready", "status": ready},
+                                                          {"type": "ContainersReady", "status": containers}]}}
+
+    assert worker_from_pod(pod("False", "True")).host_lost  # the node controller's mark
+    assert not worker_from_pod(pod("False", "False")).host_lost  # a failing readiness probe, a dead container
+    assert not worker_from_pod(pod("True", "True")).host_lost
+    assert not worker_from_pod(pod("False", "True", "Pending")).host_lost

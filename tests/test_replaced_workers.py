@@ -47,7 +47,7 @@ class ResumeRacesTheLoop:
     def create(self, node):
         self.inner.create(node)
 
-    def delete(self, name, uid=None):
+    def delete(self, name, uid=None, force=False):
         if uid is None:
             return self.inner.delete(name)
         return self.inner.delete(name, uid)
@@ -114,4 +114,23 @@ def test_a_kubernetes_delete_with_a_uid_removes_only_that_pod():
     assert backend.list()["cpu-n1"].phase == "Terminating"
     api.advance(60)
     backend.delete("cpu-n1", uid)  # gone: a no-op
+    assert backend.list() == {}
+
+
+def test_a_forced_kubernetes_delete_removes_the_pod_at_once_and_keeps_the_uid_condition():
+    """A worker whose host stopped answering: a graceful delete would leave the pod Terminating until
+    the host answers (and the node's next pod could not be created); forced, it is gone at once."""
+    import pytest
+
+    from provisioner.elastic.backend import WorkerReplaced
+
+    spec = parse_spec({"name": "t", "pools": [{"name": "cpu", "node_selector": {"p": "c"}}]})
+    inv = generate(spec, nodes_from_api([node("n1", {"p": "c"})])).inventory
+    api = FakePodApi(namespaces={NS})
+    backend = KubernetesBackend(spec, api, sleep=api.sleep, clock=api.clock)
+    backend.create(inv["cpu-n1"])
+    uid = api.pods[(NS, "cpu-n1")]["metadata"]["uid"]
+    with pytest.raises(WorkerReplaced):
+        backend.delete("cpu-n1", "uid-of-an-older-pod", force=True)
+    backend.delete("cpu-n1", uid, force=True)
     assert backend.list() == {}

@@ -50,14 +50,20 @@ class Worker:
     # this worker's identity: the pod's metadata.uid, the container's id. A node's next worker has
     # the same name but another uid: one resume attempt, one uid
     uid: str = ""
+    # the worker's host stopped answering: Kubernetes' node controller marked the pod not ready
+    # (Ready False) while its containers were last seen ready, as it does for every pod of a node
+    # whose kubelet stopped posting status (NotReady / Unknown, after node-monitor-grace-period)
+    host_lost: bool = False
 
 
 class NodeBackend(Protocol):
     def create(self, node: SlurmNode) -> None: ...
 
-    def delete(self, name: str, uid: str | None = None) -> None:
+    def delete(self, name: str, uid: str | None = None, force: bool = False) -> None:
         """Remove the node's worker. With `uid`, only that worker: gone already is a no-op, another
-        worker by the name now raises :class:`WorkerReplaced` and is left alone."""
+        worker by the name now raises :class:`WorkerReplaced` and is left alone. With `force`, at
+        once (no grace period): for a worker whose host stopped answering, which could not confirm
+        a graceful end; its host kills what is left when it answers again."""
         ...
 
     def list(self) -> Mapping[str, Worker]: ...

@@ -254,9 +254,10 @@ class DockerBackend:
             self.client.call("DELETE", f"/containers/{name}", query={"force": "1", "v": "1"})
             raise BackendError(name, f"container start failed: {err.message}") from None
 
-    def delete(self, name: str, uid: str | None = None) -> None:
+    def delete(self, name: str, uid: str | None = None, force: bool = False) -> None:
         """By name, or (with `uid`) by container id: the engine has no preconditions, but an id names
-        one container only, so a container that replaced it under the name is never removed."""
+        one container only, so a container that replaced it under the name is never removed.
+        Always forced (`force` changes nothing): the engine removes a running container at once."""
         try:
             status, data = self.client.call("DELETE", f"/containers/{uid or name}", query={"force": "1", "v": "1"})
             if status == 404 and uid:

@@ -131,6 +131,15 @@ def last_death(pod: Mapping[str, Any]) -> tuple[float | None, str]:
     return latest
 
 
+def host_lost(pod: Mapping[str, Any]) -> bool:
+    """The pod's node stopped answering: the node controller marks every pod of a node whose kubelet
+    stopped posting status not ready (condition Ready False) and leaves ContainersReady as the
+    kubelet last reported it (True); a failing readiness probe turns both False."""
+    status = pod.get("status") or {}
+    conds = {c.get("type"): c.get("status") for c in status.get("conditions") or ()}
+    return pod_phase(pod) == "Running" and conds.get("Ready") == "False" and conds.get("ContainersReady") == "True"
+
+
 def worker_from_pod(pod: Mapping[str, Any]) -> Worker:
     meta = pod.get("metadata") or {}
     labels = meta.get("labels") or {}
@@ -148,6 +157,7 @@ def worker_from_pod(pod: Mapping[str, Any]) -> Worker:
         restarts=sum(int(cs.get("restartCount") or 0)
                      for cs in (pod.get("status") or {}).get("containerStatuses") or ()),
         uid=str(meta.get("uid") or ""),
+        host_lost=host_lost(pod),
     )
 
 
@@ -311,12 +321,13 @@ class KubernetesBackend:
                                               f"{self.terminating_wait:.0f}s", retryable=True)
         raise BackendError(node.name, f"pod {node.name} kept reappearing while being replaced", retryable=True)
 
-    def delete(self, name: str, uid: str | None = None) -> None:
+    def delete(self, name: str, uid: str | None = None, force: bool = False) -> None:
+        grace = 0 if force else None
         if uid:
             # conditional on the pod judged (the uid came from our own labelled list): a pod that
             # replaced it under the same name fails the precondition (409) and stays
             try:
-                self.api.delete(self.namespace, name, uid=uid)
+                self.api.delete(self.namespace, name, uid=uid, grace_seconds=grace)
             except ApiError as err:
                 if err.status == 404:
                     return
@@ -330,7 +341,7 @@ class KubernetesBackend:
             return
         if not self._ours(pod, name):
             raise BackendError(name, f"pod {name} in {self.namespace} is not this cluster's worker; not deleting it")
-        self._delete(name, (pod.get("metadata") or {}).get("uid"))
+        self._delete(name, (pod.get("metadata") or {}).get("uid"), grace=grace)
 
     def owner_uid(self, pod_name: str) -> str:
         """uid of the StatefulSet owning pod `pod_name` ('' if none): tells one deployment (`up`) from

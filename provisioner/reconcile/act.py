@@ -61,8 +61,9 @@ def _do(op: Op, finding: Finding, slurm: SlurmClient, backend: NodeBackend, ledg
         now: float, scontrol: str) -> tuple[str, ...]:
     """Carry out one op; returns the argv it ran (Slurm ops). Raises on failure."""
     name = finding.node
-    if op is Op.DELETE_WORKER:
-        backend.delete(name, finding.uid or None)  # only the worker judged, never its replacement
+    if op in (Op.DELETE_WORKER, Op.FORCE_DELETE_WORKER):
+        # only the worker judged, never its replacement
+        backend.delete(name, finding.uid or None, force=op is Op.FORCE_DELETE_WORKER)
         return ()
     if op is Op.SET_DOWN:
         argv = down_argv([name], finding.down_reason, scontrol)

@@ -42,10 +42,12 @@ class Kind(str, Enum):
     POOL_BACKOFF = "pool-backoff"  # the pool failed too often: resumes are refused for a while
     POOL_RECOVERED = "pool-recovered"  # a worker created after the pool's failures came up
     WORKER_RESTARTED = "worker-restarted"  # the worker's container died under a running job (restarted in place)
+    HOST_LOST = "host-lost"  # the worker's Kubernetes node stopped answering (kubelet or node lost)
 
 
 class Op(str, Enum):
     DELETE_WORKER = "delete-worker"
+    FORCE_DELETE_WORKER = "force-delete-worker"  # at once: its host cannot confirm a graceful end
     SET_DOWN = "set-down"  # scontrol update state=DOWN reason=...: Slurm requeues the node's jobs
     POWER_DOWN = "power-down"  # scontrol update state=POWER_DOWN_FORCE: suspend, then idle~
     RETURN_TO_SERVICE = "return-to-service"  # scontrol update state=RESUME: DOWN~ -> idle~
@@ -68,6 +70,11 @@ ACTIONS: dict[Kind, tuple[Op, ...]] = {
     # the job's processes died with the container, though Slurm still has it RUNNING (slurmd came
     # back with -b and knows nothing of it): DOWN requeues it now, then a fresh pod for the next one
     Kind.WORKER_RESTARTED: (Op.SET_DOWN, Op.POWER_DOWN),
+    # the node's jobs are lost with their host: DOWN requeues them now (not after the pod eviction
+    # timeout or SlurmdTimeout); the pod is removed from the API at once, so the next resume can
+    # create the node's pod elsewhere (its host kills the old one when it answers again); not a
+    # failure of the pool: its image and spec are fine
+    Kind.HOST_LOST: (Op.SET_DOWN, Op.FORCE_DELETE_WORKER, Op.POWER_DOWN),
 }
 
 
@@ -210,6 +217,9 @@ def classify_pair(name: str, node: NodeStatus | None, worker: Worker | None, sna
     """One (Slurm node, worker) pair -> a Finding (OK when they agree)."""
     inv = snapshot.inventory
     pool = inv[name].pool if name in inv else ""
+    if worker is not None and worker.phase != "Terminating" and worker.host_lost and node is not None:
+        return Finding(name, Kind.HOST_LOST, f"Kubernetes node {worker.host or '?'} stopped answering "
+                                             f"(pod {name} marked not ready by the node controller)", pool)
     if worker is not None and worker.phase != "Terminating":
         age = _age(worker.created_at, now)
         if name not in inv or node is None:

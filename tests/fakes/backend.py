@@ -30,8 +30,8 @@ class FakeBackend:
             self.workers[node.name] = Worker(node.name, "Running", host=node.k8s_node, created_at=time.time(),
                                              uid=f"{node.name}-uid-{self.created}")
 
-    def delete(self, name: str, uid: str | None = None) -> None:
-        self.calls.append(("delete", name))
+    def delete(self, name: str, uid: str | None = None, force: bool = False) -> None:
+        self.calls.append(("force-delete", name) if force else ("delete", name))
         current = self.workers.get(name)
         if uid and current is not None and current.uid and current.uid != uid:
             raise WorkerReplaced(name, f"worker {name} was replaced since ({uid} is gone)")
