@@ -155,7 +155,8 @@ def _run_and_place(login: Login, script: str) -> tuple[dict[str, Any], dict[str,
 
     def running():
         doc = login.json(f"scontrol show job {job} --json")["jobs"][0]
-        if set(doc["job_state"]) & {"RUNNING", "COMPLETING", "COMPLETED"}:
+        # RUNNING+CONFIGURING: allocated, its nodes still powering up (no pod yet)
+        if set(doc["job_state"]) & {"RUNNING", "COMPLETING", "COMPLETED"} and "CONFIGURING" not in doc["job_state"]:
             doc["nodes_list"] = login.run(f"scontrol show hostnames {doc['nodes']}").stdout.split()
             seen.update(_placed(doc))
             return doc
@@ -226,7 +227,7 @@ def test_a_lost_kubernetes_node_sets_its_slurm_node_down_and_the_job_runs_again_
 
     def running_on() -> tuple[str, str] | None:
         doc = topo.json(f"scontrol show job {job} --json")["jobs"][0]
-        if "RUNNING" in doc["job_state"] and doc.get("nodes"):
+        if "RUNNING" in doc["job_state"] and "CONFIGURING" not in doc["job_state"] and doc.get("nodes"):
             pod = kjson("get", "pod", "-n", NAMESPACE, doc["nodes"])
             return doc["nodes"], pod["spec"]["nodeName"]
         return None
