@@ -974,21 +974,68 @@ def test_run_once_reads_the_queue_and_requeues_the_job_of_a_restarted_worker():
 
 def test_a_worker_on_a_node_that_stopped_answering_is_set_down_and_removed_at_once():
     """#14: a kubelet that stops posting status makes the node controller mark the node's pods not
-    ready (Ready False, ContainersReady as last reported) ~40-50 s later. The loop sets the Slurm
-    node DOWN naming the Kubernetes node (its jobs are requeued now, not after the 5 min eviction
-    or SlurmdTimeout), removes the pod at once (no grace: nothing can confirm it) and powers the
-    node down, so the next resume places its pod on a node that answers. Not a pool failure."""
+    ready (Ready False, ContainersReady as last reported) ~40-50 s later. Once the loop has seen it
+    so for host_lost_grace (40 s), it sets the Slurm node DOWN naming the Kubernetes node (its jobs
+    are requeued now, not after the 5 min eviction or SlurmdTimeout), removes the pod at once (no
+    grace: nothing can confirm it) and powers the node down, so the next resume places its pod on
+    a node that answers. Not a pool failure."""
     lost = Worker("cpu-1", "Running", created_at=NOW - 600, host="k8s-node-7", uid="u1", host_lost=True)
     slurm = FakeSlurmClient(nodes=[up("cpu-1")], job_list=[_job(42, "cpu-1", NOW - 120)])
     backend = FakeBackend({"cpu-1": lost})
     ledger = MemoryLedger(POLICY)
-    report = run_once(slurm, backend, inventory(), ledger, NOW, Log("reconcile", stream=io.StringIO()), POLICY)
+    log = Log("reconcile", stream=io.StringIO())
+    watch: dict = {}
+    for t in (NOW, NOW + 10, NOW + 30):  # seen lost for 30 s: not judged yet
+        report = run_once(slurm, backend, inventory(), ledger, t, log, POLICY, lost_watch=watch)
+        assert report.of(Kind.HOST_LOST) == [] and slurm.updates == [] and watch == {"cpu-1": ("u1", NOW)}
+    report = run_once(slurm, backend, inventory(), ledger, NOW + 40, log, POLICY, lost_watch=watch)
     f = report.of(Kind.HOST_LOST)[0]
     assert f.ops == (Op.SET_DOWN, Op.FORCE_DELETE_WORKER, Op.POWER_DOWN) and f.uid == "u1"
     assert [u[3] for u in slurm.updates] == ["state=DOWN", "state=POWER_DOWN_FORCE"]
     assert "host-lost: Kubernetes node k8s-node-7 stopped answering" in slurm.updates[0][4]
     assert ("force-delete", "cpu-1") in backend.calls and "cpu-1" not in backend.workers
-    assert ledger.load() == {} or not any(h.failures for h in ledger.load().values())
+    assert not any(h.failures for h in ledger.load().values())
+
+
+def test_a_node_that_answers_again_within_the_grace_keeps_its_jobs():
+    """A CI run: the API server took 50 s to come back, then the kubelet restarted (25 s): the node
+    controller marked a healthy node's pods not ready for about half a minute. Seen answering again
+    before host_lost_grace, nothing is done, and a later blip starts its own clock."""
+    slurm = FakeSlurmClient(nodes=[up("cpu-1")], job_list=[_job(42, "cpu-1", NOW - 120)])
+    log = Log("reconcile", stream=io.StringIO())
+    watch: dict = {}
+    blip = Worker("cpu-1", "Running", created_at=NOW - 600, host="n", uid="u1", host_lost=True)
+    fine = Worker("cpu-1", "Running", created_at=NOW - 600, host="n", uid="u1")
+    for t, w in ((NOW, blip), (NOW + 30, blip), (NOW + 35, fine), (NOW + 40, blip), (NOW + 70, blip)):
+        run_once(slurm, FakeBackend({"cpu-1": w}), inventory(), MemoryLedger(POLICY), t, log, POLICY, lost_watch=watch)
+    assert slurm.updates == [] and watch == {"cpu-1": ("u1", NOW + 40)}
+
+
+def test_an_api_outage_restarts_the_lost_clock():
+    """After the API server was away (the loop could not list its workers), the node controller marks
+    pods of nodes whose heartbeats could not reach it; the loop's clock starts over from its first
+    pass that lists workers again."""
+    from provisioner.elastic.backend import BackendError
+
+    class Flaky(FakeBackend):
+        down = False
+
+        def list(self):
+            if self.down:
+                raise BackendError("*", "Kubernetes API unreachable", retryable=True)
+            return super().list()
+
+    slurm = FakeSlurmClient(nodes=[up("cpu-1")], job_list=[_job(42, "cpu-1", NOW - 120)])
+    log = Log("reconcile", stream=io.StringIO())
+    backend = Flaky({"cpu-1": Worker("cpu-1", "Running", created_at=NOW - 600, host="n", uid="u1", host_lost=True)})
+    watch: dict = {}
+    run_once(slurm, backend, inventory(), MemoryLedger(POLICY), NOW, log, POLICY, lost_watch=watch)
+    backend.down = True
+    run_once(slurm, backend, inventory(), MemoryLedger(POLICY), NOW + 20, log, POLICY, lost_watch=watch)
+    assert watch == {}
+    backend.down = False
+    run_once(slurm, backend, inventory(), MemoryLedger(POLICY), NOW + 45, log, POLICY, lost_watch=watch)
+    assert slurm.updates == [] and watch == {"cpu-1": ("u1", NOW + 45)}
 
 
 def test_host_lost_is_read_from_the_pods_conditions():

@@ -71,6 +71,10 @@ class Policy:
     grace: float = 20.0  # a healthy worker / a freshly booted node is not judged before this age
     pending_timeout: float = 60.0  # image / config errors while Pending
     unschedulable_timeout: float = 180.0  # Unschedulable (an autoscaler may be adding capacity)
+    # a worker whose Kubernetes node stopped answering is judged lost once the loop has seen it so
+    # for this long: a CI run's API server restart (50 s) then kubelet restart (25 s) had the node
+    # controller mark a healthy node's pods not ready for about half a minute
+    host_lost_grace: float = 40.0
     backoff_failures: int = 3  # consecutive resume failures of a pool ...
     backoff_window: float = 600.0  # ... within this many seconds ...
     backoff_cooloff: float = 300.0  # ... refuse its resumes for this long after the last one, then one trial

@@ -16,7 +16,7 @@ from ..slurm.commands import (
     resume_argv,
 )
 from ..slurm.state import JobStatus, parse_jobs, parse_nodes, running_since
-from .classify import Finding, Kind, Op, RestartWatch, Snapshot, classify, watch_restarts
+from .classify import Finding, Kind, Op, RestartWatch, Snapshot, classify, watch_lost, watch_restarts
 
 if TYPE_CHECKING:
     from ..inventory import Inventory
@@ -85,12 +85,15 @@ def _do(op: Op, finding: Finding, slurm: SlurmClient, backend: NodeBackend, ledg
 
 def run_once(slurm: SlurmClient, backend: NodeBackend, inventory: "Inventory", ledger: FailureLedger, now: float,
              log: "Log", policy: Policy = Policy(), scontrol: str = "scontrol",
-             restart_watch: dict[str, RestartWatch] | None = None) -> Report:
+             restart_watch: dict[str, RestartWatch] | None = None,
+             lost_watch: dict[str, tuple[str, float]] | None = None) -> Report:
     """Fetch, classify, act, log. Never raises for a failing backend, Slurm or ledger: the
     errors are in the report and the log, and the next pass tries again.
 
     `restart_watch`: the loop's memory of each worker's restart count across passes (see
-    :func:`~provisioner.reconcile.classify.restarted_under_job`); updated in place.
+    :func:`~provisioner.reconcile.classify.restarted_under_job`); updated in place. `lost_watch`: since
+    when each worker's host has not answered (:func:`~provisioner.reconcile.classify.watch_lost`);
+    updated in place.
     A pass that cannot read the queue leaves it as it was."""
     report = Report()
     try:
@@ -98,6 +101,10 @@ def run_once(slurm: SlurmClient, backend: NodeBackend, inventory: "Inventory", l
     except BackendError as err:
         report.errors.append(f"cannot list workers: {err.reason}")
         log.write(f"pass skipped: {report.errors[-1]}")
+        if lost_watch is not None:
+            # the API away: its node controller judges nodes by heartbeats that could not reach it
+            # meanwhile, and marks healthy nodes' pods not ready when it is back; start over
+            lost_watch.clear()
         return report
     try:
         nodes = parse_nodes(slurm.show_nodes())
@@ -122,7 +129,11 @@ def run_once(slurm: SlurmClient, backend: NodeBackend, inventory: "Inventory", l
         if restart_watch is not None:
             restart_watch.clear()
             restart_watch.update(watched)
-    snapshot = Snapshot(nodes, workers, inventory, history, running, watched)
+    lost = watch_lost(workers, lost_watch or {}, now)
+    if lost_watch is not None:
+        lost_watch.clear()
+        lost_watch.update(lost)
+    snapshot = Snapshot(nodes, workers, inventory, history, running, watched, lost)
     report.snapshot = snapshot
     report.findings = classify(snapshot, now, policy)
     todo = report.acted

@@ -113,6 +113,8 @@ class Snapshot:
     # node -> what the loop has seen of its worker's restart count, this pass included; kept by
     # the loop across passes (:func:`watch_restarts`)
     watched: Mapping[str, RestartWatch] = field(default_factory=dict)
+    # node -> (worker uid, when the loop first saw that worker's host not answering): :func:`watch_lost`
+    lost: Mapping[str, tuple[str, float]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,6 +196,18 @@ def watch_restarts(workers: Mapping[str, Worker], running: Mapping[str, tuple[fl
     return out
 
 
+def watch_lost(workers: Mapping[str, Worker], previous: Mapping[str, tuple[str, float]],
+               now: float) -> dict[str, tuple[str, float]]:
+    """This pass's :attr:`Snapshot.lost`: for each worker whose host is not answering, when the loop
+    first saw it so (the same pod since); a worker seen answering again starts over."""
+    out: dict[str, tuple[str, float]] = {}
+    for name, worker in workers.items():
+        if worker.host_lost:
+            prev = previous.get(name)
+            out[name] = prev if prev is not None and prev[0] == worker.uid else (worker.uid, now)
+    return out
+
+
 def _age(since: float | None, now: float) -> float:
     return now - since if since is not None else math.inf
 
@@ -218,8 +232,14 @@ def classify_pair(name: str, node: NodeStatus | None, worker: Worker | None, sna
     inv = snapshot.inventory
     pool = inv[name].pool if name in inv else ""
     if worker is not None and worker.phase != "Terminating" and worker.host_lost and node is not None:
+        seen = snapshot.lost.get(name)
+        lost_for = now - seen[1] if seen is not None and seen[0] == worker.uid else 0.0
+        if lost_for < policy.host_lost_grace:
+            return Finding(name, Kind.OK, f"Kubernetes node {worker.host or '?'} not answering for {lost_for:.0f}s "
+                                          f"(judged after {policy.host_lost_grace:.0f}s)", pool)
         return Finding(name, Kind.HOST_LOST, f"Kubernetes node {worker.host or '?'} stopped answering "
-                                             f"(pod {name} marked not ready by the node controller)", pool)
+                                             f"(pod {name} marked not ready by the node controller "
+                                             f"{lost_for:.0f}s ago)", pool)
     if worker is not None and worker.phase != "Terminating":
         age = _age(worker.created_at, now)
         if name not in inv or node is None:

@@ -114,6 +114,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     usage_file = UsageFile(env.get("SLURMK8S_USAGE", DEFAULT_USAGE)) if metrics is not None else None
     usage_restored, usage_error, deployment = False, False, ""
     restart_watch: dict[str, RestartWatch] = {}  # see classify.restarted_under_job
+    lost_watch: dict[str, tuple[str, float]] = {}  # see classify.watch_lost
 
     def get_backend() -> NodeBackend:
         nonlocal backend
@@ -152,7 +153,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             metrics.restore_usage(restored)
             log.write(why)
         if inventory is not None and backend is not None:
-            report = run_once(slurm, backend, inventory, ledger, now, log, policy, slurm.scontrol, restart_watch)
+            report = run_once(slurm, backend, inventory, ledger, now, log, policy, slurm.scontrol, restart_watch,
+                              lost_watch)
         report.errors[:0] = errors
         for e in errors:
             log.write(f"pass skipped: {e}")
