@@ -96,17 +96,22 @@ def test_the_docker_backend_deletes_by_container_id_too():
     assert slurm.updates == []
 
 
-def test_a_kubernetes_delete_with_a_uid_removes_only_that_pod():
-    import pytest
-
-    from provisioner.elastic.backend import WorkerReplaced
-
+def _one_pinned_pod():
+    """A fake API holding the pod of pinned node cpu-n1 (bound to n1): (api, backend, the pod's uid)."""
     spec = parse_spec({"name": "t", "pools": [{"name": "cpu", "node_selector": {"p": "c"}}]})
     inv = generate(spec, nodes_from_api([node("n1", {"p": "c"})])).inventory
     api = FakePodApi(namespaces={NS})
     backend = KubernetesBackend(spec, api, sleep=api.sleep, clock=api.clock)
     backend.create(inv["cpu-n1"])
-    uid = api.pods[(NS, "cpu-n1")]["metadata"]["uid"]
+    return api, backend, api.pods[(NS, "cpu-n1")]["metadata"]["uid"]
+
+
+def test_a_kubernetes_delete_with_a_uid_removes_only_that_pod():
+    import pytest
+
+    from provisioner.elastic.backend import WorkerReplaced
+
+    api, backend, uid = _one_pinned_pod()
     with pytest.raises(WorkerReplaced, match="left alone"):
         backend.delete("cpu-n1", "uid-of-an-older-pod")
     assert "deletionTimestamp" not in api.pods[(NS, "cpu-n1")]["metadata"]
@@ -124,12 +129,7 @@ def test_a_forced_kubernetes_delete_removes_the_pod_at_once_and_keeps_the_uid_co
 
     from provisioner.elastic.backend import WorkerReplaced
 
-    spec = parse_spec({"name": "t", "pools": [{"name": "cpu", "node_selector": {"p": "c"}}]})
-    inv = generate(spec, nodes_from_api([node("n1", {"p": "c"})])).inventory
-    api = FakePodApi(namespaces={NS})
-    backend = KubernetesBackend(spec, api, sleep=api.sleep, clock=api.clock)
-    backend.create(inv["cpu-n1"])
-    uid = api.pods[(NS, "cpu-n1")]["metadata"]["uid"]
+    api, backend, uid = _one_pinned_pod()
     with pytest.raises(WorkerReplaced):
         backend.delete("cpu-n1", "uid-of-an-older-pod", force=True)
     backend.delete("cpu-n1", uid, force=True)

@@ -226,7 +226,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     tier = Tier(ClientTierApi(api_client()), args.namespace, "slurmk8s-rest-front", log=log)
     host, port = _host_port(args.controller)
-    front = Front(lambda reason: tier.wake(reason, timeout=args.timeout, running_in=m.REST),
+    front = Front(lambda reason: tier.wake(reason, timeout=args.timeout),
                   lambda: port_open(host, port), _host_port(args.upstream), log, hold=args.hold)
     threading.Thread(target=serve_activity, args=(front.activity, args.activity_port), daemon=True).start()
     log(f"REST front on :{args.port} for slurmrestd at {args.upstream}: a request with a token wakes the "

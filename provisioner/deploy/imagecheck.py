@@ -118,6 +118,14 @@ def wanted(spec: ClusterSpec, in_use: Mapping[str, set[str]] | None = None) -> l
             if image not in in_use.get(role, set())]
 
 
+def live_images(spec: ClusterSpec, api: Any, namespace_exists: bool) -> dict[str, set[str]]:
+    """The images the deployed cluster already runs, by role (none before its namespace exists)."""
+    if not namespace_exists:
+        return {}
+    ns = spec.namespace_name
+    return in_use_from(api.config_maps(ns, f"{L_CLUSTER}={spec.name},{L_COMPONENT}=worker"), api.deployment(ns, LOGIN))
+
+
 def in_use_from(config_maps: Sequence[Mapping[str, Any]], login: Mapping[str, Any] | None) -> dict[str, set[str]]:
     """Images the cluster already runs: its pool templates' (ConfigMaps ``worker-template-<pool>``,
     key pod.json) as workers, the login Deployment's login container as login."""
@@ -504,10 +512,7 @@ def check(spec: ClusterSpec, api: Any, echo: Callable[[str], Any], *, namespace_
         echo(f"image check: skipped ({SKIP_ENV}=1)")
         return
     ns = spec.namespace_name
-    in_use: dict[str, set[str]] = {}
-    if namespace_exists:
-        in_use = in_use_from(api.config_maps(ns, f"{L_CLUSTER}={spec.name},{L_COMPONENT}=worker"),
-                             api.deployment(ns, LOGIN))
+    in_use = live_images(spec, api, namespace_exists)
     wants = wanted(spec, in_use)
     if not wants:
         return
@@ -557,11 +562,7 @@ def preview_check(spec: ClusterSpec, api: Any, echo: Callable[[str], Any], *, na
                   labels_of: Callable[[str], dict[str, str] | None] = docker_labels) -> None:
     """`slurmk8s preview` creates nothing: judge the new images by their labels where the local Docker
     engine has them; `up` runs the full check."""
-    ns = spec.namespace_name
-    in_use: dict[str, set[str]] = {}
-    if namespace_exists:
-        in_use = in_use_from(api.config_maps(ns, f"{L_CLUSTER}={spec.name},{L_COMPONENT}=worker"),
-                             api.deployment(ns, LOGIN))
+    in_use = live_images(spec, api, namespace_exists)
     issues = []
     for want in wanted(spec, in_use):
         labels = labels_of(want.image)
