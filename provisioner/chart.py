@@ -24,9 +24,10 @@ import sys
 from typing import Any, Mapping, Sequence
 
 from . import manifests as m
-from .config import ClusterSpec, json_schema, parse_spec
+from .config import ClusterSpec, json_schema
 from .errors import SlurmK8sError
-from .generate import generate_for_kubernetes
+from .livenodes.render import render
+from .livenodes.source import read_domain, read_nodes, read_spec
 from .render import write_files
 
 # The chart's own settings, next to the spec's keys in the values (not part of the spec).
@@ -76,30 +77,12 @@ def values_schema_text() -> str:
 # ---------------------------------------------------------------- the in-cluster render
 
 
-def needs_nodes(spec: ClusterSpec) -> bool:
-    """Pinned pools take their Slurm nodes from the Kubernetes nodes; slot pools need none."""
-    return any(p.mode == "pinned" for p in spec.pools)
-
-
 def render_files(spec: ClusterSpec, k8s_nodes: Sequence[Mapping[str, Any]],
                  cluster_domain: str = "cluster.local") -> tuple[dict[str, str], list[str]]:
     """The files of the ``slurm-config`` ConfigMap, exactly as the Pulumi program builds them, and
     the lines to log: the Kubernetes nodes left out (with the reason), the topology's notices."""
-    gen = generate_for_kubernetes(spec, k8s_nodes, cluster_domain)
-    m.check_names(spec, gen.inventory)
-    notes = [f"Kubernetes node left out of pool {e.k8s_node} ({e.pool}): {e.reason}" for e in gen.inventory.excluded]
-    notes += [f"notice: {n}" for n in gen.topology.notices]
-    return m.config_map_files(m.slurm_config_map(spec, gen.files)), notes
-
-
-def read_nodes(env: Mapping[str, str]) -> list[dict[str, Any]]:
-    """The Node objects as the API returns them (in-cluster credentials, else KUBECONFIG)."""
-    from kubernetes import client
-
-    from .kubeapi import api_client
-
-    resp = client.CoreV1Api(api_client(env=env)).list_node(_preload_content=False, _request_timeout=(5.0, 60.0))
-    return json.loads(resp.data)["items"]
+    rendered = render(spec, k8s_nodes, cluster_domain)
+    return rendered.files, rendered.notes
 
 
 def _log(message: str) -> None:
@@ -117,30 +100,25 @@ def render_main(argv: Sequence[str] | None = None) -> int:
         _log("usage: slurmk8s-render-config --out DIR")
         return 2
     out = args[args.index("--out") + 1]
-    path = os.environ.get("SLURMK8S_SPEC", f"{m.SPEC_DIR}/spec.json")
     try:
-        with open(path) as fh:
-            spec = parse_spec(json.load(fh), source=path)
+        spec = read_spec(os.environ)
     except SlurmK8sError as err:
-        _log(f"the chart's values are not a valid cluster spec:\n{err}")
+        _log(f"not a valid cluster spec (the chart's values, or the spec `slurmk8s up` wrote):\n{err}")
         return 2
     except (OSError, ValueError) as err:
-        _log(f"cannot read the cluster spec {path}: {err}")
+        _log(f"cannot read the cluster spec: {err}")
         return 2
     raw: list[dict[str, Any]] = []
-    if needs_nodes(spec):
+    if m.pinned(spec):
         try:
             raw = read_nodes(os.environ)
         except Exception as err:  # noqa: BLE001 - any API failure: say which and let the kubelet retry
-            _log(f"cannot list the Kubernetes nodes (the chart's ClusterRole grants get/list on nodes): {err}")
+            _log(f"cannot list the Kubernetes nodes (the ClusterRole slurmk8s-<namespace>-read-nodes grants "
+                 f"get/list on nodes): {err}")
             return 1
-    domain = "cluster.local"
-    site_path = os.environ.get("SLURMK8S_SITE", f"{m.SPEC_DIR}/site.json")
-    try:
-        with open(site_path) as fh:
-            domain = json.load(fh).get("cluster_domain") or domain
-    except (OSError, ValueError) as err:
-        _log(f"cannot read {site_path} ({err}): assuming cluster domain {domain}")
+    domain, warning = read_domain(os.environ)
+    if warning:
+        _log(warning)
     try:
         files, notes = render_files(spec, raw, domain)
     except SlurmK8sError as err:

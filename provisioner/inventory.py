@@ -16,6 +16,9 @@ from .config import ClusterSpec, Pool, mib, parse_quantity
 from .errors import Issue, InventoryError
 
 MAX_NODE_NAME = 63  # the worker pod's hostname is the Slurm node name: one DNS label
+# On the reconcile loop's own copy of a Node that left a pinned pool while its Slurm node still runs
+# a job (provisioner.livenodes): why; the Slurm node stays, unavailable, until the job ends.
+LEAVING_ANNOTATION = "slurmk8s.io/leaving"
 
 
 _NOT_NAME = re.compile(r"[^a-z0-9-]+")
@@ -50,6 +53,7 @@ class K8sNode:
     unschedulable: bool
     ready: bool
     taints: tuple[Mapping[str, str], ...]
+    leaving: str | None = None  # LEAVING_ANNOTATION
 
     @classmethod
     def from_api(cls, obj: Mapping[str, Any], index: int = 0) -> "K8sNode":
@@ -80,6 +84,7 @@ class K8sNode:
             unschedulable=bool(spec.get("unschedulable")),
             ready=ready,
             taints=tuple(dict(t) for t in spec.get("taints") or ()),
+            leaving=(meta.get("annotations") or {}).get(LEAVING_ANNOTATION),
         )
 
 
@@ -260,7 +265,9 @@ def _pinned(spec: ClusterSpec, index: int, pool: Pool, members: list[K8sNode]) -
             if value and sanitize_word(value):
                 features.append(sanitize_word(value))
         unavailable = None
-        if k8s.unschedulable:
+        if k8s.leaving:
+            unavailable = f"kubernetes node {k8s.name} {k8s.leaving}"
+        elif k8s.unschedulable:
             unavailable = f"kubernetes node {k8s.name} is cordoned"
         elif not k8s.ready:
             unavailable = f"kubernetes node {k8s.name} is NotReady"

@@ -184,7 +184,8 @@ def test_spec_reference_is_current():
 
 def test_nodesync_drains_unavailable_and_undrains_only_its_own():
     from provisioner.inventory import SlurmNode
-    from provisioner.nodesync import plan
+    from provisioner.livenodes.drain import plan
+    from provisioner.slurm.state import NodeStatus
 
     inv = Inventory((
         SlurmNode("a", "p", "p", 1, 1, unavailable="kubernetes node a is cordoned"),
@@ -198,7 +199,7 @@ def test_nodesync_drains_unavailable_and_undrains_only_its_own():
         {"name": "c", "state": ["IDLE", "DRAIN"], "reason": "health check: /dev/shm too small"},
         {"name": "d", "state": ["IDLE", "DRAIN"], "reason": "kubernetes node d is cordoned"},
     ]
-    actions = plan(inv, slurm)
+    actions = plan(inv, [NodeStatus.from_json(n) for n in slurm])
     assert [(a.names, a.state) for a in actions] == [(("a",), "DRAIN"), (("b",), "UNDRAIN")]
     assert actions[0].argv() == ["scontrol", "update", "nodename=a", "state=DRAIN",
                                  "reason=kubernetes node a is cordoned"]

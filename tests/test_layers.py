@@ -34,6 +34,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("provisioner.volumes",),  # static volumes left Released by a deleted claim (deploy and the local cluster)
     ("provisioner.elastic",),  # resume / suspend programs and their backends
     ("provisioner.controltier",),  # sleep / wake of the control tier, the login agent
+    ("provisioner.livenodes",),  # the Slurm configuration follows the Kubernetes nodes (render, apply, drain)
     ("provisioner.reconcile", "provisioner.accounting", "provisioner.health", "provisioner.nodesync",
      "provisioner.chart"),  # in-cluster daemons and hooks
     ("provisioner.chartdefaults",),  # generates the chart's defaults from the spec (a developer's tool)

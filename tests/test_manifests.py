@@ -106,8 +106,9 @@ def test_every_object_validates_against_the_kubernetes_schema(which, version, lo
     keys = [(o["kind"], o["metadata"].get("name")) for o in objs]
     assert len(keys) == len(set(keys))
     # all in the cluster's namespace but the namespace itself and the worker pods' admission policy
-    # and binding (cluster-scoped, named after the namespace)
-    cluster_scoped = {"Namespace", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+    # and binding and the read access to the nodes (cluster-scoped, named after the namespace)
+    cluster_scoped = {"Namespace", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "ClusterRole",
+                      "ClusterRoleBinding"}
     assert all(o["metadata"].get("namespace") == spec.namespace_name for o in objs if o["kind"] not in cluster_scoped)
     assert all("namespace" not in o["metadata"] and spec.namespace_name in o["metadata"]["name"]
                for o in objs if o["kind"] in cluster_scoped)
@@ -125,10 +126,16 @@ def test_the_schema_check_catches_a_broken_object(local, secrets):
         kubernetes_validate.validate(pod, K8S_VERSIONS[-1], strict=True)
 
 
-def test_rbac_is_pods_only_in_the_own_namespace(fabric, secrets):
+def test_rbac_is_pods_only_in_the_own_namespace_and_reading_nodes(fabric, secrets):
     spec, gen = fabric
     objs = m.all_objects(spec, gen.inventory, gen.files, secrets)
-    assert not [o for o in objs if o["kind"] in ("ClusterRole", "ClusterRoleBinding")]
+    # cluster-wide: only reading the Kubernetes nodes, which the pinned pools follow
+    cluster = [o for o in objs if o["kind"] in ("ClusterRole", "ClusterRoleBinding")]
+    assert m.pinned(spec) and [o["kind"] for o in cluster] == ["ClusterRole", "ClusterRoleBinding"]
+    assert cluster[0]["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list"]}]
+    assert cluster[1]["subjects"] == [{"kind": "ServiceAccount", "name": "slurmctld", "namespace": "slurm-fab"}]
+    slots_only = spec.model_copy(update={"pools": [p for p in spec.pools if p.mode == "slots"]})
+    assert not m.read_nodes_objects(slots_only)
     roles = [o for o in objs if o["kind"] == "Role"]
     assert len(roles) == 1
     assert roles[0]["metadata"]["namespace"] == "slurm-fab"

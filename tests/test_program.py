@@ -58,7 +58,9 @@ def test_components_parent_their_resources(pulumi_run, keys):
         "Service/local-slurmctld", "StatefulSet/local-slurmctld",
         # cluster-scoped, named after the namespace; not retained: `down` deletes them
         "ValidatingAdmissionPolicy/local-slurmk8s-slurm-local-worker-pods",
-        "ValidatingAdmissionPolicyBinding/local-slurmk8s-slurm-local-worker-pods"}
+        "ValidatingAdmissionPolicyBinding/local-slurmk8s-slurm-local-worker-pods",
+        # its pinned pool: the pod renders from the nodes and follows them
+        "ClusterRole/local-slurmk8s-slurm-local-read-nodes", "ClusterRoleBinding/local-slurmk8s-slurm-local-read-nodes"}
     assert by_parent["local-login"] == {"Secret/local-ssh-host-keys", "Secret/local-authorized-keys",
                                         "Deployment/local-login", "Service/local-login"}
     assert by_parent["local-workers"] == {"ConfigMap/local-worker-template-cpu", "Service/local-workers",
@@ -152,7 +154,7 @@ def test_stack_main_and_automation_program_build_the_same_graph(pulumi_run, keys
     cfg, secret = _config(keys)
     via_auto = pulumi_run.run(prog.inline_program(load_spec(spec_path), _local_nodes()), cfg, secret)
     auto_graph = [(r.type, r.name, r.parent, json.dumps(r.inputs, sort_keys=True)) for r in via_auto.resources]
-    assert len(cli_graph) == 40 and len(via_cli.kubernetes()) == 32  # with the admission policy and binding
+    assert len(cli_graph) == 42 and len(via_cli.kubernetes()) == 34  # with the admission policy, the node reader
     assert sorted(cli_graph) == sorted(auto_graph)
     assert cli_outputs == via_auto.outputs
 

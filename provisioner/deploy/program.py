@@ -59,6 +59,8 @@ _CLASSES: dict[tuple[str, str], Callable[..., pulumi.CustomResource]] = {
     ("apps/v1", "Deployment"): k8s.apps.v1.Deployment,
     ("rbac.authorization.k8s.io/v1", "Role"): k8s.rbac.v1.Role,
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): k8s.rbac.v1.RoleBinding,
+    ("rbac.authorization.k8s.io/v1", "ClusterRole"): k8s.rbac.v1.ClusterRole,
+    ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"): k8s.rbac.v1.ClusterRoleBinding,
     ("policy/v1", "PodDisruptionBudget"): k8s.policy.v1.PodDisruptionBudget,
     ("networking.k8s.io/v1", "NetworkPolicy"): k8s.networking.v1.NetworkPolicy,
     ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicy"):
@@ -157,12 +159,14 @@ class Controller(_Component):
         # namespace; `down` deletes them with the rest). In place before slurmctld starts.
         policy = self._add(m.worker_pod_policy(spec, site))
         binding = self._add(m.worker_pod_policy_binding(spec), after=[policy])
+        # pinned pools: the pod's render-config and the reconcile loop read the nodes (cluster-scoped)
+        read_nodes = [self._add(obj) for obj in m.read_nodes_objects(spec)]
         if m.sleeps(spec):  # idle teardown: the loop sleeps the tier and records its state
             self._add(m.control_tier_role(spec))
             self._add(m.control_tier_role_binding(spec))
         self._add(m.controller_state_pvc(spec), retain=True)
         self._add(m.controller_service(spec))
-        sts = self._add(m.controller_statefulset(spec, files, site), after=[policy, binding])
+        sts = self._add(m.controller_statefulset(spec, files, site), after=[policy, binding, *read_nodes])
         self.address = pulumi.Output.from_input(m.controller_address(spec, site))
         self.statefulset = sts.metadata.name
         self.service_account = sa.metadata.name

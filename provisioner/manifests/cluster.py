@@ -15,7 +15,7 @@ from .names import (AUTH_SECRET, CONTROLLER, CONTROLLER_POD, CONTROLLER_STATE_PV
                     L_CLUSTER, L_INSTANCE, L_NAME, L_PART_OF, LOGIN, LOGIN_HOST, REST, USER_FILES, USERS_CONFIG, WORKERS)
 from .network import network_policies
 from .rest import jwt_objects, rest_objects
-from .rbac import control_tier_objects, controller_service_account, worker_role, worker_role_binding
+from .rbac import control_tier_objects, controller_service_account, read_nodes_objects, worker_role, worker_role_binding
 from .slurmctld import (controller_service, controller_state_pvc, controller_statefulset, slurm_config_map,
                         spec_config_map)
 from .workers import worker_template_config_map, workers_pdb, workers_service
@@ -121,7 +121,7 @@ def all_objects(spec: ClusterSpec, inventory: Inventory, files: Mapping[str, str
     objs += [
         auth_secret(spec, secrets.munge_key_b64), *jwt_objects(spec, secrets), slurm_config_map(spec, files), users_config_map(spec, files),
         spec_config_map(spec, site), controller_service_account(spec), worker_role(spec),
-        worker_role_binding(spec), *admission_objects(spec, site), *control_tier_objects(spec),
+        worker_role_binding(spec), *read_nodes_objects(spec), *admission_objects(spec, site), *control_tier_objects(spec),
         controller_state_pvc(spec),
         controller_service(spec), controller_statefulset(spec, files, site),
     ]

@@ -6,6 +6,7 @@ from typing import Any
 
 from ..config import ClusterSpec
 from .common import _meta, login_sleeps, sleeps
+from .names import base_labels
 from .names import CONTROLLER, LOGIN, LOGIN_AGENT, MARIADB, REST, REST_FRONT, SLURMDBD, TIER_ROLE, WORKER_ROLE
 
 
@@ -36,6 +37,41 @@ def worker_role_binding(spec: ClusterSpec) -> dict[str, Any]:
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": WORKER_ROLE},
         "subjects": [{"kind": "ServiceAccount", "name": CONTROLLER, "namespace": spec.namespace_name}],
     }
+
+
+# ---------------------------------------------------------------- read access to the nodes (pinned pools)
+
+
+def pinned(spec: ClusterSpec) -> bool:
+    """A pool pinned to Kubernetes nodes: its Slurm nodes are rendered from the nodes."""
+    return any(p.mode == "pinned" for p in spec.pools)
+
+
+def read_nodes_name(spec: ClusterSpec) -> str:
+    return f"slurmk8s-{spec.namespace_name}-read-nodes"
+
+
+def read_nodes_cluster_role(spec: ClusterSpec) -> dict[str, Any]:
+    """get / list of the Kubernetes nodes (cluster-scoped, named per namespace): the slurmctld pod
+    renders pinned pools from the nodes at start (render-config) and the reconcile loop follows them."""
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+        "metadata": {"name": read_nodes_name(spec), "labels": base_labels(spec, CONTROLLER)},
+        "rules": [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list"]}],
+    }
+
+
+def read_nodes_cluster_role_binding(spec: ClusterSpec) -> dict[str, Any]:
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "metadata": {"name": read_nodes_name(spec), "labels": base_labels(spec, CONTROLLER)},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": read_nodes_name(spec)},
+        "subjects": [{"kind": "ServiceAccount", "name": CONTROLLER, "namespace": spec.namespace_name}],
+    }
+
+
+def read_nodes_objects(spec: ClusterSpec) -> list[dict[str, Any]]:
+    return [read_nodes_cluster_role(spec), read_nodes_cluster_role_binding(spec)] if pinned(spec) else []
 
 
 # ---------------------------------------------------------------- RBAC for the idle teardown

@@ -12,7 +12,7 @@ from typing import Any, Mapping
 from ..config import ClusterSpec
 from .common import (K8sSite, _config_volume, _container_security, _meta, _pod_security, _pvc, _pvc_volume,
                      _secret_volume, content_hash, dns_searches, tier_labels)
-from .names import (A_CONFIG_HASH, A_SPEC_HASH, A_USERS_HASH, AUTH_SECRET, BASE_CAPS, BIN_DIR, CONTROLLER,
+from .names import (A_SPEC_HASH, A_USERS_HASH, AUTH_SECRET, BASE_CAPS, BIN_DIR, CONTROLLER,
                     CONTROLLER_GRACE_SECONDS, CONTROLLER_STATE_PVC, ELASTIC_ENV, ELASTIC_ENV_KEY, JWT_DIR, JWT_SECRET,
                     METRICS_PORT,
                     MUNGE_DIR, MUNGE_SOCKET_DIR, RECONCILE_PERIOD, SLURM_CONF_DIR, SLURM_CONFIG, SLURM_FILES, GZIPPED_FILES,
@@ -109,12 +109,15 @@ def controller_service(spec: ClusterSpec) -> dict[str, Any]:
 def controller_statefulset(spec: ClusterSpec, files: Mapping[str, str], site: K8sSite = K8sSite()) -> dict[str, Any]:
     """slurmctld: one pod (hostname slurmctld-0), state on a PVC, the resume/suspend programs inside.
 
-    ``replicas`` is left out on purpose (see the module docstring). A change of the rendered
-    configuration or the users rolls the pod (annotations), so a new inventory takes effect.
+    ``replicas`` is left out on purpose (see the module docstring). The Slurm configuration is
+    rendered in the pod, by the render-config init container, from the spec and the Kubernetes nodes
+    (the same function as `up`, :mod:`provisioner.livenodes`), into an emptyDir that the reconcile
+    container keeps current as nodes are cordoned, relabelled, added and removed (with `scontrol
+    reconfigure`, no restart). So the pod carries no hash of those files: a change of the spec or
+    of the users rolls it (annotations), a change of the nodes does not.
     """
     labels = {**base_labels(spec, CONTROLLER)}
     annotations = {
-        A_CONFIG_HASH: content_hash({n: files.get(n) for n in SLURM_FILES}),
         A_USERS_HASH: content_hash({n: files[n] for n in USER_FILES}),
         A_SPEC_HASH: content_hash(spec_document(spec, site)),
     }
@@ -157,7 +160,8 @@ def controller_statefulset(spec: ClusterSpec, files: Mapping[str, str], site: K8
         "securityContext": {**_container_security(()), "runAsUser": SLURM_UID, "runAsGroup": SLURM_UID,
                             "runAsNonRoot": True},
         "volumeMounts": [
-            {"name": "slurm-config", "mountPath": SLURM_CONF_DIR, "readOnly": True},
+            # written: the loop keeps the configuration in line with the Kubernetes nodes
+            {"name": "slurm-config", "mountPath": SLURM_CONF_DIR},
             {"name": "spec", "mountPath": SPEC_DIR, "readOnly": True},
             {"name": "spec", "mountPath": ELASTIC_ENV, "subPath": ELASTIC_ENV_KEY, "readOnly": True},
             {"name": "state", "mountPath": STATE_DIR},
@@ -165,8 +169,22 @@ def controller_statefulset(spec: ClusterSpec, files: Mapping[str, str], site: K8
             {"name": "slurmk8s-log", "mountPath": SLURMK8S_LOG_DIR},
         ],
     }
+    # slurm.conf, topology.conf, gres.conf(s) and inventory.json from the spec and the Kubernetes
+    # nodes as they are when the pod starts (the files `up` wrote into the slurm-config ConfigMap,
+    # from the nodes as they were then)
+    render_config = {
+        "name": "render-config",
+        "image": spec.images.controller,
+        "imagePullPolicy": spec.images.pull_policy,
+        "command": [f"{BIN_DIR}/slurmk8s-render-config", "--out", SLURM_CONF_DIR],
+        "env": container["env"],
+        "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}},
+        "securityContext": reconcile["securityContext"],
+        "volumeMounts": [{"name": "slurm-config", "mountPath": SLURM_CONF_DIR},
+                         {"name": "spec", "mountPath": SPEC_DIR, "readOnly": True}],
+    }
     volumes = [
-        _config_volume("slurm-config", SLURM_CONFIG),
+        {"name": "slurm-config", "emptyDir": {"sizeLimit": "64Mi"}},
         _config_volume("spec", SPEC_CONFIG),
         _config_volume("users", USERS_CONFIG),
         _secret_volume("munge-key", AUTH_SECRET),
@@ -195,6 +213,7 @@ def controller_statefulset(spec: ClusterSpec, files: Mapping[str, str], site: K8
                     # slurmctld saves its state on SIGTERM; when the idle teardown stops it, the
                     # reconcile container then scales slurmdbd and the database down in order
                     "terminationGracePeriodSeconds": CONTROLLER_GRACE_SECONDS,
+                    "initContainers": [render_config],
                     "containers": [container, reconcile] + (
                         [accounting_container(spec)] if spec.accounting.enabled else []),
                     "volumes": volumes,

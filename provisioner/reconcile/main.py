@@ -10,7 +10,7 @@ import socket
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from ..elastic.backend import BackendError, NodeBackend
 from ..elastic.events import DEFAULT_EVENTS, EventTail
@@ -25,6 +25,7 @@ from .usage import DEFAULT_USAGE, UsageFile, resume_usage
 
 if TYPE_CHECKING:
     from ..inventory import Inventory
+    from ..livenodes.live import LiveNodes
     from ..logs import Log
 
 
@@ -36,6 +37,29 @@ def _load_inventory(path: str) -> "Inventory":
     from ..inventory import Inventory
 
     return Inventory.read(path)
+
+
+def _live_nodes(env: Mapping[str, str], inventory_path: str, slurm: SlurmCli, log: "Log") -> "LiveNodes | None":
+    """The follower of the Kubernetes nodes, for a spec with a pinned pool (None otherwise, or when
+    the spec cannot be read: then the configuration rendered at the pod's start stays)."""
+    from ..errors import SlurmK8sError
+    from ..livenodes.live import LiveNodes
+    from ..livenodes.source import read_domain, read_nodes, read_spec
+    from ..manifests import pinned
+
+    try:
+        spec = read_spec(env)
+    except (OSError, ValueError, SlurmK8sError) as err:
+        log.write(f"cannot read the spec: the Slurm configuration will not follow the Kubernetes nodes: {err}")
+        return None
+    if not pinned(spec):
+        return None
+    domain, warning = read_domain(env)
+    if warning:
+        log.write(warning)
+    log.write("following the Kubernetes nodes of the pinned pools (cordon, labels, nodes added and removed)")
+    return LiveNodes(spec, os.path.dirname(inventory_path), lambda: read_nodes(env), slurm, log,
+                     cluster_domain=domain, scontrol=slurm.scontrol)
 
 
 def _deployment_id(backend: NodeBackend, log: "Log") -> str:
@@ -126,11 +150,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     idle = idle_watch_from_env(env, log, slurm, get_backend)
     code = 0
     stop = _stop_on_sigterm(log)
+    live = _live_nodes(env, inventory_path, slurm, log)
     while not stop.is_set():
         tick = time.monotonic()
         now = time.time()
         errors: list[str] = []
         report = Report()
+        live_errors: list[str] = []  # logged by LiveNodes itself
+        if live is not None:  # first: this pass judges the workers against the nodes as they are now
+            outcome = live.step()
+            if outcome.error:
+                live_errors.append(outcome.error.splitlines()[0])
         try:
             inventory = _load_inventory(inventory_path)
         except (OSError, ValueError, KeyError, TypeError) as err:
@@ -155,7 +185,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if inventory is not None and backend is not None:
             report = run_once(slurm, backend, inventory, ledger, now, log, policy, slurm.scontrol, restart_watch,
                               lost_watch)
+        if live is not None and report.snapshot is not None:  # cordoned / NotReady / leaving: drained
+            live_errors += live.drain(report.snapshot.nodes.values())
         report.errors[:0] = errors
+        report.errors += live_errors
         for e in errors:
             log.write(f"pass skipped: {e}")
         if metrics is not None:

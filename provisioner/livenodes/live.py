@@ -1,0 +1,235 @@
+"""The reconcile loop's side of live nodes: render from the Kubernetes nodes, apply what changed.
+
+Each pass (:meth:`LiveNodes.step`, before the loop judges workers):
+
+1. list the Kubernetes nodes (only for specs with a pinned pool); when nothing the rendering reads
+   changed since the last applied pass (names, labels, allocatable, cordon, Ready, taints) and no
+   Slurm node is waiting to leave, stop here;
+2. render the files (:func:`provisioner.livenodes.render.render`);
+3. a Slurm node that would disappear while it has a job (its Kubernetes node was deleted or lost
+   the pool's labels) stays, rendered from the last Node object the loop saw, marked unavailable
+   (so drained) until the job ends; the pass after, it goes;
+4. write the files that differ into the directory slurmctld runs from; when anything but
+   inventory.json changed, run ``scontrol reconfigure`` (24.11: slurmctld re-executes itself with
+   the new files; running and pending jobs are kept, nodes added and removed). A refused
+   reconfigure puts the old files back and is retried next pass.
+
+After the pass judged the workers, :meth:`LiveNodes.drain` drains and undrains Slurm nodes from the
+(new) inventory's availability and Slurm's node states of that pass (:mod:`.drain`).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+from ..config import ClusterSpec
+from ..errors import SlurmK8sError
+from ..inventory import Inventory, K8sNode, LEAVING_ANNOTATION
+from ..logs import Log
+from ..manifests.names import SLURM_FILES
+from ..render import write_files
+from ..slurm.commands import SlurmClient, SlurmCommandError
+from ..slurm.state import NodeStatus, parse_nodes
+from .drain import plan
+from .render import Rendered, render
+
+INVENTORY = "inventory.json"
+HAS_JOB = frozenset({"ALLOCATED", "MIXED", "COMPLETING"})
+RECONFIGURE_WAIT = 30.0  # seconds slurmctld gets to answer again after a reconfigure
+
+
+@dataclass(frozen=True)
+class Outcome:
+    written: tuple[str, ...] = ()  # files rewritten (or removed) this pass
+    reconfigured: bool = False
+    added: tuple[str, ...] = ()  # Slurm nodes
+    removed: tuple[str, ...] = ()
+    kept: tuple[str, ...] = ()  # Slurm nodes whose Kubernetes node left, kept until their job ends
+    error: str = ""
+
+
+def _fingerprint(raw: Sequence[Mapping[str, Any]]) -> str:
+    """What the rendering reads of the nodes, hashed: a pass with the same is a no-op."""
+    parts = []
+    for obj in raw:
+        n = K8sNode.from_api(obj)
+        parts.append([n.name, sorted(n.labels.items()), n.cpu_milli, n.memory_bytes, sorted(n.extended.items()),
+                      n.unschedulable, n.ready, [sorted(t.items()) for t in n.taints]])
+    return hashlib.sha256(json.dumps(sorted(parts), default=str).encode()).hexdigest()
+
+
+def _leaving(obj: Mapping[str, Any], why: str) -> dict[str, Any]:
+    """The loop's copy of a Node that left the pool, marked so the inventory keeps it unavailable."""
+    out = copy.deepcopy(dict(obj))
+    meta = out.setdefault("metadata", {})
+    meta["annotations"] = {**(meta.get("annotations") or {}), LEAVING_ANNOTATION: why}
+    return out
+
+
+class LiveNodes:
+    def __init__(self, spec: ClusterSpec, conf_dir: str, list_nodes: Callable[[], list[dict[str, Any]]],
+                 slurm: SlurmClient, log: Log, *, cluster_domain: str = "cluster.local",
+                 scontrol: str = "scontrol", reconfigure_wait: float = RECONFIGURE_WAIT) -> None:
+        self.spec = spec
+        self.conf_dir = conf_dir
+        self.list_nodes = list_nodes
+        self.slurm = slurm
+        self.log = log
+        self.domain = cluster_domain
+        self.scontrol = scontrol
+        self.reconfigure_wait = reconfigure_wait
+        self._applied: str | None = None  # fingerprint of the nodes last rendered and applied
+        self._seen: dict[str, dict[str, Any]] = {}  # Kubernetes node -> its last Node object
+        self._kept: dict[str, dict[str, Any]] = {}  # Kubernetes node -> the object a kept Slurm node renders from
+        self._last_error = ""
+
+    # ------------------------------------------------------------ the pass
+
+    def step(self) -> Outcome:
+        try:
+            raw = self.list_nodes()
+        except Exception as err:  # noqa: BLE001 - any API failure: report it, retry next pass
+            return self._fail(f"cannot list the Kubernetes nodes: {err}")
+        previous, self._seen = self._seen, {obj["metadata"]["name"]: obj for obj in raw}
+        fingerprint = _fingerprint(raw)
+        if fingerprint == self._applied and not self._kept:
+            return Outcome()
+        try:
+            old = Inventory.read(os.path.join(self.conf_dir, INVENTORY))
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            return self._fail(f"cannot read the running inventory in {self.conf_dir}: {err}")
+        try:
+            rendered = render(self.spec, raw, self.domain)
+            rendered, kept = self._keep_busy(old, rendered, raw, previous)
+        except SlurmK8sError as err:
+            return self._fail(f"the Kubernetes nodes do not give a valid cluster; the running configuration "
+                              f"is kept:\n{err}")
+        except SlurmCommandError as err:
+            return self._fail(f"cannot tell which leaving Slurm nodes still run jobs: {err}")
+        outcome = self._apply(old, rendered, kept)
+        if not outcome.error:
+            self._applied = fingerprint
+            self._last_error = ""
+        return outcome
+
+    def drain(self, slurm_nodes: Iterable[NodeStatus]) -> list[str]:
+        """Drain / undrain from the running inventory and Slurm's states; the errors, if any."""
+        try:
+            inventory = Inventory.read(os.path.join(self.conf_dir, INVENTORY))
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            return [f"cannot read the running inventory: {err}"]
+        errors = []
+        for action in plan(inventory, slurm_nodes):
+            try:
+                self.slurm.update(action.argv(self.scontrol))
+                self.log.write(action.describe())
+            except SlurmCommandError as err:
+                errors.append(str(err))
+        return errors
+
+    # ------------------------------------------------------------ its parts
+
+    def _fail(self, message: str) -> Outcome:
+        if message != self._last_error:  # once per distinct problem, not every 10 s
+            self.log.write(message)
+        self._last_error = message
+        return Outcome(error=message)
+
+    def _keep_busy(self, old: Inventory, rendered: Rendered, raw: list[dict[str, Any]],
+                   previous: Mapping[str, dict[str, Any]]) -> tuple[Rendered, tuple[str, ...]]:
+        leaving = {n.name: n.k8s_node for n in old.nodes if n.k8s_node and n.name not in rendered.inventory}
+        if not leaving:
+            self._kept = {}
+            return rendered, ()
+        states = parse_nodes(self.slurm.show_nodes())
+        busy = {s: k for s, k in leaving.items() if s in states and HAS_JOB & states[s].state}
+        extra: dict[str, dict[str, Any]] = {}
+        for slurm_name, k8s_name in sorted(busy.items()):
+            obj = self._kept.get(k8s_name) or previous.get(k8s_name)
+            if obj is None:  # the loop restarted since the node left: render it from the running inventory
+                obj = _node_from_inventory(old[slurm_name], self.spec)
+            why = "left the pool" if k8s_name in self._seen else "is gone"
+            extra[k8s_name] = _leaving(obj, f"{why}: it leaves Slurm once its job ends")
+        self._kept = extra
+        if not extra:
+            return rendered, ()
+        nodes = [obj for obj in raw if obj["metadata"]["name"] not in extra] + list(extra.values())
+        return render(self.spec, nodes, self.domain), tuple(sorted(busy))
+
+    def _apply(self, old: Inventory, rendered: Rendered, kept: tuple[str, ...]) -> Outcome:
+        current: dict[str, str] = {}
+        for name in SLURM_FILES:
+            try:
+                with open(os.path.join(self.conf_dir, name)) as fh:
+                    current[name] = fh.read()
+            except FileNotFoundError:
+                continue
+        new = rendered.files
+        changed = sorted(n for n in new if current.get(n) != new[n])
+        stale = sorted(n for n in current if n not in new)
+        if not changed and not stale:
+            return Outcome(kept=kept)
+        added = tuple(n for n in rendered.inventory.names if n not in old)
+        removed = tuple(n for n in old.names if n not in rendered.inventory)
+        reconfigure = any(n != INVENTORY for n in changed + stale)
+        write_files({n: new[n] for n in changed}, self.conf_dir)
+        for n in stale:
+            os.unlink(os.path.join(self.conf_dir, n))
+        if reconfigure:
+            started = time.monotonic()
+            try:
+                self.slurm.update([self.scontrol, "reconfigure"])
+            except SlurmCommandError as err:
+                write_files({n: current[n] for n in changed + stale if n in current}, self.conf_dir)
+                for n in changed:
+                    if n not in current:
+                        os.unlink(os.path.join(self.conf_dir, n))
+                return self._fail(f"scontrol reconfigure refused the configuration for the Kubernetes nodes "
+                                  f"({err}); the previous files are back in place")
+            self._wait_for_slurmctld(started)
+        what = ", ".join(changed + [f"{n} (removed)" for n in stale])
+        nodes = "".join([f"; added {','.join(added)}" if added else "", f"; removed {','.join(removed)}" if removed else "",
+                         f"; kept until their job ends {','.join(kept)}" if kept else ""])
+        self.log.write(f"Kubernetes nodes changed: wrote {what}" + (" and reconfigured slurmctld" if reconfigure else "")
+                       + nodes)
+        for note in rendered.notes:
+            self.log.write(note)
+        return Outcome(tuple(changed + stale), reconfigure, added, removed, kept)
+
+    def _wait_for_slurmctld(self, started: float) -> None:
+        while True:
+            try:
+                self.slurm.update([self.scontrol, "ping"])
+                self.log.write(f"slurmctld answers {time.monotonic() - started:.1f}s after the reconfigure")
+                return
+            except SlurmCommandError as err:
+                if time.monotonic() - started > self.reconfigure_wait:
+                    self.log.write(f"slurmctld not answering {self.reconfigure_wait:.0f}s after the reconfigure: {err}")
+                    return
+                time.sleep(0.5)
+
+
+def _node_from_inventory(node: Any, spec: ClusterSpec) -> dict[str, Any]:
+    """A Node object that renders back into `node` (a pinned Slurm node of the running inventory),
+    for a node that left while the loop was not running, so that its last Node object is unknown:
+    same name, CPUs, memory, GPUs and topology; features read from other labels are not restored
+    (the node only waits for its job to end, drained)."""
+    pool = next(p for p in spec.pools if p.name == node.pool)
+    from ..config import mib, parse_quantity
+
+    cpu = node.cpus + parse_quantity(pool.reserve_cpu)
+    memory = (node.real_memory + mib(pool.reserve_memory)) * 2**20
+    labels = {**pool.node_selector, **dict(node.topology_labels)}
+    alloc: dict[str, Any] = {"cpu": str(cpu), "memory": str(memory)}
+    if node.gpus:
+        alloc[pool.gpu_resource] = str(node.gpus)
+        if node.gpu_type and pool.gpu_type_label:
+            labels[pool.gpu_type_label] = node.gpu_type
+    return {"metadata": {"name": node.k8s_node, "labels": labels}, "spec": {},
+            "status": {"allocatable": alloc, "conditions": [{"type": "Ready", "status": "True"}]}}

@@ -1,0 +1,38 @@
+"""What the in-cluster programs render from: the spec and site ConfigMap, and the Kubernetes nodes."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Mapping
+
+from .. import manifests as m
+from ..config import ClusterSpec, parse_spec
+
+
+def read_spec(env: Mapping[str, str]) -> ClusterSpec:
+    """The cluster spec the in-cluster programs read (``SLURMK8S_SPEC``, default the spec ConfigMap's
+    spec.json). Raises OSError / ValueError when unreadable, SlurmK8sError when not a valid spec."""
+    path = env.get("SLURMK8S_SPEC", f"{m.SPEC_DIR}/spec.json")
+    with open(path) as fh:
+        return parse_spec(json.load(fh), source=path)
+
+
+def read_domain(env: Mapping[str, str]) -> tuple[str, str]:
+    """(the Kubernetes cluster's DNS domain from ``SLURMK8S_SITE``, a warning when it had to be assumed)."""
+    domain = "cluster.local"
+    path = env.get("SLURMK8S_SITE", f"{m.SPEC_DIR}/site.json")
+    try:
+        with open(path) as fh:
+            return json.load(fh).get("cluster_domain") or domain, ""
+    except (OSError, ValueError) as err:
+        return domain, f"cannot read {path} ({err}): assuming cluster domain {domain}"
+
+
+def read_nodes(env: Mapping[str, str]) -> list[dict[str, Any]]:
+    """The Node objects as the API returns them (in-cluster credentials, else KUBECONFIG)."""
+    from kubernetes import client
+
+    from ..kubeapi import api_client
+
+    resp = client.CoreV1Api(api_client(env=env)).list_node(_preload_content=False, _request_timeout=(5.0, 60.0))
+    return json.loads(resp.data)["items"]
