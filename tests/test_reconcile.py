@@ -10,10 +10,12 @@ import re
 from pathlib import Path
 
 import pytest
+from factories import node as k8s_node
 from fakes.backend import FakeBackend
 from fakes.ledger import MemoryLedger
 from fakes.slurm import FakeSlurm, FakeSlurmClient
 
+from provisioner.config import parse_spec
 from provisioner.elastic import programs
 from provisioner.elastic.backend import BackendError, Worker
 from provisioner.elastic.events import DEFAULT_EVENTS, EventTail
@@ -30,7 +32,7 @@ from provisioner.elastic.ledger import (
 from provisioner.elastic.plan import Reason
 from provisioner.elastic.programs import Context, run_resume, run_resume_fail, run_suspend
 from provisioner.logs import Log
-from provisioner.inventory import Inventory, SlurmNode
+from provisioner.inventory import Inventory, SlurmNode, build_inventory, nodes_from_api
 from provisioner.reconcile.act import Report, run_once
 from provisioner.reconcile.classify import ACTIONS, Finding, Kind, Op, RestartWatch, Snapshot, classify
 from provisioner.reconcile.main import _deployment_id
@@ -1050,3 +1052,107 @@ def test_host_lost_is_read_from_the_pods_conditions():
     assert not worker_from_pod(pod("False", "False")).host_lost  # a failing readiness probe, a dead container
     assert not worker_from_pod(pod("True", "True")).host_lost
     assert not worker_from_pod(pod("False", "True", "Pending")).host_lost
+
+
+# ---------------------------------------------------------------- a pinned node's Kubernetes node cordoned or gone
+
+
+UNSCHED = ("Unschedulable: 0/3 nodes are available: 1 node(s) were unschedulable, "
+           "2 node(s) didn't match Pod's node affinity/selector.")
+
+
+def pinned(*k8s: dict) -> Inventory:
+    """A pinned pool `gpu` over these Kubernetes nodes, built as a deploy builds it: a cordoned or
+    NotReady node gives its Slurm node (gpu-<k8s name>) an `unavailable` reason."""
+    spec = parse_spec({"name": "t", "pools": [{"name": "gpu", "node_selector": {"pool": "gpu"}}]})
+    return build_inventory(spec, nodes_from_api(list(k8s)))
+
+
+def gpu_host(name: str, **kw) -> dict:
+    return k8s_node(name, {"pool": "gpu"}, **kw)
+
+
+def resuming(name: str) -> dict:
+    return node_json(name, "ALLOCATED", "CLOUD", "POWERING_UP")
+
+
+def test_a_pending_worker_of_a_cordoned_or_notready_pinned_node_is_judged_after_the_grace_not_counted():
+    """#14: the pod of a pinned node cannot start while its Kubernetes node is cordoned / NotReady;
+    judged after the grace (not the 180 s Unschedulable bound): deleted, DOWN (the job requeues), and
+    no failure of the pool, whose healthy nodes must not be backed off for it."""
+    inv = pinned(gpu_host("k8s-1", unschedulable=True), gpu_host("k8s-2", ready=False))
+    s = snap([resuming("gpu-k8s-1"), resuming("gpu-k8s-2")],
+             [worker("gpu-k8s-1", "Pending", UNSCHED, age=20), worker("gpu-k8s-2", "Pending", "", age=20)], inv)
+    f = only(s, "gpu-k8s-1")
+    assert f.kind is Kind.NODE_UNAVAILABLE and f.pool == "gpu"
+    assert f.ops == (Op.DELETE_WORKER, Op.SET_DOWN) and Op.RECORD_FAILURE not in f.ops
+    # the reason names the Kubernetes node first: it survives down_reason's 200-character cut
+    assert f.down_reason.startswith("slurmk8s node-unavailable: kubernetes node k8s-1 is cordoned: "
+                                    "pod gpu-k8s-1 Pending (Unschedulable: 0/3 nodes are available")
+    g = only(s, "gpu-k8s-2")  # bound to a NotReady node (no reason yet): it cannot start either
+    assert g.kind is Kind.NODE_UNAVAILABLE
+    assert g.detail == "kubernetes node k8s-2 is NotReady: pod gpu-k8s-2 Pending for 20s"
+
+
+def test_within_the_grace_a_pending_worker_of_a_cordoned_node_is_left_for_now():
+    inv = pinned(gpu_host("k8s-1", unschedulable=True))
+    f = only(snap([resuming("gpu-k8s-1")], [worker("gpu-k8s-1", "Pending", UNSCHED, age=19)], inv), "gpu-k8s-1")
+    assert f.kind is Kind.OK and f.ops == ()
+    assert f.detail.startswith("kubernetes node k8s-1 is cordoned; pod gpu-k8s-1 Pending") and f.detail.endswith(
+        "19s old: within grace")
+
+
+def test_an_unschedulable_worker_of_an_available_pinned_node_still_waits_out_the_unschedulable_bound():
+    """Only the node the inventory says is unavailable is judged early: an Unschedulable pod of an
+    available node (a cluster autoscaler may be making room) becomes stuck-pending, a pool failure,
+    at unschedulable_timeout as before."""
+    inv = pinned(gpu_host("k8s-1", unschedulable=True), gpu_host("k8s-3"))
+    nodes = [resuming("gpu-k8s-1"), resuming("gpu-k8s-3")]
+    for age, available in ((20, Kind.OK), (179, Kind.OK), (180, Kind.STUCK_PENDING)):
+        s = snap(nodes, [worker("gpu-k8s-1", "Pending", UNSCHED, age), worker("gpu-k8s-3", "Pending", UNSCHED, age)],
+                 inv)
+        assert kinds(s) == {"gpu-k8s-1": Kind.NODE_UNAVAILABLE, "gpu-k8s-3": available}, age
+    assert Op.RECORD_FAILURE in only(s, "gpu-k8s-3").ops
+
+
+def test_a_running_worker_on_a_cordoned_node_is_left_alone():
+    """Cordon means no new pods: a job running there finishes (Slurm drains the node); only a pod
+    still waiting to start there is judged."""
+    inv = pinned(gpu_host("k8s-1", unschedulable=True), gpu_host("k8s-2", unschedulable=True))
+    busy = node_json("gpu-k8s-1", "ALLOCATED", "CLOUD", "DRAIN", reason="kubernetes node k8s-1 is cordoned",
+                     boot=NOW - 600)
+    s = snap([busy, resuming("gpu-k8s-2")],
+             [worker("gpu-k8s-1", "Running", age=600), worker("gpu-k8s-2", "Pending", UNSCHED, age=600)], inv)
+    assert kinds(s) == {"gpu-k8s-1": Kind.OK, "gpu-k8s-2": Kind.NODE_UNAVAILABLE}
+    assert only(s, "gpu-k8s-1").ops == ()
+
+
+def test_run_once_a_cordoned_nodes_pending_worker_is_deleted_and_set_down_without_a_pool_failure():
+    """Through the pass: the pod deleted (only the one judged), the Slurm node DOWN (its job
+    requeues), nothing in the ledger; before the fix this pod became stuck-pending after 180 s and
+    counted towards the pool's backoff."""
+    inv = pinned(gpu_host("k8s-1", unschedulable=True), gpu_host("k8s-3"))
+    pending = Worker("gpu-k8s-1", "Pending", UNSCHED, created_at=NOW - 200, uid="u1")
+    report, backend, slurm, ledger, log = run([resuming("gpu-k8s-1"), up("gpu-k8s-3")],
+                                              [pending, worker("gpu-k8s-3")], inv=inv)
+    assert backend.calls == [("delete", "gpu-k8s-1")] and "gpu-k8s-1" not in backend.workers
+    [argv] = slurm.updates
+    assert argv[:4] == ["scontrol", "update", "nodename=gpu-k8s-1", "state=DOWN"]
+    assert argv[4].startswith("reason=slurmk8s node-unavailable: kubernetes node k8s-1 is cordoned: pod gpu-k8s-1")
+    assert [(d.op, d.ok) for d in report.done] == [(Op.DELETE_WORKER, True), (Op.SET_DOWN, True)]
+    assert ledger.load() == {} and report.of(Kind.POOL_BACKOFF) == []
+    assert any("gpu-k8s-1 node-unavailable [gpu]: kubernetes node k8s-1 is cordoned" in line
+               and line.endswith("-> delete-worker ok, set-down ok") for line in log.lines)
+
+
+def test_run_once_an_unschedulable_worker_of_a_pinned_node_whose_kubernetes_node_is_gone_is_no_pool_failure():
+    """A deleted Kubernetes node drops its Slurm node from the inventory: the pod left Pending
+    (Unschedulable) for it is an orphan, deleted without counting a failure of the pool."""
+    inv = pinned(gpu_host("k8s-3"))  # k8s-1 was deleted
+    assert "gpu-k8s-1" not in inv
+    report, backend, slurm, ledger, _ = run([resuming("gpu-k8s-1"), up("gpu-k8s-3")],
+                                            [worker("gpu-k8s-1", "Pending", UNSCHED, age=600), worker("gpu-k8s-3")],
+                                            inv=inv)
+    [f] = report.acted
+    assert f.node == "gpu-k8s-1" and f.kind is Kind.ORPHAN_WORKER and f.ops == (Op.DELETE_WORKER,)
+    assert backend.calls == [("delete", "gpu-k8s-1")] and slurm.updates == [] and ledger.load() == {}

@@ -43,6 +43,7 @@ class Kind(str, Enum):
     POOL_RECOVERED = "pool-recovered"  # a worker created after the pool's failures came up
     WORKER_RESTARTED = "worker-restarted"  # the worker's container died under a running job (restarted in place)
     HOST_LOST = "host-lost"  # the worker's Kubernetes node stopped answering (kubelet or node lost)
+    NODE_UNAVAILABLE = "node-unavailable"  # Pending for a node the inventory says must not run (cordoned / NotReady)
 
 
 class Op(str, Enum):
@@ -75,6 +76,10 @@ ACTIONS: dict[Kind, tuple[Op, ...]] = {
     # create the node's pod elsewhere (its host kills the old one when it answers again); not a
     # failure of the pool: its image and spec are fine
     Kind.HOST_LOST: (Op.SET_DOWN, Op.FORCE_DELETE_WORKER, Op.POWER_DOWN),
+    # the pinned node's Kubernetes node is cordoned / NotReady: its pod cannot start there until an
+    # operator acts, so waiting out the Unschedulable bound only holds the job; DOWN requeues it now.
+    # Not a failure of the pool: counting it would back off the pool's healthy nodes too
+    Kind.NODE_UNAVAILABLE: (Op.DELETE_WORKER, Op.SET_DOWN),
 }
 
 
@@ -261,6 +266,14 @@ def classify_pair(name: str, node: NodeStatus | None, worker: Worker | None, sna
                 # lists as "created" (phase Failed); a young worker gets the grace period
                 return Finding(name, Kind.OK, f"{_worker_words(worker)} but only {age:.0f}s old: within grace", pool)
             return Finding(name, Kind.WORKER_FAILED, f"{_worker_words(worker)}", pool)
+        unavailable = inv[name].unavailable
+        if worker.phase == "Pending" and unavailable:
+            # before the stuck bounds: an Unschedulable pod here is the node's fault, not the pool's.
+            # The inventory's reason first: it names the Kubernetes node and survives down_reason's cut
+            if age < policy.grace:
+                return Finding(name, Kind.OK, f"{unavailable}; {_worker_words(worker)} {age:.0f}s old: "
+                                              f"within grace", pool)
+            return Finding(name, Kind.NODE_UNAVAILABLE, f"{unavailable}: {_worker_words(worker)} for {age:.0f}s", pool)
         bound = _stuck_bound(worker, policy)
         if bound is not None and age >= bound:
             return Finding(name, Kind.STUCK_PENDING, f"{_worker_words(worker)} for {age:.0f}s", pool)
