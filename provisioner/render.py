@@ -118,10 +118,6 @@ def render_slurm_conf(spec: ClusterSpec, inventory: Inventory, topology: Topolog
         {"names": compress(names), "cpus": k[0], "real_memory": k[1], "gres": k[2], "features": k[3], "weight": k[4]}
         for k, names in _group(inventory.nodes, lambda n: (n.cpus, n.real_memory, n.gres, n.features, n.weight))
     ]
-    down_lines = [
-        {"names": compress(names), "reason": reason.replace('"', "'")}
-        for reason, names in _group([n for n in inventory.nodes if n.unavailable], lambda n: n.unavailable)
-    ]
     partitions: dict[str, list[str]] = defaultdict(list)
     for pool in spec.pools:
         partitions.setdefault(pool.partition_name, [])
@@ -163,7 +159,6 @@ def render_slurm_conf(spec: ClusterSpec, inventory: Inventory, topology: Topolog
         extra_conf=sorted(extra_conf.items()),
         health=spec.health if spec.health.enabled else None,
         node_lines=node_lines,
-        down_lines=down_lines,
         max_time=spec.slurm.max_time,
         partitions=[
             {"name": name, "nodes": compress(nodes), "default": name == spec.default_partition}

@@ -158,3 +158,16 @@ def test_a_failed_trial_opens_the_backoff_again(ledger_path):
     run_resume(["cpu-5"], ctx(ledger_path, backend, slurm), None)
     assert backend.calls == [("create", "cpu-3")]
     assert "4 consecutive resume failures" in slurm.down["cpu-5"] and "refused for 300s more" in slurm.down["cpu-5"]
+
+
+def test_a_pod_of_a_node_on_a_cordoned_kubernetes_node_is_no_failure_at_resume_fail(ledger_path):
+    """Its pod waited on a node that must not take pods (cordoned, NotReady, leaving): the pool's
+    image and spec are fine, so Slurm's ResumeTimeout on it never backs the pool off (#14)."""
+    t0 = time.time()
+    backend = FakeBackend({"cpu-0": Worker("cpu-0", "Pending", "Unschedulable: 0/3 nodes", created_at=t0, uid="a")})
+    cordoned = Inventory((SlurmNode("cpu-0", "cpu", "cpu", 2, 1024, k8s_node="k-0",
+                                    unavailable="kubernetes node k-0 is cordoned"),))
+    context = Context({"SLURMK8S_LEDGER": ledger_path}, Log("test"), backend=backend, slurm=FakeSlurm(),
+                      inventory=cordoned)
+    run_resume_fail(["cpu-0"], context)
+    assert failures(ledger_path) == []

@@ -55,15 +55,13 @@ own_dir /var/log/slurmk8s "$SLURM_USER" 0755
 own_dir /run/slurm "$SLURM_USER" 0755
 # gres.conf includes /run/slurmk8s/node-gres.conf, a file of each host: a worker's entrypoint writes
 # its node's line there; slurmctld's is the rendered gres-slurmctld.conf (the GPU nodes with their
-# counts), linked so that it follows the config directory. slurmctld stops if it is missing.
+# counts), linked so that it follows the config directory, which the reconcile loop rewrites when
+# GPU nodes come or go (gres.conf and gres-slurmctld.conf are rendered together: without GPU nodes
+# neither exists and the link is never read).
 install -d -m 0755 /run/slurmk8s
 rm -f /run/slurmk8s/node-gres.conf
-if [ -e "$(dirname "$CONF")/gres-slurmctld.conf" ]; then
-    ln -s "$(dirname "$CONF")/gres-slurmctld.conf" /run/slurmk8s/node-gres.conf
-    log "gres: /run/slurmk8s/node-gres.conf -> $(dirname "$CONF")/gres-slurmctld.conf"
-else
-    install -m 0644 /dev/null /run/slurmk8s/node-gres.conf
-fi
+ln -s "$(dirname "$CONF")/gres-slurmctld.conf" /run/slurmk8s/node-gres.conf
+log "gres: /run/slurmk8s/node-gres.conf -> $(dirname "$CONF")/gres-slurmctld.conf"
 for key in SlurmctldLogFile SlurmSchedLogFile; do
     f="$(slurm_conf_get "$CONF" "$key")"
     [ -z "$f" ] || own_dir "$(dirname "$f")" "$SLURM_USER" 0755

@@ -498,8 +498,9 @@ def run_resume_fail(args: Sequence[str], ctx: Context) -> RunResult:
         ctx.log.write(f"inventory unreadable, failures not recorded for the pool backoff: {err}")
     else:
         # only a node that had a worker failed here: Slurm hands over every node still powering up,
-        # nodes the resume program refused or whose create failed (counted then) included
-        had = [n for n in names if n in workers]
+        # nodes the resume program refused or whose create failed (counted then) included; nor
+        # does one whose Kubernetes node must not take pods (cordoned, NotReady, leaving)
+        had = [n for n in names if n in workers and not (n in inventory and inventory[n].unavailable)]
         _record_failures(ctx, {n: "slurmk8s resume-failed: no registration within ResumeTimeout" for n in had},
                          inventory, {n: workers[n].uid for n in had})
     # Slurm left these nodes DOWN+POWERED_DOWN (reason kept, jobs requeued). With no worker left

@@ -1,0 +1,202 @@
+"""The Slurm configuration follows the Kubernetes nodes of pinned pools while the cluster runs
+(issue #14 item 4): :class:`provisioner.livenodes.live.LiveNodes` against canned Node lists and a
+recording Slurm client, in a temporary config directory filled as the pod's render-config fills it.
+
+Each case says what the loop writes, whether it reconfigures, and what it drains."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from factories import AWS, node
+from fakes.slurm import FakeSlurmClient
+
+from provisioner.config import parse_spec
+from provisioner.inventory import Inventory
+from provisioner.livenodes.live import LiveNodes
+from provisioner.livenodes.render import render
+from provisioner.logs import Log
+from provisioner.render import write_files
+from provisioner.slurm.state import NodeStatus
+
+KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBzd0lrWdoGzZqR7HcXXwVcEBjzC1D8dRp6oOC5eYIx0 alice@test"
+SPEC = parse_spec({"name": "live", "pools": [{"name": "gpu", "node_selector": {"pool": "gpu"}}],
+                   "topology": {"preset": "aws"}, "users": [{"name": "alice", "uid": 2001, "ssh_keys": [KEY]}]})
+RECONFIGURE = ["scontrol", "reconfigure"]
+
+
+def k8s(name: str, leaf: str, *, pool: str | None = "gpu", **kw) -> dict:
+    labels = {AWS + "1": "top", AWS + "2": "spine", AWS + "3": leaf}
+    if pool:
+        labels["pool"] = pool
+    return node(name, labels, **kw)
+
+
+FLEET = [k8s("k-1", "leaf-a"), k8s("k-2", "leaf-a"), k8s("k-3", "leaf-b")]
+
+
+def slurm_node(name: str, *state: str, reason: str = "") -> dict:
+    return {"name": name, "state": list(state), "reason": reason}
+
+
+class Cluster:
+    """A config directory as render-config leaves it, the nodes the API lists, Slurm's view."""
+
+    def __init__(self, tmp: Path, nodes: list[dict]) -> None:
+        self.dir = tmp / "etc-slurm"
+        write_files(render(SPEC, nodes).files, self.dir)
+        self.nodes = nodes
+        self.slurm = FakeSlurmClient(nodes=[slurm_node(f"gpu-{n['metadata']['name']}", "IDLE", "CLOUD", "POWERED_DOWN")
+                                            for n in nodes])
+        self.lists = 0
+        self.live = LiveNodes(SPEC, str(self.dir), self._list, self.slurm, Log("live-test"), reconfigure_wait=1)
+
+    def _list(self) -> list[dict]:
+        self.lists += 1
+        return json.loads(json.dumps(self.nodes))
+
+    def file(self, name: str) -> str:
+        return (self.dir / name).read_text()
+
+    def inventory(self) -> Inventory:
+        return Inventory.read(str(self.dir / "inventory.json"))
+
+    def drain(self) -> list[list[str]]:
+        before = len(self.slurm.updates)
+        assert self.live.drain([NodeStatus.from_json(n) for n in self.slurm.nodes]) == []
+        return self.slurm.updates[before:]
+
+    def reconfigures(self) -> int:
+        return sum(1 for u in self.slurm.updates if u == RECONFIGURE)
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Cluster:
+    return Cluster(tmp_path, [dict(n) for n in json.loads(json.dumps(FLEET))])
+
+
+def test_unchanged_nodes_write_nothing_and_call_nothing(cluster):
+    before = {p.name: p.read_text() for p in cluster.dir.iterdir()}
+    for _ in range(3):
+        outcome = cluster.live.step()
+        assert not outcome.error and not outcome.written and not outcome.reconfigured
+    assert {p.name: p.read_text() for p in cluster.dir.iterdir()} == before
+    assert cluster.slurm.updates == []
+    assert cluster.drain() == []
+
+
+def test_a_cordon_drains_the_node_without_a_reconfigure_and_an_uncordon_returns_it(cluster):
+    cluster.nodes[1]["spec"]["unschedulable"] = True
+    outcome = cluster.live.step()
+    assert outcome.written == ("inventory.json",) and not outcome.reconfigured
+    assert cluster.reconfigures() == 0
+    assert cluster.inventory()["gpu-k-2"].unavailable == "kubernetes node k-2 is cordoned"
+    assert cluster.drain() == [["scontrol", "update", "nodename=gpu-k-2", "state=DRAIN",
+                                "reason=kubernetes node k-2 is cordoned"]]
+    cluster.slurm.nodes[1] = slurm_node("gpu-k-2", "IDLE", "DRAIN", "CLOUD", reason="kubernetes node k-2 is cordoned")
+    assert cluster.drain() == [], "drained once, not every pass"
+
+    del cluster.nodes[1]["spec"]["unschedulable"]
+    assert cluster.live.step().written == ("inventory.json",)
+    assert cluster.drain() == [["scontrol", "update", "nodename=gpu-k-2", "state=UNDRAIN"]]
+    assert cluster.reconfigures() == 0
+
+
+def test_a_drain_set_by_someone_else_is_left_alone(cluster):
+    cluster.slurm.nodes[0] = slurm_node("gpu-k-1", "IDLE", "DRAIN", reason="maintenance by bob")
+    assert cluster.drain() == []
+
+
+def test_a_node_that_gains_the_pool_labels_joins_in_its_switch_with_a_reconfigure(cluster):
+    cluster.nodes.append(k8s("k-4", "leaf-b"))
+    outcome = cluster.live.step()
+    assert outcome.added == ("gpu-k-4",) and outcome.reconfigured and not outcome.error
+    assert "SwitchName=leaf-b Nodes=gpu-k-[3-4]" in cluster.file("topology.conf")
+    assert "NodeName=gpu-k-[1-4]" in cluster.file("slurm.conf")
+    assert cluster.slurm.updates[:2] == [RECONFIGURE, ["scontrol", "ping"]], "reconfigure, then wait for slurmctld"
+    assert cluster.live.step().written == (), "applied once"
+    assert cluster.reconfigures() == 1
+
+
+def test_a_changed_topology_label_moves_the_node(cluster):
+    cluster.nodes[1]["metadata"]["labels"][AWS + "3"] = "leaf-b"
+    outcome = cluster.live.step()
+    assert outcome.reconfigured and outcome.written == ("inventory.json", "topology.conf")
+    topo = cluster.file("topology.conf")
+    assert "SwitchName=leaf-a Nodes=gpu-k-1\n" in topo and "SwitchName=leaf-b Nodes=gpu-k-[2-3]" in topo
+
+
+def test_an_idle_node_that_loses_the_labels_leaves_at_once(cluster):
+    del cluster.nodes[2]["metadata"]["labels"]["pool"]
+    outcome = cluster.live.step()
+    assert outcome.removed == ("gpu-k-3",) and outcome.reconfigured
+    assert "NodeName=gpu-k-[1-2] " in cluster.file("slurm.conf") and "leaf-b" not in cluster.file("topology.conf")
+
+
+@pytest.mark.parametrize("how", ["loses-labels", "deleted"])
+def test_a_node_with_a_job_stays_drained_until_the_job_ends_then_leaves(cluster, how):
+    if how == "deleted":
+        del cluster.nodes[2]
+    else:
+        del cluster.nodes[2]["metadata"]["labels"]["pool"]
+    cluster.slurm.nodes[2] = slurm_node("gpu-k-3", "ALLOCATED", "CLOUD")
+    outcome = cluster.live.step()
+    assert outcome.kept == ("gpu-k-3",) and not outcome.removed and not outcome.error
+    assert "NodeName=gpu-k-[1-3]" in cluster.file("slurm.conf")
+    assert "SwitchName=leaf-b Nodes=gpu-k-3" in cluster.file("topology.conf")
+    why = "left the pool" if how == "loses-labels" else "is gone"
+    reason = f"kubernetes node k-3 {why}: it leaves Slurm once its job ends"
+    assert cluster.inventory()["gpu-k-3"].unavailable == reason
+    assert cluster.drain() == [["scontrol", "update", "nodename=gpu-k-3", "state=DRAIN", f"reason={reason}"]]
+    cluster.slurm.nodes[2] = slurm_node("gpu-k-3", "ALLOCATED", "DRAIN", "CLOUD", reason=reason)
+    assert cluster.live.step().kept == ("gpu-k-3",), "still busy: kept (a pass re-checks though the nodes did not change)"
+    assert "NodeName=gpu-k-[1-3]" in cluster.file("slurm.conf")
+
+    cluster.slurm.nodes[2] = slurm_node("gpu-k-3", "IDLE", "DRAIN", "CLOUD", reason=reason)
+    outcome = cluster.live.step()
+    assert outcome.removed == ("gpu-k-3",) and outcome.reconfigured
+    assert "NodeName=gpu-k-[1-2] " in cluster.file("slurm.conf")
+    assert cluster.live.step().written == ()
+
+
+def test_a_restarted_loop_keeps_a_busy_leaving_node_from_the_running_inventory(cluster):
+    del cluster.nodes[2]["metadata"]["labels"]["pool"]
+    cluster.slurm.nodes[2] = slurm_node("gpu-k-3", "MIXED", "CLOUD")
+    fresh = LiveNodes(SPEC, str(cluster.dir), cluster._list, cluster.slurm, Log("live-test"), reconfigure_wait=1)
+    outcome = fresh.step()  # it never saw k-3 with the pool's labels
+    assert outcome.kept == ("gpu-k-3",) and not outcome.error
+    assert "NodeName=gpu-k-[1-3]" in cluster.file("slurm.conf") and "SwitchName=leaf-b Nodes=gpu-k-3" in cluster.file("topology.conf")
+    assert cluster.inventory()["gpu-k-3"].unavailable.startswith("kubernetes node k-3 left the pool")
+
+
+def test_a_refused_reconfigure_puts_the_old_files_back_and_is_retried(cluster):
+    before = {p.name: p.read_text() for p in cluster.dir.iterdir()}
+    cluster.nodes.append(k8s("k-4", "leaf-b"))
+    cluster.slurm.fail_updates = True
+    outcome = cluster.live.step()
+    assert "scontrol reconfigure refused" in outcome.error and "previous files are back" in outcome.error
+    assert {p.name: p.read_text() for p in cluster.dir.iterdir()} == before
+    cluster.slurm.fail_updates = False
+    assert cluster.live.step().added == ("gpu-k-4",), "retried on the next pass"
+
+
+def test_nodes_that_give_no_valid_cluster_keep_the_running_configuration(cluster, tmp_path):
+    spec = parse_spec({**SPEC.model_dump(mode="json"), "pools": [
+        {"name": "gpu", "node_selector": {"pool": "gpu"}}, {"name": "other", "node_selector": {"rack": "r1"}}]})
+    cluster.live.spec = spec
+    before = {p.name: p.read_text() for p in cluster.dir.iterdir()}
+    cluster.nodes[0]["metadata"]["labels"]["rack"] = "r1"  # now in both pools
+    outcome = cluster.live.step()
+    assert "running configuration is kept" in outcome.error and "matches both pool" in outcome.error
+    assert {p.name: p.read_text() for p in cluster.dir.iterdir()} == before and cluster.slurm.updates == []
+
+
+def test_an_api_failure_changes_nothing(cluster):
+    def broken() -> list[dict]:
+        raise OSError("connection refused")
+
+    cluster.live.list_nodes = broken
+    outcome = cluster.live.step()
+    assert "cannot list the Kubernetes nodes" in outcome.error and cluster.slurm.updates == []
