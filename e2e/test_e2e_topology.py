@@ -269,3 +269,143 @@ def test_a_lost_kubernetes_node_sets_its_slurm_node_down_and_the_job_runs_again_
     wait_for(f"Slurm node {slurm_node} back in service", lambda: not (
         {"DOWN", "DRAIN", "FAIL"} & set(topo.json(f"scontrol show node {slurm_node} --json")["nodes"][0]["state"])),
         120, interval=2)
+
+
+# ---------------------------------------------------------------- node churn, live (issue #14 item 4)
+
+SELECT_KEY = next(iter(SELECT))
+
+
+def _slurm(k8s_node: str) -> str:
+    return f"topo-{k8s_node}"
+
+
+def _node(login: Login, name: str) -> dict[str, Any] | None:
+    """The Slurm node as `scontrol show node --json` has it; None once slurmctld no longer has it."""
+    proc = login.run(f"scontrol show node {name} --json", check=False)
+    if proc.returncode != 0:
+        return None
+    nodes = json.loads(proc.stdout).get("nodes") or []
+    return nodes[0] if nodes else None
+
+
+def _ctld(*argv: str) -> str:
+    """A Slurm command as SlurmUser in the slurmctld container (an operator's view)."""
+    return kubectl("exec", "-n", NAMESPACE, "slurmctld-0", "-c", "slurmctld", "--", "setpriv", "--reuid", "slurm",
+                   "--regid", "slurm", "--init-groups", "--", *argv).stdout
+
+
+def _pool_failures(pool: str = "topo") -> list[dict[str, Any]]:
+    """The pool's failures in the resume failure ledger (the pool backoff counts these)."""
+    proc = kubectl("exec", "-n", NAMESPACE, "slurmctld-0", "-c", "reconcile", "--", "cat",
+                   "/var/spool/slurmctld/slurmk8s/ledger.json", check=False)
+    doc = json.loads(proc.stdout) if proc.returncode == 0 and proc.stdout.strip() else {}
+    return ((doc.get("pools") or {}).get(pool) or {}).get("failures") or []
+
+
+def _reconcile_log() -> str:
+    return kubectl("exec", "-n", NAMESPACE, "slurmctld-0", "-c", "slurmctld", "--", "cat",
+                   "/var/log/slurmk8s/reconcile.log", check=False).stdout
+
+
+def _boot_time() -> str:
+    m = re.search(r"^BOOT_TIME\s*=\s*(\S+)", _ctld("scontrol", "show", "config"), re.M)
+    assert m, "no BOOT_TIME in scontrol show config"
+    return m.group(1)
+
+
+def _job(login: Login, job: str) -> dict[str, Any]:
+    return login.json(f"scontrol show job {job} --json")["jobs"][0]
+
+
+def test_a_cordon_drains_the_slurm_node_live_and_is_never_a_pool_failure(topo: Login, topo_nodes):
+    """`kubectl cordon` of a pool's Kubernetes node drains its Slurm node (reason naming the
+    cordon) within one reconcile period, with no `up` and no restart. A job that Slurm hands the
+    node anyway (an operator undrained it) is refused by the resume program and requeued, and the
+    pool's failure ledger stays empty; `kubectl uncordon` returns the node to service."""
+    k8s_node = "e2e-topo-b1"
+    name = _slurm(k8s_node)
+    boot = _boot_time()
+    kubectl("cordon", k8s_node)
+    try:
+        t0 = time.monotonic()
+        wait_for(f"Slurm node {name} drained for the cordon", lambda: "DRAIN" in (_node(topo, name) or {}).get("state", [])
+                 and "cordoned" in (_node(topo, name) or {}).get("reason", ""), 60, interval=1)
+        print(f"cordon: kubectl cordon -> Slurm node DRAIN (reason cordoned) {time.monotonic() - t0:.1f}s")
+        # the race a cordon can lose: the node is handed a job before the loop saw the cordon
+        job = submit(topo, f"#!/bin/bash\n#SBATCH -p topo -w {name} --requeue -o cordon-%j.out\nhostname")
+        _ctld("scontrol", "update", f"nodename={name}", "state=undrain")
+
+        def refused() -> bool:
+            doc = _job(topo, job)
+            node = _node(topo, name) or {}
+            return (doc.get("restart_cnt") or 0) >= 1 or ("DOWN" in node.get("state", []) and "cordoned" in
+                                                          node.get("reason", ""))
+        wait_for(f"job {job} refused on the cordoned node and requeued", refused, 90, interval=1)
+        pods = kjson("get", "pods", "-n", NAMESPACE, "-l", "app.kubernetes.io/component=worker")["items"]
+        assert not [p for p in pods if p["metadata"]["name"] == name and p["status"].get("phase") == "Running"]
+        assert not _pool_failures(), f"a cordoned node counted as a failure of pool topo: {_pool_failures()}"
+        topo.run(f"scancel {job}")
+    finally:
+        kubectl("uncordon", k8s_node)
+    t1 = time.monotonic()
+    wait_for(f"Slurm node {name} back in service after the uncordon", lambda: not (
+        {"DOWN", "DRAIN", "FAIL"} & set((_node(topo, name) or {"state": ["DOWN"]})["state"])), 120, interval=1)
+    print(f"cordon: kubectl uncordon -> Slurm node back in service {time.monotonic() - t1:.1f}s")
+    # no restart and no reconfigure: slurmctld's boot time is the one it had before the cordon
+    assert _boot_time() == boot
+    assert not _pool_failures()
+
+
+def test_labels_move_add_and_remove_slurm_nodes_live_and_keep_every_job(topo: Login, topo_nodes):
+    """Node churn on a running cluster, applied by the reconcile loop with `scontrol reconfigure`:
+    a changed leaf label moves the node in topology.conf; a node that loses the pool's label under
+    a running job stays (drained) until the job ends, then leaves Slurm and its pod goes; the label
+    back makes it a Slurm node again, in its switch, that runs a job on that Kubernetes node. A
+    running and a pending job live through every reconfigure."""
+    busy, moved = "e2e-topo-a1", "e2e-topo-b1"
+    running = submit(topo, f"#!/bin/bash\n#SBATCH -p topo -w {_slurm(busy)} -o churn-run-%j.out\nsleep 600")
+    pending = submit(topo, "#!/bin/bash\n#SBATCH -p topo --begin=now+2hours -o churn-pend-%j.out\nhostname")
+    wait_for(f"job {running} running", lambda: "RUNNING" in _job(topo, running)["job_state"]
+             and "CONFIGURING" not in _job(topo, running)["job_state"], 240, interval=1)
+    start = _job(topo, running)["start_time"]
+    try:
+        # a changed topology label: the node moves to the other leaf switch
+        kubectl("label", "node", moved, f"{L3}=leaf-a", "--overwrite")
+        t0 = time.monotonic()
+        wait_for(f"{moved} under leaf-a", lambda: _switches(topo).get(_slurm(moved)) == "leaf-a", 60, interval=1)
+        print(f"churn: topology label changed -> node moved in Slurm's topology {time.monotonic() - t0:.1f}s")
+
+        # the busy node loses the pool's label: kept, drained, until its job ends
+        kubectl("label", "node", busy, f"{SELECT_KEY}-")
+        t0 = time.monotonic()
+        wait_for(f"{_slurm(busy)} drained as leaving", lambda: "left the pool" in (_node(topo, _slurm(busy)) or {}).get(
+            "reason", ""), 60, interval=1)
+        print(f"churn: pool label removed under a job -> Slurm node drained, kept {time.monotonic() - t0:.1f}s")
+        doc = _job(topo, running)
+        assert "RUNNING" in doc["job_state"] and doc["start_time"] == start, doc["job_state"]
+        topo.run(f"scancel {running}")
+        t0 = time.monotonic()
+        wait_for(f"{_slurm(busy)} gone from Slurm once idle", lambda: _node(topo, _slurm(busy)) is None, 90, interval=1)
+        print(f"churn: job ended -> the node left Slurm {time.monotonic() - t0:.1f}s")
+        wait_for(f"pod {_slurm(busy)} gone", lambda: kubectl("get", "pod", "-n", NAMESPACE, _slurm(busy),
+                                                             check=False).returncode != 0, 120, interval=2)
+
+        # the label back: a Slurm node again, in its switch, running a job on that Kubernetes node
+        kubectl("label", "node", busy, f"{SELECT_KEY}={SELECT[SELECT_KEY]}", "--overwrite")
+        t0 = time.monotonic()
+        wait_for(f"{_slurm(busy)} back in Slurm under leaf-a", lambda: _switches(topo).get(_slurm(busy)) == "leaf-a",
+                 60, interval=1)
+        print(f"churn: pool label added -> Slurm node in its switch {time.monotonic() - t0:.1f}s")
+        job, placed, job_id = _run_and_place(topo, f"#!/bin/bash\n#SBATCH -p topo -w {_slurm(busy)} -o back-%j.out\nhostname")
+        assert job["final"]["job_state"] == ["COMPLETED"] and placed == {_slurm(busy): busy}, (job["final"], placed)
+
+        # the pending job lived through three reconfigures
+        assert "PENDING" in _job(topo, pending)["job_state"]
+        log = _reconcile_log()
+        assert log.count("reconfigured slurmctld") >= 3, log[-3000:]
+    finally:
+        kubectl("label", "node", moved, f"{L3}=leaf-b", "--overwrite")
+        kubectl("label", "node", busy, f"{SELECT_KEY}={SELECT[SELECT_KEY]}", "--overwrite")
+        topo.run(f"scancel {running} {pending}", check=False)
+    wait_for(f"{moved} back under leaf-b", lambda: _switches(topo).get(_slurm(moved)) == "leaf-b", 60, interval=1)

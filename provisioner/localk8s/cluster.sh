@@ -163,7 +163,8 @@ kubeconfig() {  # kubeconfig FILE CERTNAME USER
 }
 pki() {
   mkdir -p "$PKI"; chmod 700 "$PKI"
-  if [ -f "$PKI/ca.crt" ] && ! openssl x509 -in "$PKI/ca.crt" -noout -text | grep -q "Certificate Sign"; then
+  # (output captured first: with pipefail, `grep -q` closing the pipe early fails the pipeline)
+  if [ -f "$PKI/ca.crt" ] && [[ "$(openssl x509 -in "$PKI/ca.crt" -noout -text)" != *"Certificate Sign"* ]]; then
     say "re-issuing the cluster CA and certificates (the old CA lacks keyUsage, which strict TLS clients refuse)"
     rm -f "$PKI"/ca.key "$PKI"/ca.srl "$PKI"/*.crt "$PKI"/*.sans
   fi
@@ -415,7 +416,9 @@ up() {
   start kube-proxy kube-proxy --kubeconfig="$KUBECONFIG_PATH" --cluster-cidr="$CLUSTER_CIDR" --proxy-mode=iptables \
     --hostname-override="$NODE" --metrics-bind-address=127.0.0.1:10249 --healthz-bind-address=127.0.0.1:10256
   # no dummy links on these kernels: the DNS address lives on lo
-  ip addr show dev lo | grep -q " $DNS_IP/" || ip addr add "$DNS_IP/32" dev lo
+  # (not `ip ... | grep -q`: with pipefail, grep closing the pipe early fails the pipeline, and the
+  # add then fails with "Address already assigned" where a previous run left the address)
+  [[ "$(ip addr show dev lo)" == *" $DNS_IP/"* ]] || ip addr add "$DNS_IP/32" dev lo
   start coredns coredns -conf "$ROOT/Corefile"
 
   t0=$(now_ms)
