@@ -57,6 +57,9 @@ def kubectl_path() -> str:
     return str(built) if built.exists() else (shutil.which("kubectl") or "kubectl")
 
 
+FEATURE_LABEL = "slurmk8s.io/e2e-helm-feature"
+
+
 def _clean() -> None:
     helm("uninstall", RELEASE, "-n", NAMESPACE, "--wait", timeout=180)
     kubectl("delete", "namespace", NAMESPACE, "--ignore-not-found", "--wait=true", "--timeout=180s", check=False, timeout=200)
@@ -99,7 +102,7 @@ def release(cluster_reachable, tmp_path_factory) -> Iterator[Release]:
     values["name"] = "helm"  # namespace slurm-helm
     # plus a pool pinned to the local node: the init container reads the Nodes (chart ClusterRole)
     values["pools"].append({"name": "pin", "node_selector": {"kubernetes.io/os": "linux"}, "reserve_cpu": "1",
-                            "reserve_memory": "16Gi", "partition": "pinned"})
+                            "reserve_memory": "16Gi", "partition": "pinned", "feature_labels": [FEATURE_LABEL]})
     values["chart"] = {}
     try:  # never over a slurm-helm namespace the suite did not make
         refuse_foreign(NAMESPACE, "e2e")
@@ -138,6 +141,31 @@ def test_install_login_answers_ssh(release: Release):
     assert "Kubernetes nodes read" in init and "(0 Kubernetes nodes read)" not in init, init
     nodes = login.run("sinfo -h -N -o %N").stdout.split()
     assert any(n.startswith("pin-") for n in nodes), f"no Slurm node of the pinned pool: {nodes}"
+
+
+def test_a_node_label_reaches_slurm_live_without_a_restart(release: Release):
+    """The chart's slurmctld pod follows the Kubernetes nodes like `up`'s: a label the pinned pool
+    reads as a feature appears on the Slurm node within a reconcile period (render, `scontrol
+    reconfigure`), with the same slurmctld pod and no helm upgrade; removed, it goes again."""
+    login = release.login()
+    node = next(n for n in login.run("sinfo -h -N -o %N").stdout.split() if n.startswith("pin-"))
+    k8s_node = kjson("get", "nodes")["items"][0]["metadata"]["name"]
+    ctld = kjson("get", "pod", "-n", NAMESPACE, "slurmctld-0")["metadata"]
+
+    def features() -> str:
+        return login.run(f"sinfo -h -n {node} -o %f").stdout.strip()
+
+    kubectl("label", "node", k8s_node, f"{FEATURE_LABEL}=e2efast", "--overwrite")
+    try:
+        t0 = time.monotonic()
+        wait_for(f"feature e2efast on {node}", lambda: "e2efast" in features(), 60, interval=1)
+        print(f"helm: node label -> Slurm feature {time.monotonic() - t0:.1f} s")
+    finally:
+        kubectl("label", "node", k8s_node, f"{FEATURE_LABEL}-")
+    wait_for(f"feature e2efast gone from {node}", lambda: "e2efast" not in features(), 60, interval=1)
+    now = kjson("get", "pod", "-n", NAMESPACE, "slurmctld-0")
+    assert now["metadata"]["uid"] == ctld["uid"], "the slurmctld pod was replaced"
+    assert all(c["restartCount"] == 0 for c in now["status"]["containerStatuses"]), now["status"]["containerStatuses"]
 
 
 def test_two_node_job_from_zero_workers(release: Release):

@@ -19,6 +19,9 @@ MAX_NODE_NAME = 63  # the worker pod's hostname is the Slurm node name: one DNS 
 # On the reconcile loop's own copy of a Node that left a pinned pool while its Slurm node still runs
 # a job (provisioner.livenodes): why; the Slurm node stays, unavailable, until the job ends.
 LEAVING_ANNOTATION = "slurmk8s.io/leaving"
+# The taints Kubernetes itself sets and clears with a node's state (node.kubernetes.io/unschedulable,
+# not-ready, unreachable, memory-pressure, disk-pressure, pid-pressure, network-unavailable, ...).
+KUBERNETES_TAINTS = ("node.kubernetes.io/",)
 
 
 _NOT_NAME = re.compile(r"[^a-z0-9-]+")
@@ -238,9 +241,13 @@ def _pinned(spec: ClusterSpec, index: int, pool: Pool, members: list[K8sNode]) -
     reserve_mib = mib(pool.reserve_memory)
     min_mib = mib(pool.min_memory)
     for k8s in sorted(members, key=lambda n: n.name):
-        blocking = [t for t in k8s.taints if t.get("effect") in ("NoSchedule", "NoExecute")
-                    and not _tolerated(t, pool.tolerations)
-                    and t.get("key") != "node.kubernetes.io/unschedulable"]
+        untolerated = [t for t in k8s.taints if t.get("effect") in ("NoSchedule", "NoExecute")
+                       and not _tolerated(t, pool.tolerations)]
+        # Kubernetes' own taints (cordon, not-ready, unreachable, memory-pressure, ...) say the node
+        # is unavailable for now: its Slurm node keeps its place and is drained; any other taint
+        # the pool does not tolerate keeps the node out of the pool
+        transient = [t for t in untolerated if str(t.get("key", "")).startswith(KUBERNETES_TAINTS)]
+        blocking = [t for t in untolerated if t not in transient]
         if blocking:
             t = blocking[0]
             excluded.append(Excluded(k8s.name, pool.name,
@@ -271,6 +278,9 @@ def _pinned(spec: ClusterSpec, index: int, pool: Pool, members: list[K8sNode]) -
             unavailable = f"kubernetes node {k8s.name} is cordoned"
         elif not k8s.ready:
             unavailable = f"kubernetes node {k8s.name} is NotReady"
+        elif transient:
+            t = transient[0]
+            unavailable = f"kubernetes node {k8s.name} has taint {t.get('key')}:{t.get('effect')}"
         nodes.append(SlurmNode(
             name=pool.node_prefix + sanitize_name(base),
             pool=pool.name,

@@ -171,3 +171,17 @@ def test_a_pod_of_a_node_on_a_cordoned_kubernetes_node_is_no_failure_at_resume_f
                       inventory=cordoned)
     run_resume_fail(["cpu-0"], context)
     assert failures(ledger_path) == []
+
+
+def test_a_node_refused_as_unavailable_is_powered_down_at_once_and_no_failure(ledger_path):
+    """A node whose Kubernetes node is cordoned is refused (DOWN: its job requeues) and powered down
+    at once, so it is idle~ (then drained by the loop) instead of DOWN+POWERING_UP until ResumeTimeout:
+    seen in e2e, where an uncordoned node stayed out of service that long."""
+    slurm, backend = FakeSlurm(), FakeBackend()
+    cordoned = Inventory((SlurmNode("cpu-0", "cpu", "cpu", 2, 1024, k8s_node="k-0",
+                                    unavailable="kubernetes node k-0 is cordoned"),))
+    context = Context({"SLURMK8S_LEDGER": ledger_path}, Log("test"), backend=backend, slurm=slurm, inventory=cordoned)
+    run_resume(["cpu-0"], context, None)
+    assert backend.calls == [] and slurm.down["cpu-0"] == "slurmk8s unavailable: kubernetes node k-0 is cordoned"
+    assert slurm.powered_down == ["cpu-0"]
+    assert failures(ledger_path) == []

@@ -200,3 +200,23 @@ def test_an_api_failure_changes_nothing(cluster):
     cluster.live.list_nodes = broken
     outcome = cluster.live.step()
     assert "cannot list the Kubernetes nodes" in outcome.error and cluster.slurm.updates == []
+
+
+def test_a_lost_node_keeps_its_slurm_node_drained_though_kubernetes_taints_it(cluster):
+    """The node controller taints a lost node node.kubernetes.io/unreachable (NoSchedule, NoExecute):
+    seen in e2e, such a node was taken for one that left the pool and removed from slurm.conf. It
+    stays, drained as NotReady, and comes back in service when Ready again."""
+    lost = cluster.nodes[1]
+    lost["status"]["conditions"] = [{"type": "Ready", "status": "Unknown"}]
+    lost["spec"]["taints"] = [{"key": "node.kubernetes.io/unreachable", "effect": "NoSchedule"},
+                              {"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"}]
+    outcome = cluster.live.step()
+    assert outcome.written == ("inventory.json",) and not outcome.removed and not outcome.reconfigured
+    assert cluster.inventory()["gpu-k-2"].unavailable == "kubernetes node k-2 is NotReady"
+    lost["status"]["conditions"] = [{"type": "Ready", "status": "True"}]
+    lost["spec"]["taints"] = [{"key": "node.kubernetes.io/memory-pressure", "effect": "NoSchedule"}]
+    cluster.live.step()
+    assert cluster.inventory()["gpu-k-2"].unavailable == \
+        "kubernetes node k-2 has taint node.kubernetes.io/memory-pressure:NoSchedule"
+    lost["spec"]["taints"] = [{"key": "example.com/maintenance", "effect": "NoSchedule"}]
+    assert cluster.live.step().removed == ("gpu-k-2",), "a taint of someone else's the pool does not tolerate"

@@ -437,16 +437,18 @@ def run_resume(args: Sequence[str], ctx: Context, resume_file_text: str | None) 
     # worker they made after all is judged by its uid (the loop, resume-fail)
     counted = {d.node for d in decisions if d.action in (Action.CREATE, Action.REPLACE)} - set(result.pending)
     _record_failures(ctx, {n: r for n, r in result.down.items() if n in counted}, inventory)
-    # a node refused for backoff is DOWN (its jobs requeue) but still powering up: POWER_DOWN_FORCE
-    # ends that at once, so it is idle~ again after SuspendTimeout, for the pool's trial resume or
-    # another pool, instead of waiting out ResumeTimeout (and being handed to resume-fail)
-    refused = [n for n in (d.node for d in decisions if d.reason is Reason.BACKOFF) if n in result.down]
+    # a node refused for backoff, or because its Kubernetes node must not take pods (cordoned,
+    # NotReady, leaving), is DOWN (its jobs requeue) but still powering up: POWER_DOWN_FORCE ends
+    # that at once, so it is idle~ again after SuspendTimeout (drained while its Kubernetes node is
+    # unavailable, in service once it is not), instead of waiting out ResumeTimeout
+    why = {Reason.BACKOFF: "backoff", Reason.UNAVAILABLE: "unavailable"}
+    refused = {d.node: why[d.reason] for d in decisions if d.reason in why and d.node in result.down}
     if refused:
         from ..slurm.commands import SlurmCommandError
 
         try:
-            ctx.slurm.power_down(refused)
-            ctx.log.write(f"powered down {','.join(refused)} (refused for backoff)")
+            ctx.slurm.power_down(list(refused))
+            ctx.log.write(f"powered down {','.join(refused)} (refused: {', '.join(sorted(set(refused.values())))})")
         except SlurmCommandError as err:
             ctx.log.write(f"could not power down {','.join(refused)}: {err}; they return at ResumeTimeout")
     return result
