@@ -8,17 +8,22 @@ taint that keeps every other test's pods off them) and `topology: {preset: aws}`
 Slurm's topology, place jobs with `--switches`, and check each worker pod's `spec.nodeName` and that
 node's labels; an MPI allreduce (PMIx) runs across two Kubernetes nodes.
 
-The nodes and the cluster are removed afterwards. Needs the local cluster (`cluster node add` runs
+A third cluster (`blk`) places jobs by a block topology from the nodes' NVLink-domain labels
+(Topograph 1.0's `accelerator.topograph.run/domain`): `--segment` keeps a job inside one domain.
+
+The nodes and the clusters are removed afterwards. Needs the local cluster (`cluster node add` runs
 kubelets on this machine)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shutil
 import subprocess
 import time
+from pathlib import Path
 from typing import Any, Iterator
 
 import asyncssh
@@ -33,7 +38,6 @@ pytestmark = pytest.mark.e2e
 
 NAME = "topo"
 NAMESPACE = f"slurm-{NAME}"  # conftest's failure report collects this namespace's pod logs
-VOLUMES = f"/var/lib/slurmk8s/volumes/{NAME}"
 TAINT = "slurmk8s.io/e2e-topo"
 SELECT = {"slurmk8s.io/e2e-topo": "yes"}
 L1, L2, L3 = (f"topology.k8s.aws/network-node-layer-{i}" for i in (1, 2, 3))
@@ -42,6 +46,8 @@ NODES = {  # Kubernetes node -> its leaf switch (layer 3); one spine (layer 2) u
     "e2e-topo-a2": "leaf-a",
     "e2e-topo-b1": "leaf-b",
 }
+DOMAIN = "accelerator.topograph.run/domain"  # Topograph 1.0's NVLink domain label (block topology)
+DOMAINS = {"e2e-topo-a1": "nvl-1", "e2e-topo-a2": "nvl-1", "e2e-topo-b1": "nvl-2"}
 
 
 def _cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -59,7 +65,7 @@ def topo_nodes(cluster_reachable) -> Iterator[dict[str, str]]:
     try:
         for node, leaf in NODES.items():
             _cli("cluster", "node", "remove", node)  # a leftover of an interrupted run
-            labels = {**SELECT, L1: "nn-top", L2: "nn-spine", L3: leaf}
+            labels = {**SELECT, L1: "nn-top", L2: "nn-spine", L3: leaf, DOMAIN: DOMAINS[node]}
             proc = _cli("cluster", "node", "add", node, *(a for k, v in labels.items() for a in ("--label", f"{k}={v}")),
                         "--taint", f"{TAINT}=true:NoSchedule", "--image", "slurmk8s/slurmd:dev")
             assert proc.returncode == 0, f"cluster node add {node}:\n{proc.stdout}\n{proc.stderr}"
@@ -94,33 +100,42 @@ def _spec(public_key: str) -> dict[str, Any]:
     return doc
 
 
-@pytest.fixture(scope="module")
-def topo(topo_nodes, tmp_path_factory) -> Iterator[Login]:
-    work = tmp_path_factory.mktemp("topo")
-    key = asyncssh.generate_private_key("ssh-ed25519")
-    spec_path = work / "topo.yaml"
-    spec_path.write_text(yaml.safe_dump(_spec(key.export_public_key().decode().strip() + " e2e-topo")))
-    state, log = work / "state", work / "slurmk8s-topo.log"
-    clear_leftover(NAMESPACE, "e2e")
-    kubectl("delete", "pv", "-l", f"slurmk8s.io/e2e={NAME}", "--ignore-not-found", "--wait=true", timeout=120)
-    shutil.rmtree(VOLUMES, ignore_errors=True)
+@contextlib.contextmanager
+def _side_cluster(name: str, doc: dict[str, Any], work: Path, key: asyncssh.SSHKey) -> Iterator[Login]:
+    """Deploy `doc` as cluster `name` (namespace slurm-<name>, its own static volumes) with
+    `slurmk8s up`, log alice in; `down --purge` and every trace removed afterwards."""
+    namespace, volumes = f"slurm-{name}", f"/var/lib/slurmk8s/volumes/{name}"
+    spec_path = work / f"{name}.yaml"
+    spec_path.write_text(yaml.safe_dump(doc))
+    state, log = work / "state", work / f"slurmk8s-{name}.log"
+    clear_leftover(namespace, "e2e")
+    kubectl("delete", "pv", "-l", f"slurmk8s.io/e2e={name}", "--ignore-not-found", "--wait=true", timeout=120)
+    shutil.rmtree(volumes, ignore_errors=True)
     manifest = work / "volumes.json"
-    manifest.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": static_volumes(NAME, NAMESPACE)}))
+    manifest.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": static_volumes(name, namespace)}))
     kubectl("apply", "-f", str(manifest))
     try:
         try:
             proc = slurmk8s("up", "--spec", str(spec_path), "--state", str(state), log=log)
         finally:
-            mark_made_by(NAMESPACE, "e2e")
+            mark_made_by(namespace, "e2e")
         if proc.returncode != 0:
-            pytest.fail(f"`slurmk8s up` of {NAME} failed (exit {proc.returncode}):\n{log.read_text()[-6000:]}")
-        yield login_in(NAMESPACE, "alice", key)
+            pytest.fail(f"`slurmk8s up` of {name} failed (exit {proc.returncode}):\n{log.read_text()[-6000:]}")
+        yield login_in(namespace, "alice", key)
     finally:
         if state.exists():
             slurmk8s("down", "--spec", str(spec_path), "--state", str(state), "--purge", "--yes", log=log)
-        clear_leftover(NAMESPACE, "e2e")
-        kubectl("delete", "pv", "-l", f"slurmk8s.io/e2e={NAME}", "--ignore-not-found", "--wait=true", timeout=120)
-        shutil.rmtree(VOLUMES, ignore_errors=True)
+        clear_leftover(namespace, "e2e")
+        kubectl("delete", "pv", "-l", f"slurmk8s.io/e2e={name}", "--ignore-not-found", "--wait=true", timeout=120)
+        shutil.rmtree(volumes, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def topo(topo_nodes, tmp_path_factory) -> Iterator[Login]:
+    key = asyncssh.generate_private_key("ssh-ed25519")
+    with _side_cluster(NAME, _spec(key.export_public_key().decode().strip() + " e2e-topo"),
+                       tmp_path_factory.mktemp("topo"), key) as login:
+        yield login
 
 
 def _switches(login: Login, partition: str = "topo") -> dict[str, str]:
@@ -409,3 +424,52 @@ def test_labels_move_add_and_remove_slurm_nodes_live_and_keep_every_job(topo: Lo
         kubectl("label", "node", busy, f"{SELECT_KEY}={SELECT[SELECT_KEY]}", "--overwrite")
         topo.run(f"scancel {running} {pending}", check=False)
     wait_for(f"{moved} back under leaf-b", lambda: _switches(topo).get(_slurm(moved)) == "leaf-b", 60, interval=1)
+
+
+# ---------------------------------------------------------------- block topology (issue #14 item 2)
+
+BLK = "blk"
+
+
+def _blk_spec(public_key: str) -> dict[str, Any]:
+    doc = _spec(public_key)
+    doc["name"] = BLK
+    doc["topology"] = {"preset": "topograph-accelerator"}
+    tolerate = [{"key": TAINT, "operator": "Exists", "effect": "NoSchedule"}]
+    # two slots per NVLink domain, each on a Kubernetes node of that domain
+    doc["pools"] = [{"name": "blk", "mode": "slots", "cpus": 1, "memory": "1Gi", "pod_cpu_request": "50m",
+                     "pod_memory_request": "128Mi", "node_selector": SELECT, "tolerations": tolerate,
+                     "domain_label": DOMAIN, "domains": [{"name": "nvl-1", "count": 2}, {"name": "nvl-2", "count": 2}]}]
+    return doc
+
+
+@pytest.fixture(scope="module")
+def blk(topo_nodes, tmp_path_factory) -> Iterator[Login]:
+    key = asyncssh.generate_private_key("ssh-ed25519")
+    with _side_cluster(BLK, _blk_spec(key.export_public_key().decode().strip() + " e2e-blk"),
+                       tmp_path_factory.mktemp("blk"), key) as login:
+        yield login
+
+
+def test_segment_keeps_a_job_in_one_nvlink_domain_and_mpi_runs_in_it(blk: Login, topo_nodes):
+    """Slurm's block topology from the nodes' NVLink-domain labels: `--segment=2` puts both nodes of
+    the job in one block, and each worker pod runs on a Kubernetes node of that domain; an MPI
+    allreduce (PMIx) runs across them."""
+    out = blk.run("scontrol show topology").stdout
+    assert "BlockName=nvl-1" in out and "BlockName=nvl-2" in out, out
+    blk.run(f"cat > allreduce.c <<'EOF'\n{ALLREDUCE_C}\nEOF\nmpicc -O2 -o allreduce allreduce.c")
+    namespace = f"slurm-{BLK}"
+    job = submit(blk, "#!/bin/bash\n#SBATCH -p blk -N2 -n2 --segment=2 -o seg-%j.out\nsrun --mpi=pmix ./allreduce")
+    final = wait_job(blk, job, 240)
+    text = blk.run(f"cat ~/seg-{job}.out", check=False).stdout
+    assert final["job_state"] == ["COMPLETED"], text
+    nodes = blk.run(f"scontrol show hostnames {final['nodes']}").stdout.split()
+    blocks = {n.rsplit("-", 1)[0].removeprefix("blk-") for n in nodes}  # blk-nvl-1-0 -> nvl-1
+    assert len(nodes) == 2 and len(blocks) == 1, f"--segment=2 split across blocks: {nodes}"
+    lines = [line for line in text.splitlines() if line.startswith("rank ")]
+    assert len(lines) == 2 and all(line.endswith("sum 3014") for line in lines), text  # 1007 + 2007
+    (block,) = blocks
+    events = kjson("get", "events", "-n", namespace, "--field-selector", "reason=Scheduled")["items"]
+    hosts = {e["involvedObject"]["name"]: e["message"].rsplit(" to ", 1)[-1] for e in events}
+    assert all(DOMAINS[hosts[n]] == block for n in nodes), f"pods {nodes} on {hosts} outside domain {block}"
+    print(f"--segment=2: Slurm nodes {nodes} in block {block}, on Kubernetes nodes {[hosts[n] for n in nodes]}")

@@ -220,3 +220,23 @@ def test_a_lost_node_keeps_its_slurm_node_drained_though_kubernetes_taints_it(cl
         "kubernetes node k-2 has taint node.kubernetes.io/memory-pressure:NoSchedule"
     lost["spec"]["taints"] = [{"key": "example.com/maintenance", "effect": "NoSchedule"}]
     assert cluster.live.step().removed == ("gpu-k-2",), "a taint of someone else's the pool does not tolerate"
+
+
+def test_a_loop_that_stopped_between_the_files_and_the_reconfigure_reconfigures_when_it_starts(cluster):
+    """The files are written first, then slurmctld is told: a loop killed in between (container
+    restart) would find files that match the nodes and never tell slurmctld. The marker says so."""
+    cluster.nodes.append(k8s("k-4", "leaf-b"))
+
+    def killed(argv):  # the container dies inside `scontrol reconfigure`
+        raise KeyboardInterrupt
+
+    cluster.slurm.update = killed
+    with pytest.raises(KeyboardInterrupt):
+        cluster.live.step()
+    assert "gpu-k-[1-4]" in cluster.file("slurm.conf")
+    restarted = FakeSlurmClient(nodes=cluster.slurm.nodes)
+    fresh = LiveNodes(SPEC, str(cluster.dir), cluster._list, restarted, Log("live-test"), reconfigure_wait=1)
+    outcome = fresh.step()
+    assert not outcome.error and RECONFIGURE in restarted.updates
+    assert not (cluster.dir / ".reconfigure-pending").exists()
+    assert fresh.step().written == () and restarted.updates.count(RECONFIGURE) == 1

@@ -26,6 +26,7 @@ import json
 import os
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from ..config import ClusterSpec
@@ -40,6 +41,10 @@ from .drain import plan
 from .render import Rendered, render
 
 INVENTORY = "inventory.json"
+# Written before the files of a change that needs a reconfigure, removed once slurmctld took them:
+# a loop that died in between (container restart) finds it and reconfigures, though the files
+# already match the nodes.
+PENDING = ".reconfigure-pending"
 HAS_JOB = frozenset({"ALLOCATED", "MIXED", "COMPLETING"})
 RECONFIGURE_WAIT = 30.0  # seconds slurmctld gets to answer again after a reconfigure
 
@@ -97,6 +102,10 @@ class LiveNodes:
         except Exception as err:  # noqa: BLE001 - any API failure: report it, retry next pass
             return self._fail(f"cannot list the Kubernetes nodes: {err}")
         previous, self._seen = self._seen, {obj["metadata"]["name"]: obj for obj in raw}
+        if os.path.exists(os.path.join(self.conf_dir, PENDING)):
+            error = self._reconfigure("files written by a loop that stopped before slurmctld took them")
+            if error:
+                return self._fail(error)
         fingerprint = _fingerprint(raw)
         if fingerprint == self._applied and not self._kept:
             return Outcome()
@@ -178,21 +187,21 @@ class LiveNodes:
         added = tuple(n for n in rendered.inventory.names if n not in old)
         removed = tuple(n for n in old.names if n not in rendered.inventory)
         reconfigure = any(n != INVENTORY for n in changed + stale)
+        pending = os.path.join(self.conf_dir, PENDING)
+        if reconfigure:
+            open(pending, "w").close()
         write_files({n: new[n] for n in changed}, self.conf_dir)
         for n in stale:
             os.unlink(os.path.join(self.conf_dir, n))
         if reconfigure:
-            started = time.monotonic()
-            try:
-                self.slurm.update([self.scontrol, "reconfigure"])
-            except SlurmCommandError as err:
+            error = self._reconfigure("the Kubernetes nodes changed")
+            if error:
                 write_files({n: current[n] for n in changed + stale if n in current}, self.conf_dir)
                 for n in changed:
                     if n not in current:
                         os.unlink(os.path.join(self.conf_dir, n))
-                return self._fail(f"scontrol reconfigure refused the configuration for the Kubernetes nodes "
-                                  f"({err}); the previous files are back in place")
-            self._wait_for_slurmctld(started)
+                Path(pending).unlink(missing_ok=True)
+                return self._fail(f"{error}; the previous files are back in place")
         what = ", ".join(changed + [f"{n} (removed)" for n in stale])
         nodes = "".join([f"; added {','.join(added)}" if added else "", f"; removed {','.join(removed)}" if removed else "",
                          f"; kept until their job ends {','.join(kept)}" if kept else ""])
@@ -201,6 +210,17 @@ class LiveNodes:
         for note in rendered.notes:
             self.log.write(note)
         return Outcome(tuple(changed + stale), reconfigure, added, removed, kept)
+
+    def _reconfigure(self, why: str) -> str:
+        """`scontrol reconfigure`, then wait for slurmctld to answer; '' or what went wrong."""
+        started = time.monotonic()
+        try:
+            self.slurm.update([self.scontrol, "reconfigure"])
+        except SlurmCommandError as err:
+            return f"scontrol reconfigure refused the configuration ({why}): {err}"
+        Path(self.conf_dir, PENDING).unlink(missing_ok=True)
+        self._wait_for_slurmctld(started)
+        return ""
 
     def _wait_for_slurmctld(self, started: float) -> None:
         while True:
