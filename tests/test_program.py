@@ -368,3 +368,26 @@ def test_rest_without_a_jwt_key_in_the_stack_says_how_to_make_it(pulumi_run, key
         pulumi_run.run(prog.inline_program(spec, _local_nodes()), cfg, secret)
     plain = load_spec(ROOT / "examples/local.yaml")  # without rest, an old stack needs no JWT key
     pulumi_run.run(prog.inline_program(plain, _local_nodes()), cfg, secret)  # no error
+
+
+def test_a_host_network_slots_pool_admits_the_nodes_its_pods_may_land_on():
+    """A slots pool has no Kubernetes node per Slurm node: its host-network pods may run on any node
+    its node_selector (and domains) allow, so the NetworkPolicy admits those nodes' addresses
+    (found by the P6 benchmark's spec: it admitted none, cutting such workers off where the CNI
+    enforces NetworkPolicy)."""
+    from provisioner.config import parse_spec
+    from provisioner.generate import generate_for_kubernetes
+
+    def with_ip(obj, ip):
+        obj["status"]["addresses"] = [{"type": "InternalIP", "address": ip}]
+        return obj
+
+    key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBzd0lrWdoGzZqR7HcXXwVcEBjzC1D8dRp6oOC5eYIx0 a"
+    spec = parse_spec({"name": "hn", "users": [{"name": "alice", "uid": 2001, "ssh_keys": [key]}], "pools": [
+        {"name": "hostnet", "mode": "slots", "cpus": 1, "memory": "1Gi", "network": {"host_network": True},
+         "node_selector": {"role": "mpi"}, "domain_label": "zone", "domains": [{"name": "z1", "count": 2}]}]})
+    nodes = [with_ip(node("a", {"role": "mpi", "zone": "z1"}), "10.0.0.1"),
+             with_ip(node("b", {"role": "mpi", "zone": "z2"}), "10.0.0.2"),  # outside the pool's domains
+             with_ip(node("c", {"zone": "z1"}), "10.0.0.3")]  # outside its node_selector
+    gen = generate_for_kubernetes(spec, nodes)
+    assert prog.host_network_sources(spec, gen, nodes) == ("10.0.0.1/32",)

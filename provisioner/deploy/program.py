@@ -382,14 +382,22 @@ def read_k8s_nodes(kubeconfig: str | None) -> list[dict[str, Any]]:
 
 
 def host_network_sources(spec: ClusterSpec, gen: Generated, raw_nodes: Sequence[Mapping[str, Any]]) -> tuple[str, ...]:
-    """/32s of the Kubernetes nodes that back host-network Slurm nodes (for the NetworkPolicy)."""
+    """/32s of the Kubernetes nodes that back, or may back, host-network Slurm nodes (for the
+    NetworkPolicy): a pinned pool's own nodes; for a slots pool, every node its pods may be
+    scheduled on (its node_selector, and its domains when it has a domain_label)."""
     pools = {p.name for p in spec.pools if p.network.host_network}
     if not pools:
         return ()
     wanted = {n.k8s_node for n in gen.inventory.nodes if n.pool in pools and n.k8s_node}
+    slots = [p for p in spec.pools if p.name in pools and p.mode == "slots"]
     cidrs = set()
     for obj in raw_nodes:
-        if (obj.get("metadata") or {}).get("name") not in wanted:
+        meta = obj.get("metadata") or {}
+        labels = meta.get("labels") or {}
+        if meta.get("name") not in wanted and not any(
+                all(labels.get(k) == v for k, v in p.node_selector.items())
+                and (p.domain_label is None or labels.get(p.domain_label) in {d.name for d in p.domains})
+                for p in slots):
             continue
         for addr in (obj.get("status") or {}).get("addresses") or []:
             if addr.get("type") == "InternalIP" and addr.get("address"):
