@@ -240,3 +240,17 @@ def test_a_loop_that_stopped_between_the_files_and_the_reconfigure_reconfigures_
     assert not outcome.error and RECONFIGURE in restarted.updates
     assert not (cluster.dir / ".reconfigure-pending").exists()
     assert fresh.step().written == () and restarted.updates.count(RECONFIGURE) == 1
+
+
+def test_slurmctld_not_answering_about_a_leaving_node_keeps_everything(cluster):
+    del cluster.nodes[2]["metadata"]["labels"]["pool"]
+    cluster.slurm.fail_reads = True
+    outcome = cluster.live.step()
+    assert "cannot tell which leaving Slurm nodes still run jobs" in outcome.error
+    assert "NodeName=gpu-k-[1-3]" in cluster.file("slurm.conf") and cluster.slurm.updates == []
+
+
+def test_a_node_object_without_a_name_is_reported_not_a_crash(cluster):
+    cluster.nodes.append({"metadata": {"labels": {"pool": "gpu"}}, "status": {}})
+    outcome = cluster.live.step()
+    assert "do not give a valid cluster" in outcome.error and cluster.slurm.updates == []

@@ -69,6 +69,10 @@ def _fingerprint(raw: Sequence[Mapping[str, Any]]) -> str:
     return hashlib.sha256(json.dumps(sorted(parts), default=str).encode()).hexdigest()
 
 
+def _name(obj: Mapping[str, Any]) -> str:
+    return str((obj.get("metadata") or {}).get("name") or "")
+
+
 def _leaving(obj: Mapping[str, Any], why: str) -> dict[str, Any]:
     """The loop's copy of a Node that left the pool, marked so the inventory keeps it unavailable."""
     out = copy.deepcopy(dict(obj))
@@ -101,26 +105,29 @@ class LiveNodes:
             raw = self.list_nodes()
         except Exception as err:  # noqa: BLE001 - any API failure: report it, retry next pass
             return self._fail(f"cannot list the Kubernetes nodes: {err}")
-        previous, self._seen = self._seen, {obj["metadata"]["name"]: obj for obj in raw}
+        previous, self._seen = self._seen, {_name(obj): obj for obj in raw}
         if os.path.exists(os.path.join(self.conf_dir, PENDING)):
             error = self._reconfigure("files written by a loop that stopped before slurmctld took them")
             if error:
                 return self._fail(error)
-        fingerprint = _fingerprint(raw)
-        if fingerprint == self._applied and not self._kept:
-            return Outcome()
         try:
+            fingerprint = _fingerprint(raw)
+            if fingerprint == self._applied and not self._kept:
+                return Outcome()
             old = Inventory.read(os.path.join(self.conf_dir, INVENTORY))
         except (OSError, ValueError, KeyError, TypeError) as err:
             return self._fail(f"cannot read the running inventory in {self.conf_dir}: {err}")
+        except SlurmK8sError as err:  # a Node object the rendering cannot read
+            return self._fail(f"the Kubernetes nodes do not give a valid cluster; the running configuration "
+                              f"is kept:\n{err}")
         try:
             rendered = render(self.spec, raw, self.domain)
             rendered, kept = self._keep_busy(old, rendered, raw, previous)
+        except SlurmCommandError as err:  # (a SlurmK8sError too: first)
+            return self._fail(f"cannot tell which leaving Slurm nodes still run jobs: {err}")
         except SlurmK8sError as err:
             return self._fail(f"the Kubernetes nodes do not give a valid cluster; the running configuration "
                               f"is kept:\n{err}")
-        except SlurmCommandError as err:
-            return self._fail(f"cannot tell which leaving Slurm nodes still run jobs: {err}")
         outcome = self._apply(old, rendered, kept)
         if not outcome.error:
             self._applied = fingerprint
@@ -168,7 +175,7 @@ class LiveNodes:
         self._kept = extra
         if not extra:
             return rendered, ()
-        nodes = [obj for obj in raw if obj["metadata"]["name"] not in extra] + list(extra.values())
+        nodes = [obj for obj in raw if _name(obj) not in extra] + list(extra.values())
         return render(self.spec, nodes, self.domain), tuple(sorted(busy))
 
     def _apply(self, old: Inventory, rendered: Rendered, kept: tuple[str, ...]) -> Outcome:
