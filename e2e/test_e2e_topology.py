@@ -24,7 +24,7 @@ import shutil
 import subprocess
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import asyncssh
 import pytest
@@ -101,12 +101,13 @@ def _spec(public_key: str) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def _side_cluster(name: str, doc: dict[str, Any], work: Path, key: asyncssh.SSHKey) -> Iterator[Login]:
-    """Deploy `doc` as cluster `name` (namespace slurm-<name>, its own static volumes) with
-    `slurmk8s up`, log alice in; `down --purge` and every trace removed afterwards."""
+def _side_cluster(name: str, make_spec: Callable[[str], dict[str, Any]], work: Path) -> Iterator[Login]:
+    """Deploy `make_spec(alice's public key)` as cluster `name` (namespace slurm-<name>, its own
+    static volumes) with `slurmk8s up`, log alice in; `down --purge` and every trace removed afterwards."""
     namespace, volumes = f"slurm-{name}", f"/var/lib/slurmk8s/volumes/{name}"
+    key = asyncssh.generate_private_key("ssh-ed25519")
     spec_path = work / f"{name}.yaml"
-    spec_path.write_text(yaml.safe_dump(doc))
+    spec_path.write_text(yaml.safe_dump(make_spec(key.export_public_key().decode().strip() + f" e2e-{name}")))
     state, log = work / "state", work / f"slurmk8s-{name}.log"
     clear_leftover(namespace, "e2e")
     kubectl("delete", "pv", "-l", f"slurmk8s.io/e2e={name}", "--ignore-not-found", "--wait=true", timeout=120)
@@ -132,9 +133,7 @@ def _side_cluster(name: str, doc: dict[str, Any], work: Path, key: asyncssh.SSHK
 
 @pytest.fixture(scope="module")
 def topo(topo_nodes, tmp_path_factory) -> Iterator[Login]:
-    key = asyncssh.generate_private_key("ssh-ed25519")
-    with _side_cluster(NAME, _spec(key.export_public_key().decode().strip() + " e2e-topo"),
-                       tmp_path_factory.mktemp("topo"), key) as login:
+    with _side_cluster(NAME, _spec, tmp_path_factory.mktemp(NAME)) as login:
         yield login
 
 
@@ -445,9 +444,7 @@ def _blk_spec(public_key: str) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def blk(topo_nodes, tmp_path_factory) -> Iterator[Login]:
-    key = asyncssh.generate_private_key("ssh-ed25519")
-    with _side_cluster(BLK, _blk_spec(key.export_public_key().decode().strip() + " e2e-blk"),
-                       tmp_path_factory.mktemp("blk"), key) as login:
+    with _side_cluster(BLK, _blk_spec, tmp_path_factory.mktemp(BLK)) as login:
         yield login
 
 
