@@ -119,12 +119,15 @@ def test_a_node_refused_for_backoff_is_powered_down_not_held_down_until_resume_t
     now = time.time()
     seed(ledger_path, now - 30, now - 20, now - 10)
     slurm = FakeSlurm()
-    result = run_resume(["cpu-[4-5]", "ghost-1"], ctx(ledger_path, FakeBackend(), slurm), None)
+    context = ctx(ledger_path, FakeBackend(), slurm)
+    result = run_resume(["cpu-[4-5]", "ghost-1"], context, None)
     assert result.code == 1
     assert set(slurm.down) == {"cpu-4", "cpu-5", "ghost-1"}  # DOWN with the reason: the jobs requeue now
     # POWER_DOWN_FORCE after DOWN: Slurm drops POWERING_UP (no ResumeTimeout wait, no ResumeFailProgram),
     # suspends the node and, with idle_on_node_suspend, has it idle~ again after SuspendTimeout
     assert sorted(slurm.powered_down) == ["cpu-4", "cpu-5"]  # an unknown node is left to ResumeTimeout
+    # the line the Docker test bed and operators look for (tests/integration/test_reconcile_testbed.py)
+    assert any(line.endswith("powered down cpu-4,cpu-5 (refused for backoff)") for line in context.log.lines)
 
 
 def test_after_the_cooloff_one_trial_resume_goes_through_and_its_success_clears_the_backoff(ledger_path):
@@ -185,3 +188,5 @@ def test_a_node_refused_as_unavailable_is_powered_down_at_once_and_no_failure(le
     assert backend.calls == [] and slurm.down["cpu-0"] == "slurmk8s unavailable: kubernetes node k-0 is cordoned"
     assert slurm.powered_down == ["cpu-0"]
     assert failures(ledger_path) == []
+    # the line the Docker test bed and operators look for (tests/integration/test_reconcile_testbed.py)
+    assert any(line.endswith("powered down cpu-0 (refused for unavailable)") for line in context.log.lines)

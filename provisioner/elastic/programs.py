@@ -448,7 +448,9 @@ def run_resume(args: Sequence[str], ctx: Context, resume_file_text: str | None) 
 
         try:
             ctx.slurm.power_down(list(refused))
-            ctx.log.write(f"powered down {','.join(refused)} (refused: {', '.join(sorted(set(refused.values())))})")
+            for reason in sorted(set(refused.values())):  # e.g. "powered down gpu-3 (refused for backoff)"
+                nodes = ",".join(n for n, r in refused.items() if r == reason)
+                ctx.log.write(f"powered down {nodes} (refused for {reason})")
         except SlurmCommandError as err:
             ctx.log.write(f"could not power down {','.join(refused)}: {err}; they return at ResumeTimeout")
     return result
