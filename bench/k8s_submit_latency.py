@@ -8,6 +8,7 @@ SSH set-up never counts. A slurm-bench-p1 namespace this benchmark did not make 
 (refused before anything runs; `slurmk8s up` also refuses a namespace another stack owns).
 
 Usage: KUBECONFIG=... python bench/k8s_submit_latency.py [--runs 10] [--keep] [--json OUT]
+(--json also writes `slurmk8s up`'s time and `sinfo --version`, asked after the measuring.)
 Target (issue #6): p50 <= 8 s and <= 3x the bare pod start.
 
 Phases of a run from zero workers (issue #17), each in seconds after t0, so what is left is visible.
@@ -217,7 +218,8 @@ def main() -> None:
         mark_made_by(NAMESPACE, MADE_BY)
     if failed:
         sys.exit(f"slurmk8s up failed: see {log}")
-    print(f"slurmk8s up: {time.monotonic() - t0:.1f} s")
+    up_seconds = time.monotonic() - t0
+    print(f"slurmk8s up: {up_seconds:.1f} s")
     host = kjson("get", "service", "-n", NAMESPACE, "login")["spec"]["clusterIP"]
 
     async def loop(mode: str) -> str:
@@ -225,6 +227,13 @@ def main() -> None:
             await conn.run(f"cat > bench-loop.sh <<'EOF'\n{LOOP}\nEOF", check=True)
             res = await conn.run(f"bash bench-loop.sh {mode} {args.runs}", check=True, timeout=1800)
             return str(res.stdout)
+
+    async def slurm_version() -> str:  # for --json; after the measuring, never inside it
+        try:
+            async with asyncssh.connect(host, username="alice", client_keys=[key], known_hosts=None) as conn:
+                return str((await conn.run("sinfo --version", check=False, timeout=60)).stdout).strip() or "?"
+        except (OSError, asyncssh.Error) as err:
+            return f"? ({err})"
 
     watch_file = work / "pods.watch.json"
     watch_file.write_text("")
@@ -251,7 +260,8 @@ def main() -> None:
     print("\n".join(phase_table(zero_phases)))
     if args.json:
         args.json.write_text(json.dumps({
-            "kubernetes": server, "runs": args.runs,
+            "kubernetes": server, "slurm": asyncio.run(slurm_version()), "up_seconds": round(up_seconds, 3),
+            "runs": args.runs,
             "phases": [{"key": k, "label": label, "resolution": res} for k, label, res in PHASES],
             "zero": [{**p, "seconds": round(r.seconds, 6)} for r, p in zip(zero_runs, zero_phases)],
             "idle": [{"job": r.job, "node": r.nodes, "t0": r.t0, "seconds": round(r.seconds, 6),

@@ -1,8 +1,9 @@
 """Benchmark: inventory + topology + every generated file for N Kubernetes nodes, 3 topology levels.
 
-Usage: python bench/render_scale.py [--nodes 10000] [--repeat 5]
+Usage: python bench/render_scale.py [--nodes 10000] [--repeat 5] [--json OUT]
 Prints the best and median wall time of the whole pure pipeline (node parsing included) and the
-process's peak RSS. Target (issue #2): <= 1 s for 10,000 nodes on 2 cores.
+process's peak RSS; --json also writes those figures to OUT (bench/all.py reads it).
+Target (issue #2): <= 1 s for 10,000 nodes on 2 cores.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=10_000)
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--json", type=Path, metavar="OUT", help="also write the figures printed to OUT")
     args = parser.parse_args()
     spines, leaves = 10, 25
     per_leaf = max(1, args.nodes // (spines * leaves))
@@ -55,6 +57,15 @@ def main() -> None:
     print(f"peak memory: {traced_peak / 2**20:.1f} MiB allocated by the pipeline (tracemalloc), "
           f"process peak RSS {rss_mib:.0f} MiB (input objects included)")
     print("file sizes: " + ", ".join(f"{k} {v / 1024:.0f} KiB" for k, v in sorted(sizes.items())))
+    if args.json:
+        args.json.write_text(json.dumps({
+            "python": platform.python_version(), "machine": platform.machine(), "k8s_nodes": len(raw),
+            "slurm_nodes": len(result.inventory.nodes), "switches": len(result.topology.switches),
+            "repeat": args.repeat, "times": [round(t, 6) for t in times], "best": round(min(times), 6),
+            "median": round(statistics.median(times), 6),
+            "traced_peak_mib": round(traced_peak / 2**20, 3), "peak_rss_mib": round(rss_mib, 3),
+            "file_sizes": dict(sorted(sizes.items())),
+        }, indent=2) + "\n")
 
 
 if __name__ == "__main__":

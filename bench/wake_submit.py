@@ -9,13 +9,15 @@ submit start -> job id and submit start -> job RUNNING (Slurm's start_time, 1 s 
 the first time a poll over one SSH connection saw it RUNNING). Removes the cluster at the end
 (--keep: leave it). Refuses to run over a slurm-sleepy namespace it did not make (the e2e suite's).
 
-Usage: KUBECONFIG=... python bench/wake_submit.py [--runs 3] [--login-sleeps] [--keep]
+Usage: KUBECONFIG=... python bench/wake_submit.py [--runs 3] [--login-sleeps] [--keep] [--json OUT]
+--json also writes every run's figures to OUT (bench/all.py reads it).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import statistics
 import sys
 import tempfile
@@ -28,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "e2e"))
 
 import sleepy  # noqa: E402
-from helpers import NotOurs  # noqa: E402
+from helpers import NotOurs, kubectl  # noqa: E402
 
 MADE_BY = "bench"  # the label this benchmark puts on the namespace it deploys (helpers.MADE_BY)
 
@@ -51,6 +53,7 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--login-sleeps", action="store_true", help="login.sleeps_with_control_tier: true")
     ap.add_argument("--keep", action="store_true", help="leave the cluster deployed")
+    ap.add_argument("--json", type=Path, metavar="OUT", help="also write every run's figures to OUT")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="wake-bench-"))
     script = work / "job.sh"
@@ -62,7 +65,7 @@ def main() -> int:
         print(f"cannot run: {err}", file=sys.stderr)
         return 2
     print(f"deployed {sleepy.NS} in {time.monotonic() - t:.0f}s (login sleeps: {args.login_sleeps})", flush=True)
-    to_id, to_start, to_seen = [], [], []
+    to_id, to_start, to_seen, jobs = [], [], [], []
     try:
         for i in range(args.runs):
             t = time.monotonic()
@@ -81,6 +84,7 @@ def main() -> int:
             to_id.append(seconds)
             to_start.append(start - wall)
             to_seen.append(seen - wall)
+            jobs.append(job)
             print(f"run {i + 1}: job {job}: submit -> job id {seconds:.1f}s, -> RUNNING (Slurm start_time) "
                   f"{start - wall:.0f}s, -> seen RUNNING {seen - wall:.1f}s", flush=True)
             for line in proc.stderr.splitlines():
@@ -91,6 +95,14 @@ def main() -> int:
     print(f"P7 wake+submit from asleep ({args.runs} runs): submit -> RUNNING median {statistics.median(to_seen):.1f}s "
           f"(max {max(to_seen):.1f}s; Slurm start_time median {statistics.median(to_start):.0f}s); "
           f"-> job id median {statistics.median(to_id):.1f}s; target <= 30 s")
+    if args.json:
+        versions = kubectl("version", "-o", "json", check=False).stdout
+        server = json.loads(versions).get("serverVersion", {}).get("gitVersion", "?") if versions else "?"
+        args.json.write_text(json.dumps({
+            "kubernetes": server, "runs": args.runs, "login_sleeps": args.login_sleeps, "jobs": jobs,
+            "to_job_id": [round(x, 3) for x in to_id], "to_start_time": [round(x, 3) for x in to_start],
+            "to_seen_running": [round(x, 3) for x in to_seen],
+        }, indent=2) + "\n")
     return 0
 
 

@@ -1,0 +1,413 @@
+"""bench/all.py: the one table of the benchmarks, from JSON documents shaped as each bench writes
+them (built with the benches' own parsing where they have one), and the runner with small stand-in
+bench scripts (exit codes, missing JSON, a timeout that must let the bench clean up)."""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+import textwrap
+from contextlib import redirect_stdout
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+import all as bench_all  # noqa: E402
+import mpi_p6  # noqa: E402
+import p1_phases as p1  # noqa: E402
+from all import Bench, Check, Outcome  # noqa: E402
+
+# ---------------------------------------------------------------- documents as the benches write them
+
+
+def render_doc(nodes: int = 10_000, median: float = 0.64, best: float = 0.60) -> dict[str, Any]:
+    """bench/render_scale.py --json."""
+    return {"python": "3.11.7", "machine": "x86_64", "k8s_nodes": nodes, "slurm_nodes": nodes, "switches": 261,
+            "repeat": 5, "times": [best, median, 0.7, 0.65, 0.62], "best": best, "median": median,
+            "traced_peak_mib": 38.1, "peak_rss_mib": 143.2,
+            "file_sizes": {"inventory.json": 232892, "slurm.conf": 3992, "topology.conf": 16604}}
+
+
+def p1_doc(zero: list[float], idle: list[float], bare: list[float], *, new_keys: bool = True) -> dict[str, Any]:
+    """bench/k8s_submit_latency.py --json: runs parsed from the login loop's lines and phased by
+    bench/p1_phases.py (no other source here), the document built as the bench builds it."""
+    t0 = 1796156010.0
+
+    def lines(seconds: list[float], first_job: int) -> str:
+        return "\n".join(f"run {i + 1} job {first_job + i} t0 {int((t0 + 60 * i) * 1e9)} "
+                         f"sbatch {int((t0 + 60 * i + 0.02) * 1e9)} running {int((t0 + 60 * i + s) * 1e9)} "
+                         f"start {int(t0 + 60 * i + s)} nodes c-{i}" for i, s in enumerate(seconds))
+    zero_runs, idle_runs = p1.parse_runs(lines(zero, 10)), p1.parse_runs(lines(idle, 100))
+    sources = p1.Sources(calls=p1.resume_calls([]), prolog=p1.prolog_waits([]), ctld=p1.slurmctld_events(""),
+                         pods=p1.pod_times([]), scheduled=p1.scheduled_events({}))
+    zero_phases = [p1.phases(r, sources) for r in zero_runs]
+    doc = {  # as in k8s_submit_latency.main
+        "kubernetes": "v1.35.0", "slurm": "slurm 24.11.5", "up_seconds": 41.3,
+        "runs": len(zero),
+        "phases": [{"key": k, "label": label, "resolution": res} for k, label, res in p1.PHASES],
+        "zero": [{**p, "seconds": round(r.seconds, 6)} for r, p in zip(zero_runs, zero_phases)],
+        "idle": [{"job": r.job, "node": r.nodes, "t0": r.t0, "seconds": round(r.seconds, 6),
+                  "sbatch_returned": round(r.sbatch - r.t0, 6), "start_time": r.start_time} for r in idle_runs],
+        "bare_pod_start": [round(b, 6) for b in bare],
+    }
+    if not new_keys:  # as written before bench/all.py: no `slurm`, no `up_seconds`
+        del doc["slurm"], doc["up_seconds"]
+    return json.loads(json.dumps(doc))
+
+
+def p4b_doc(running: float, nodes: int = 500, exit_code: int = 0, down: int = 0) -> dict[str, Any]:
+    """bench/resume_500.py --json."""
+    return {"kubernetes": "v1.35.0", "nodes": nodes, "parallel": 32, "kwok_nodes": 5,
+            "hostlist": f"sim-p4b-[0-{nodes - 1}]", "resume_exit": exit_code, "set_down": down,
+            "created_s": 2.38, "running_s": running, "deleted_s": 1.7}
+
+
+def p7_doc(seen: list[float], login_sleeps: bool = False) -> dict[str, Any]:
+    """bench/wake_submit.py --json."""
+    return {"kubernetes": "v1.35.0", "runs": len(seen), "login_sleeps": login_sleeps,
+            "jobs": [str(i + 1) for i in range(len(seen))], "to_job_id": [3.0] * len(seen),
+            "to_start_time": [round(s) for s in seen], "to_seen_running": seen}
+
+
+def mpi_output(lat_us: dict[int, float], allreduce_us: dict[int, float], node: str = "-") -> str:
+    """bench/mpi_p6.c's stdout."""
+    out = ["P6 library Open MPI v5.0.7, package: Debian OpenMPI", f"P6 rank rank=0 host=h0 slurm_node={node}",
+           f"P6 rank rank=1 host=h1 slurm_node={node}"]
+    for n in mpi_p6.PINGPONG:
+        lat = lat_us[n]
+        out.append(f"P6 pingpong bytes={n} iters=10 reps=7 lat_us={lat:.3f} lat_us_best={lat:.3f} "
+                   f"mb_s={n / lat:.2f} mb_s_best={n / lat:.2f}")
+    out += [f"P6 allreduce bytes={n} iters=10 reps=7 us={allreduce_us[n]:.3f} us_best={allreduce_us[n]:.3f}"
+            for n in mpi_p6.ALLREDUCE]
+    return "\n".join([*out, "P6 done"]) + "\n"
+
+
+def p6_doc(pod: float | None = 0.7, hostnet: float | None = None, hostnet_failed: str = "") -> dict[str, Any]:
+    """bench/mpi_p6.py --json: its own parse() and report(), then its JSON keying. `pod` / `hostnet`:
+    each time's fraction of the host's (None: not run)."""
+    lat = {n: 20.0 + n / 2000.0 for n in mpi_p6.PINGPONG}
+    red = {n: 30.0 + n / 800.0 for n in mpi_p6.ALLREDUCE}
+    result: dict[str, Any] = {"host": mpi_p6.parse(mpi_output(lat, red))}
+    for variant, frac in (("pod", pod), ("hostnet", hostnet)):
+        if frac is not None:
+            doc = mpi_p6.parse(mpi_output({n: v / frac for n, v in lat.items()}, {n: v / frac for n, v in red.items()}))
+            doc["env"], doc["placement"] = dict(mpi_p6.MPI_ENV), [{"slurm_node": "x", "k8s_node": "p6-a", "pod_ip": "?"}]
+            result[variant] = doc
+    if hostnet_failed:
+        result["hostnet"] = {"failed": hostnet_failed}
+    elif hostnet is None:
+        result["hostnet_skipped"] = "the nodes share one network namespace"
+    result.update(binary_sha256="ab" * 32, kubernetes="v1.35.0", node_ips={"p6-a": "10.0.0.1", "p6-b": "10.0.0.1"},
+                  loadavg_1min={"start": 1.0, "end": 1.2})
+    with redirect_stdout(io.StringIO()):
+        mpi_p6.report(result)
+
+    def keyed(doc: Any) -> Any:  # as mpi_p6.main writes it
+        return {str(k): keyed(v) for k, v in doc.items()} if isinstance(doc, dict) else doc
+    return json.loads(json.dumps(keyed(result)))
+
+
+def one(rows: list[bench_all.Row], id: str) -> bench_all.Row:
+    [row] = [r for r in rows if r.id == id]
+    return row
+
+
+# ---------------------------------------------------------------- rows from each bench
+
+
+def test_verdict_combines_the_parts() -> None:
+    assert bench_all.verdict([Check("a", True), Check("b", True)]) == ("met", "")
+    assert bench_all.verdict([Check("a", False)]) == ("not met", "")
+    v, note = bench_all.verdict([Check("a", False), Check("b", None, "no floor")])
+    assert v == "not met" and note == "a: not met; b: not measured (no floor)"
+    assert bench_all.verdict([Check("a", True), Check("b", None, "why")]) == ("not measured", "b: not measured (why)")
+
+
+def test_render_rows() -> None:
+    [row] = bench_all.render_rows(render_doc())
+    assert (row.id, row.verdict, row.floor, row.ratio) == ("render", "met", "—", "—")
+    assert row.result == "10,000 nodes: median 0.640 s, best 0.600 s (5 runs); peak RSS 143 MiB"
+    assert bench_all.render_rows(render_doc(median=1.2))[0].verdict == "not met"
+    small = bench_all.render_rows(render_doc(nodes=500, median=0.1))[0]
+    assert small.verdict == "not measured" and "it ran 500 nodes" in small.note
+
+
+def test_render_rows_read_what_render_scale_writes(tmp_path: Path) -> None:
+    """The shape above is the real one: render_scale's --json keys."""
+    src = (ROOT / "bench" / "render_scale.py").read_text()
+    for key in render_doc():
+        assert f'"{key}":' in src, key
+
+
+def test_p1_rows_ratio_to_the_bare_pod_in_the_same_run() -> None:
+    doc = p1_doc(zero=[6.0, 6.1, 6.3, 5.9, 6.07], idle=[0.8, 0.82, 0.81], bare=[1.9, 1.88, 1.85, 2.0, 1.87])
+    rows = bench_all.p1_rows(doc)
+    p1row = one(rows, "P1")
+    assert p1row.result == "p50 6.07 s, p95 6.26 s (5 runs); from idle workers p50 0.81 s"
+    assert p1row.floor == "bare pod start p50 1.88 s (5 pods)"
+    assert p1row.ratio == "3.23x"
+    assert p1row.verdict == "not met"
+    assert p1row.note == "p50 <= 2.5 s: not met; <= 2.5x the bare pod start: not met"
+    fast = one(bench_all.p1_rows(p1_doc(zero=[2.0, 2.2, 2.1], idle=[], bare=[1.0, 1.0])), "P1")
+    assert (fast.verdict, fast.ratio, fast.result) == ("met", "2.10x", "p50 2.10 s, p95 2.19 s (3 runs)")
+    half = one(bench_all.p1_rows(p1_doc(zero=[2.0], idle=[], bare=[0.5])), "P1")
+    assert half.verdict == "not met" and half.note == "<= 2.5x the bare pod start: not met"
+
+
+def test_p5_is_not_measured_by_the_p1_bench() -> None:
+    p5 = one(bench_all.p1_rows(p1_doc(zero=[6.0], idle=[0.8], bare=[1.9])), "P5")
+    assert p5.verdict == "not measured"
+    assert p5.result == "`slurmk8s up` of bench-p1 returned after 41.3 s"
+    assert "test_up_from_nothing_and_login_answers" in p5.note
+    old = one(bench_all.p1_rows(p1_doc(zero=[6.0], idle=[0.8], bare=[1.9], new_keys=False)), "P5")
+    assert old.result == "—" and old.verdict == "not measured"
+
+
+def test_p4b_rows_floor_not_measured() -> None:
+    [slow] = bench_all.p4b_rows(p4b_doc(9.58))
+    assert slow.verdict == "not met"
+    assert slow.result == ("all 500 pods Running 9.58 s (resume program returned 2.38 s, exit 0, 0 nodes DOWN; "
+                           "suspend 1.70 s)")
+    assert slow.note.startswith("<= 5 s: not met; <= 1.3x the floor: not measured (resume_500 does not time")
+    [quick] = bench_all.p4b_rows(p4b_doc(4.1))
+    assert quick.verdict == "not measured" and quick.floor == "not measured"
+    [broken] = bench_all.p4b_rows(p4b_doc(4.1, exit_code=1, down=3))
+    assert broken.verdict == "not met" and "every node resumed (exit 0, none DOWN): not met" in broken.note
+
+
+def test_p6_rows_host_network_not_run_on_the_local_cluster() -> None:
+    doc = p6_doc(pod=0.7)
+    assert doc["goal"] == {"met": None, "reason": "the nodes share one network namespace"}  # mpi_p6's own verdict
+    [row] = bench_all.p6_rows(doc)
+    assert row.verdict == "not measured"
+    assert row.note == ">= 0.9x host: not measured (host_network: the nodes share one network namespace)"
+    assert row.result == "host_network not run; pod network worst 0.70x host"
+    assert row.ratio == "pod 0.70x"
+    big = doc["host"]["pingpong"]["16777216"]["mb_s"]
+    assert row.floor.startswith(f"host processes, 16 MiB: ping-pong {big:.0f} MB/s, allreduce ")
+
+
+def test_p6_rows_host_network_measured() -> None:
+    [met] = bench_all.p6_rows(p6_doc(pod=0.7, hostnet=0.95))
+    assert met.verdict == "met" and met.ratio == "host_network 0.95x; pod 0.70x"
+    assert met.result == "host_network worst 0.95x host; pod network worst 0.70x host"
+    doc = p6_doc(pod=0.7, hostnet=0.8)
+    assert doc["goal"]["met"] is False
+    assert bench_all.p6_rows(doc)[0].verdict == "not met"
+    [failed] = bench_all.p6_rows(p6_doc(pod=None, hostnet_failed="exit 1: srun: error"))
+    assert failed.verdict == "not measured" and failed.result == "host_network failed; pod network not run"
+    assert "exit 1: srun: error" in failed.note and failed.ratio == "—"
+
+
+def test_p7_rows() -> None:
+    [row] = bench_all.p7_rows(p7_doc([8.5, 6.4]))
+    assert row.verdict == "not met"
+    assert row.result == ("RUNNING seen: median 7.5 s, max 8.5 s (2 runs); Slurm start_time median 7 s; "
+                          "job id median 3.0 s")
+    [row] = bench_all.p7_rows(p7_doc([5.2], login_sleeps=True))
+    assert row.verdict == "met" and "(1 runs, login asleep too)" in row.result
+
+
+def test_the_benches_write_the_keys_the_rows_read() -> None:
+    """Every key a row function reads is one its bench writes (k8s_submit_latency and mpi_p6 are
+    built from their own code above; these two are read from their source)."""
+    for script, doc in (("resume_500.py", p4b_doc(1.0)), ("wake_submit.py", p7_doc([1.0]))):
+        src = (ROOT / "bench" / script).read_text()
+        for key in doc:
+            assert f'"{key}":' in src, (script, key)
+
+
+# ---------------------------------------------------------------- failures, skips, the whole table
+
+
+def bench(name: str = "resume_500", ids: tuple[str, ...] = ("P4b",), rows=bench_all.p4b_rows, **kw: Any) -> Bench:
+    return Bench(name, ids, kw.pop("args", ()), kw.pop("timeout", 60), kw.pop("needs", ()), rows, **kw)
+
+
+def test_a_failed_bench_is_a_failed_row_with_its_output() -> None:
+    b = bench("k8s_submit_latency", ("P1", "P5"), bench_all.p1_rows)
+    out = Outcome(b.name, "failed", 1, 12.0, tail=["Traceback ...", "RuntimeError: boom"], log="/tmp/x.log")
+    rows = bench_all.rows_for(b, out)
+    assert [r.id for r in rows] == ["P1", "P5"]
+    assert all(r.verdict == "failed" and r.result == "failed (exit 1)" for r in rows)
+    assert rows[0].note == "k8s_submit_latency exit 1; last lines of its output (/tmp/x.log):"
+    assert rows[0].tail == ["Traceback ...", "RuntimeError: boom"]
+    timeout = bench_all.rows_for(b, Outcome(b.name, "timeout", -2, 1800.0, tail=["waiting"], log="l"))
+    assert timeout[0].result == "timed out after 1800 s" and timeout[0].verdict == "failed"
+    assert timeout[0].note.startswith("k8s_submit_latency timed out after 1800 s (exit -2)")
+
+
+def test_a_bench_whose_json_is_not_as_expected_fails() -> None:
+    b = bench()
+    [row] = bench_all.rows_for(b, Outcome(b.name, "ok", 0, doc={"nodes": 500}, log="l"))
+    assert row.verdict == "failed" and "its JSON could not be read (KeyError: 'running_s')" in row.note
+    [row] = bench_all.rows_for(b, Outcome(b.name, "failed", 0, reason="no readable JSON at /x.json", log="l"))
+    assert row.verdict == "failed" and row.note.startswith("resume_500 exit 0: no readable JSON at /x.json")
+
+
+def test_skipped_and_left_out_benches_are_not_measured_rows() -> None:
+    b = bench()
+    [row] = bench_all.rows_for(b, Outcome(b.name, "skipped", reason="no kwok in /x"))
+    assert (row.verdict, row.note, row.goal) == ("not measured", "resume_500 not run: no kwok in /x",
+                                                 bench_all.GOAL["P4b"])
+    [row] = bench_all.rows_for(b, None)
+    assert row.verdict == "not measured" and "left out by --only / --skip" in row.note
+
+
+def test_table_rows_every_id_in_order() -> None:
+    outcomes = {"render_scale": Outcome("render_scale", "ok", 0, doc=render_doc()),
+                "mpi_p6": Outcome("mpi_p6", "ok", 0, doc=p6_doc()),
+                "wake_submit": Outcome("wake_submit", "failed", 2, tail=["cannot run"])}
+    rows = bench_all.table_rows(outcomes)
+    assert [r.id for r in rows] == ["P1", "P4b", "P5", "P6", "P7", "render"]
+    assert [r.verdict for r in rows] == ["not measured", "not measured", "not measured", "not measured", "failed",
+                                         "met"]
+
+
+def test_text_and_markdown_tables() -> None:
+    b = bench("k8s_submit_latency", ("P1", "P5"), bench_all.p1_rows)
+    rows = bench_all.rows_for(b, Outcome(b.name, "failed", 1, tail=["a | b", "```x"], log="/l")) + \
+        bench_all.render_rows(render_doc())
+    text = bench_all.text_table(rows)
+    lines = text.splitlines()
+    assert lines[0].split() == ["id", "what", "result", "floor", "(same", "run)", "ratio", "goal", "verdict"]
+    assert set(lines[1]) == {"-", " "}
+    assert lines[2].startswith("P1 ") and lines[2].endswith("failed (1)")
+    assert lines[3].startswith("P5 ") and lines[3].endswith("failed (1)")  # the same note once
+    assert lines[4].startswith("render ") and lines[4].endswith("met")
+    assert lines[5:] == ["(1) k8s_submit_latency exit 1; last lines of its output (/l):", "      a | b", "      ```x"]
+    md = bench_all.markdown(rows, "Measured 2026-12-01 10:00 UTC on 2 CPUs; `python bench/all.py`.")
+    mlines = md.splitlines()
+    assert mlines[0].startswith("<!-- generated by bench/all.py")
+    assert mlines[2] == "Measured 2026-12-01 10:00 UTC on 2 CPUs; `python bench/all.py`."
+    assert mlines[4] == "| id | what | result | floor (same run) | ratio | goal | verdict |"
+    assert mlines[5] == "|---|---|---|---|---|---|---|"
+    assert mlines[6].startswith("| P1 | `sbatch` -> job RUNNING") and mlines[6].endswith("| failed (1) |")
+    assert "| render | " in mlines[8] and "\\|" not in mlines[8]
+    assert mlines[10:] == ["(1) k8s_submit_latency exit 1; last lines of its output (/l):", "", "```", "a | b",
+                           "'''x", "```"]
+    piped = bench_all.Row("P7", "w", "a | b", "—", "—", "g", "met")
+    assert "| a \\| b |" in bench_all.markdown([piped], "h")
+
+
+def test_machine_line() -> None:
+    cpuinfo = "processor\t: 0\nvendor_id\t: GenuineIntel\nmodel name\t: Intel(R) Xeon(R) CPU @ 2.20GHz\n\nprocessor\t: 1\n"
+    line = bench_all.machine_line(
+        date="2026-12-01 10:00 UTC", cpus=2, cpuinfo=cpuinfo, meminfo="MemTotal:        8152200 kB\nMemFree: 1 kB\n",
+        kernel="6.1.0-28-amd64", python="3.11.7", kubernetes=["v1.35.0"], slurm=["slurm 24.11.5"], load=(1.5, 2.25),
+        command="python bench/all.py --markdown docs/benchmarks-table.md")
+    assert line == ("Measured 2026-12-01 10:00 UTC on 2 CPUs (Intel(R) Xeon(R) CPU @ 2.20GHz), 7.8 GiB memory, "
+                    "Linux 6.1.0-28-amd64, Python 3.11.7, Kubernetes v1.35.0, Slurm 24.11.5, load average (1 min) "
+                    "1.50 at the start, 2.25 at the end; `python bench/all.py --markdown docs/benchmarks-table.md`.")
+    bare = bench_all.machine_line(date="d", cpus=None, cpuinfo="", meminfo="", kernel="k", python="p", kubernetes=[],
+                                  slurm=[], load=(0, 0), command="c")
+    assert "? CPUs (model unknown), memory unknown" in bare and "Kubernetes not reported, Slurm not reported" in bare
+    docs = [p1_doc([6.0], [0.8], [1.9]), p6_doc(), {"kubernetes": "?"}, {"kubernetes": "v1.34.1"}, render_doc()]
+    assert bench_all.versions(docs, "kubernetes") == ["v1.35.0", "v1.34.1"]
+    assert bench_all.versions(docs, "slurm") == ["slurm 24.11.5"]
+
+
+def test_select_and_timeouts() -> None:
+    names = [b.name for b in bench_all.select(bench_all.BENCHES)]
+    assert names == ["render_scale", "resume_500", "k8s_submit_latency", "wake_submit", "mpi_p6"]
+    assert [b.name for b in bench_all.select(bench_all.BENCHES, ["render", "p1"])] == ["render_scale",
+                                                                                      "k8s_submit_latency"]
+    assert [b.name for b in bench_all.select(bench_all.BENCHES, ["P5"])] == ["k8s_submit_latency"]
+    assert [b.name for b in bench_all.select(bench_all.BENCHES, [], ["mpi_p6", "P4b", ""])] == [
+        "render_scale", "k8s_submit_latency", "wake_submit"]
+    with pytest.raises(ValueError, match="unknown bench 'p9'"):
+        bench_all.select(bench_all.BENCHES, ["p9"])
+    limits = bench_all.timeouts(bench_all.BENCHES, ["900", "P6=2400"])
+    assert limits["mpi_p6"] == 2400 and limits["render_scale"] == 900
+    assert bench_all.timeouts(bench_all.BENCHES, [])["render_scale"] == 300
+    with pytest.raises(ValueError):
+        bench_all.timeouts(bench_all.BENCHES, ["p1=-1"])
+
+
+# ---------------------------------------------------------------- running benches (stand-in scripts)
+
+
+def script(tmp_path: Path, name: str, body: str) -> Path:
+    path = tmp_path / f"{name}.py"
+    path.write_text("import json, sys, time\nout = sys.argv[sys.argv.index('--json') + 1]\n" + textwrap.dedent(body))
+    return path
+
+
+def test_run_bench_ok_failed_and_without_json(tmp_path: Path) -> None:
+    doc = render_doc()
+    ok = bench("render_scale", ("render",), bench_all.render_rows, args=("--nodes", "10000"),
+               script=script(tmp_path, "ok", f"""
+                   assert sys.argv[1:3] == ['--nodes', '10000'], sys.argv
+                   print('pipeline time: fine')
+                   open(out, 'w').write(json.dumps({doc!r}))
+               """))
+    got = bench_all.run_bench(ok, tmp_path, 30, echo=False)
+    assert (got.status, got.code, got.doc) == ("ok", 0, doc)
+    log = Path(got.log).read_text().splitlines()
+    assert log[0].startswith("$ ") and "--json" in log[0] and log[1] == "pipeline time: fine"
+
+    bad = bench(script=script(tmp_path, "bad", """
+        for i in range(40):
+            print(f'line {i}')
+        sys.exit('cannot run: not ours')
+    """))
+    got = bench_all.run_bench(bad, tmp_path, 30, echo=False)
+    assert (got.status, got.code) == ("failed", 1)
+    assert len(got.tail) == bench_all.TAIL and got.tail[-1] == "cannot run: not ours" and got.tail[0] == "line 11"
+
+    silent = bench(script=script(tmp_path, "silent", "print('done')\n"))
+    got = bench_all.run_bench(silent, tmp_path, 30, echo=False)
+    assert got.status == "failed" and got.code == 0 and got.reason.startswith("no readable JSON at ")
+
+
+def test_run_bench_timeout_lets_the_bench_clean_up(tmp_path: Path) -> None:
+    marker = tmp_path / "cleaned"
+    slow = bench(script=script(tmp_path, "slow", f"""
+        try:
+            print('deploying', flush=True)
+            time.sleep(60)
+        finally:
+            open({str(marker)!r}, 'w').write('yes')
+            print('removed the cluster', flush=True)
+    """))
+    got = bench_all.run_bench(slow, tmp_path, 1.0, grace=20, echo=False)
+    assert got.status == "timeout" and got.code != 0 and got.seconds == 1.0
+    assert marker.read_text() == "yes"
+    assert got.tail[:2] == ["deploying", "removed the cluster"]  # then Python's KeyboardInterrupt traceback
+
+    stubborn = bench(script=script(tmp_path, "stubborn", """
+        import signal
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        print('ignoring SIGINT', flush=True)
+        time.sleep(60)
+    """))
+    got = bench_all.run_bench(stubborn, tmp_path, 1.0, grace=1.0, echo=False)
+    assert got.status == "timeout" and got.code == -9
+
+
+def test_main_prints_one_table_writes_markdown_and_fails_on_a_failure(tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    benches = (
+        bench("render_scale", ("render",), bench_all.render_rows,
+              script=script(tmp_path, "r", f"open(out, 'w').write(json.dumps({render_doc()!r}))\n")),
+        bench("wake_submit", ("P7",), bench_all.p7_rows, script=script(tmp_path, "w", "sys.exit(2)\n")),
+        bench("mpi_p6", ("P6",), bench_all.p6_rows, script=script(tmp_path, "m", "sys.exit(3)\n")),
+    )
+    md = tmp_path / "table.md"
+    code = bench_all.main(["--skip", "mpi_p6", "--markdown", str(md), "--out", str(tmp_path / "out")], benches)
+    assert code == 1
+    out = capsys.readouterr().out
+    assert "[all] wake_submit: failed (exit 2)" in out and "[all] mpi_p6" not in out
+    table = md.read_text()
+    assert "`python bench/all.py --skip mpi_p6 --markdown " in table
+    assert "| P6 | " in table and "mpi_p6 not run (left out by --only / --skip)" in table
+    assert "| P7 | " in table and "wake_submit exit 2" in table
+    assert "| render | " in table and table.count("| met |") == 1
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert [r["id"] for r in results["rows"]] == ["P6", "P7", "render"]
+    assert bench_all.main(["--only", "render", "--out", str(tmp_path / "out2")], benches) == 0
