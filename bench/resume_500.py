@@ -77,6 +77,14 @@ def main() -> None:
                   "resources": {"requests": {"storage": "1Gi"}}}}]}
     subprocess.run([kubectl_exe(), "--kubeconfig", kubeconfig(), "apply", "-f", "-"], input=json.dumps(volume),
                    text=True, check=True, capture_output=True)
+    # every worker pod names the slurmctld StatefulSet as its owner, and the backend creates none
+    # without it: a StatefulSet of that name with no replicas stands in for the controller here
+    owner = {"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": {"name": "slurmctld", "namespace": NS},
+             "spec": {"replicas": 0, "serviceName": "slurmctld", "selector": {"matchLabels": {"p4b": "owner"}},
+                      "template": {"metadata": {"labels": {"p4b": "owner"}},
+                                   "spec": {"containers": [{"name": "none", "image": "slurmk8s/slurmd:dev"}]}}}}
+    subprocess.run([kubectl_exe(), "--kubeconfig", kubeconfig(), "apply", "-f", "-"], input=json.dumps(owner),
+                   text=True, check=True, capture_output=True)
     with tempfile.TemporaryDirectory() as tmp:
         spec_file = Path(tmp) / "spec.json"
         spec_file.write_text(spec.model_dump_json())
