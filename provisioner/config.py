@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal, Mapping, Union
 
 import yaml
 from pydantic import (
@@ -836,6 +836,14 @@ class Pool(Model):
         """The environment every job step on the pool's nodes gets (Slurm's TaskProlog exports it):
         today ``network.nccl_env``."""
         return dict(sorted(self.network.nccl_env.items()))
+
+    def selects(self, labels: Mapping[str, str]) -> bool:
+        """A Kubernetes node with these labels is one the pool's pods may run on: its node_selector
+        matches and, for slots with a domain_label, the node is in one of the pool's domains."""
+        if not all(labels.get(k) == v for k, v in self.node_selector.items()):
+            return False
+        return self.mode == "pinned" or self.domain_label is None or \
+            labels.get(self.domain_label) in {d.name for d in self.domains}
 
     @property
     def node_prefix(self) -> str:

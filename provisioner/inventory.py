@@ -337,7 +337,7 @@ def build_inventory(spec: ClusterSpec, k8s_nodes: Iterable[K8sNode]) -> Inventor
         for i, pool in enumerate(spec.pools):
             if pool.mode != "pinned":
                 continue
-            if all(k8s.labels.get(k) == v for k, v in pool.node_selector.items()):
+            if pool.selects(k8s.labels):
                 if k8s.name in owner:
                     j = owner[k8s.name]
                     issues.append(Issue(

@@ -393,11 +393,7 @@ def host_network_sources(spec: ClusterSpec, gen: Generated, raw_nodes: Sequence[
     cidrs = set()
     for obj in raw_nodes:
         meta = obj.get("metadata") or {}
-        labels = meta.get("labels") or {}
-        if meta.get("name") not in wanted and not any(
-                all(labels.get(k) == v for k, v in p.node_selector.items())
-                and (p.domain_label is None or labels.get(p.domain_label) in {d.name for d in p.domains})
-                for p in slots):
+        if meta.get("name") not in wanted and not any(p.selects(meta.get("labels") or {}) for p in slots):
             continue
         for addr in (obj.get("status") or {}).get("addresses") or []:
             if addr.get("type") == "InternalIP" and addr.get("address"):
