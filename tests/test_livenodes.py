@@ -65,7 +65,7 @@ class Cluster:
 
     def drain(self) -> list[list[str]]:
         before = len(self.slurm.updates)
-        assert self.live.drain([NodeStatus.from_json(n) for n in self.slurm.nodes]) == []
+        assert self.live.drain(self.inventory(), [NodeStatus.from_json(n) for n in self.slurm.nodes]) == []
         return self.slurm.updates[before:]
 
     def reconfigures(self) -> int:

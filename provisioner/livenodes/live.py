@@ -134,12 +134,9 @@ class LiveNodes:
             self._last_error = ""
         return outcome
 
-    def drain(self, slurm_nodes: Iterable[NodeStatus]) -> list[str]:
-        """Drain / undrain from the running inventory and Slurm's states; the errors, if any."""
-        try:
-            inventory = Inventory.read(os.path.join(self.conf_dir, INVENTORY))
-        except (OSError, ValueError, KeyError, TypeError) as err:
-            return [f"cannot read the running inventory: {err}"]
+    def drain(self, inventory: Inventory, slurm_nodes: Iterable[NodeStatus]) -> list[str]:
+        """Drain / undrain from the running inventory (the one the pass loaded after :meth:`step`)
+        and Slurm's states; the errors, if any."""
         errors = []
         for action in plan(inventory, slurm_nodes):
             try:

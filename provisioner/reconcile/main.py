@@ -186,7 +186,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             report = run_once(slurm, backend, inventory, ledger, now, log, policy, slurm.scontrol, restart_watch,
                               lost_watch)
         if live is not None and report.snapshot is not None:  # cordoned / NotReady / leaving: drained
-            live_errors += live.drain(report.snapshot.nodes.values())
+            live_errors += live.drain(report.snapshot.inventory, report.snapshot.nodes.values())
         report.errors[:0] = errors
         report.errors += live_errors
         for e in errors:
