@@ -51,8 +51,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "e2e"))
 
-from helpers import (LOCAL_KUBECONFIG, NotOurs, clear_leftover, e2e_spec, kjson, kubeconfig, kubectl,  # noqa: E402
-                     mark_made_by, refuse_foreign, slurmk8s, static_volumes)
+from helpers import (LOCAL_KUBECONFIG, NotOurs, clear_leftover, kjson, kubeconfig, kubectl,  # noqa: E402
+                     mark_made_by, refuse_foreign, side_spec, slurmk8s, static_volumes)
 
 NAME = "bench-p6"  # its own cluster: never the quickstart's or the e2e suite's `local`
 NAMESPACE = f"slurm-{NAME}"
@@ -202,12 +202,7 @@ def allocatable_cpus(node: str) -> int:
 
 
 def bench_spec(public_key: str, cpus: int) -> dict[str, Any]:
-    spec = e2e_spec(public_key)
-    spec["name"] = NAME
-    spec["rest"] = {"enabled": False}
-    spec["accounting"] = {"enabled": False}
-    for user in spec["users"]:
-        user.pop("account", None)
+    spec = side_spec(public_key, NAME)
     spec["elasticity"] = {"suspend_time": 600, "resume_timeout": 120}
     # the health checks run at slurmd start, then not again during the measuring (each check runs
     # an MPI loopback on the node, which would land in the numbers)

@@ -227,6 +227,18 @@ def e2e_spec(public_key: str) -> dict[str, Any]:
     return spec
 
 
+def side_spec(public_key: str, name: str) -> dict[str, Any]:
+    """The e2e spec as a small side cluster `name` (its own namespace slurm-<name>): no REST API, no
+    accounting (so no user accounts); the caller sets its pools and topology."""
+    spec = e2e_spec(public_key)
+    spec["name"] = name
+    spec["rest"] = {"enabled": False}
+    spec["accounting"] = {"enabled": False}
+    for user in spec["users"]:
+        user.pop("account", None)
+    return spec
+
+
 # ---------------------------------------------------------------- jobs, as the researcher sees them
 
 

@@ -30,8 +30,8 @@ import asyncssh
 import pytest
 import yaml
 
-from helpers import (LOCAL_KUBECONFIG, SLURMK8S, TOOLCHAIN_BIN, Login, clear_leftover, e2e_spec, kjson, kubeconfig,
-                     kubectl, login_in, mark_made_by, slurmk8s, static_volumes, submit, wait_for, wait_job)
+from helpers import (LOCAL_KUBECONFIG, SLURMK8S, TOOLCHAIN_BIN, Login, clear_leftover, kjson, kubeconfig,
+                     kubectl, login_in, mark_made_by, side_spec, slurmk8s, static_volumes, submit, wait_for, wait_job)
 from test_e2e_cluster import ALLREDUCE_C
 
 pytestmark = pytest.mark.e2e
@@ -80,12 +80,7 @@ def topo_nodes(cluster_reachable) -> Iterator[dict[str, str]]:
 
 
 def _spec(public_key: str) -> dict[str, Any]:
-    doc = e2e_spec(public_key)
-    doc["name"] = NAME
-    doc["rest"] = {"enabled": False}
-    doc["accounting"] = {"enabled": False}
-    for user in doc["users"]:
-        user.pop("account", None)
+    doc = side_spec(public_key, NAME)
     doc["topology"] = {"preset": "aws"}
     tolerate = [{"key": TAINT, "operator": "Exists", "effect": "NoSchedule"}]
     doc["pools"] = [
@@ -431,8 +426,7 @@ BLK = "blk"
 
 
 def _blk_spec(public_key: str) -> dict[str, Any]:
-    doc = _spec(public_key)
-    doc["name"] = BLK
+    doc = side_spec(public_key, BLK)
     doc["topology"] = {"preset": "topograph-accelerator"}
     tolerate = [{"key": TAINT, "operator": "Exists", "effect": "NoSchedule"}]
     # two slots per NVLink domain, each on a Kubernetes node of that domain
