@@ -9,6 +9,7 @@ On a failure, the pod logs of the cluster's namespace are attached to the report
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -18,7 +19,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator, Sequence
 
 import asyncssh
 import pytest
@@ -184,6 +185,60 @@ class Login:
     def json(self, command: str) -> Any:
         return json.loads(self.run(command).stdout)
 
+    def _connect(self):
+        return asyncssh.connect(self.host, port=self.port, username=self.user, client_keys=[self.key],
+                                known_hosts=None, connect_timeout=15)
+
+    def put_file(self, path: str, text: str) -> None:
+        """Write a text file as the researcher (through SFTP, as scp would)."""
+        async def go() -> None:
+            async with self._connect() as conn, conn.start_sftp_client() as sftp:
+                async with sftp.open(path, "w") as fh:
+                    await fh.write(text)
+
+        asyncio.run(go())
+
+    def put_files(self, local_paths: Sequence[Path], remote_dir: str) -> None:
+        """Copy local files (binary: wheels, tarballs) into `remote_dir` as the researcher (SFTP)."""
+        async def go() -> None:
+            async with self._connect() as conn, conn.start_sftp_client() as sftp:
+                await sftp.makedirs(remote_dir, exist_ok=True)
+                await sftp.put([str(p) for p in local_paths], remote_dir)
+
+        asyncio.run(go())
+
+    def pty(self, command: str, dialogue: Sequence[tuple[str, str]] = (), timeout: float = 60) -> tuple[str, int | None]:
+        """Run `command` in a pseudo-terminal, as `ssh -t` does: for each (regex, line) of `dialogue`,
+        wait until the terminal shows `regex`, then type `line`. Returns all the terminal showed and
+        the exit status; fails with what it showed when it ends early or times out."""
+        async def go() -> tuple[str, int | None]:
+            async with self._connect() as conn:
+                async with conn.create_process(command, term_type="xterm", term_size=(200, 50)) as proc:
+                    seen = ""
+                    deadline = time.monotonic() + timeout
+
+                    async def read_more() -> bool:
+                        nonlocal seen
+                        chunk = await asyncio.wait_for(proc.stdout.read(4096), max(0.1, deadline - time.monotonic()))
+                        seen += chunk
+                        return bool(chunk)
+
+                    try:
+                        for expect, line in dialogue:
+                            start = len(seen)
+                            while re.search(expect, seen[start:]) is None:
+                                if not await read_more():
+                                    pytest.fail(f"pty `{command}` ended before {expect!r}; it showed:\n{seen}")
+                            proc.stdin.write(line + "\n")
+                        while await read_more():
+                            pass
+                    except asyncio.TimeoutError:
+                        pytest.fail(f"pty `{command}` timed out after {timeout:.0f}s; it showed:\n{seen}")
+                    await asyncio.wait_for(proc.wait_closed(), 10)
+                    return seen, proc.exit_status
+
+        return asyncio.run(go())
+
 
 @dataclass
 class Cluster:
@@ -237,6 +292,37 @@ def side_spec(public_key: str, name: str) -> dict[str, Any]:
     for user in spec["users"]:
         user.pop("account", None)
     return spec
+
+
+@contextlib.contextmanager
+def side_cluster(name: str, make_spec: Callable[[str], dict[str, Any]], work: Path) -> Iterator[Login]:
+    """Deploy `make_spec(alice's public key)` as cluster `name` (namespace slurm-<name>, its own
+    static volumes) with `slurmk8s up`, log alice in; `down --purge` and every trace removed afterwards."""
+    namespace, volumes = f"slurm-{name}", f"/var/lib/slurmk8s/volumes/{name}"
+    key = asyncssh.generate_private_key("ssh-ed25519")
+    spec_path = work / f"{name}.yaml"
+    spec_path.write_text(yaml.safe_dump(make_spec(key.export_public_key().decode().strip() + f" e2e-{name}")))
+    state, log = work / "state", work / f"slurmk8s-{name}.log"
+    clear_leftover(namespace, "e2e")
+    kubectl("delete", "pv", "-l", f"slurmk8s.io/e2e={name}", "--ignore-not-found", "--wait=true", timeout=120)
+    shutil.rmtree(volumes, ignore_errors=True)
+    manifest = work / "volumes.json"
+    manifest.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": static_volumes(name, namespace)}))
+    kubectl("apply", "-f", str(manifest))
+    try:
+        try:
+            proc = slurmk8s("up", "--spec", str(spec_path), "--state", str(state), log=log)
+        finally:
+            mark_made_by(namespace, "e2e")
+        if proc.returncode != 0:
+            pytest.fail(f"`slurmk8s up` of {name} failed (exit {proc.returncode}):\n{log.read_text()[-6000:]}")
+        yield login_in(namespace, "alice", key)
+    finally:
+        if state.exists():
+            slurmk8s("down", "--spec", str(spec_path), "--state", str(state), "--purge", "--yes", log=log)
+        clear_leftover(namespace, "e2e")
+        kubectl("delete", "pv", "-l", f"slurmk8s.io/e2e={name}", "--ignore-not-found", "--wait=true", timeout=120)
+        shutil.rmtree(volumes, ignore_errors=True)
 
 
 # ---------------------------------------------------------------- jobs, as the researcher sees them

@@ -16,22 +16,17 @@ kubelets on this machine)."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
-import shutil
 import subprocess
 import time
-from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
-import asyncssh
 import pytest
-import yaml
 
-from helpers import (LOCAL_KUBECONFIG, SLURMK8S, TOOLCHAIN_BIN, Login, clear_leftover, kjson, kubeconfig,
-                     kubectl, login_in, mark_made_by, side_spec, slurmk8s, static_volumes, submit, wait_for, wait_job)
+from helpers import (LOCAL_KUBECONFIG, SLURMK8S, TOOLCHAIN_BIN, Login, kjson, kubeconfig,
+                     kubectl, side_cluster, side_spec, submit, wait_for, wait_job)
 from test_e2e_cluster import ALLREDUCE_C
 
 pytestmark = pytest.mark.e2e
@@ -95,40 +90,9 @@ def _spec(public_key: str) -> dict[str, Any]:
     return doc
 
 
-@contextlib.contextmanager
-def _side_cluster(name: str, make_spec: Callable[[str], dict[str, Any]], work: Path) -> Iterator[Login]:
-    """Deploy `make_spec(alice's public key)` as cluster `name` (namespace slurm-<name>, its own
-    static volumes) with `slurmk8s up`, log alice in; `down --purge` and every trace removed afterwards."""
-    namespace, volumes = f"slurm-{name}", f"/var/lib/slurmk8s/volumes/{name}"
-    key = asyncssh.generate_private_key("ssh-ed25519")
-    spec_path = work / f"{name}.yaml"
-    spec_path.write_text(yaml.safe_dump(make_spec(key.export_public_key().decode().strip() + f" e2e-{name}")))
-    state, log = work / "state", work / f"slurmk8s-{name}.log"
-    clear_leftover(namespace, "e2e")
-    kubectl("delete", "pv", "-l", f"slurmk8s.io/e2e={name}", "--ignore-not-found", "--wait=true", timeout=120)
-    shutil.rmtree(volumes, ignore_errors=True)
-    manifest = work / "volumes.json"
-    manifest.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": static_volumes(name, namespace)}))
-    kubectl("apply", "-f", str(manifest))
-    try:
-        try:
-            proc = slurmk8s("up", "--spec", str(spec_path), "--state", str(state), log=log)
-        finally:
-            mark_made_by(namespace, "e2e")
-        if proc.returncode != 0:
-            pytest.fail(f"`slurmk8s up` of {name} failed (exit {proc.returncode}):\n{log.read_text()[-6000:]}")
-        yield login_in(namespace, "alice", key)
-    finally:
-        if state.exists():
-            slurmk8s("down", "--spec", str(spec_path), "--state", str(state), "--purge", "--yes", log=log)
-        clear_leftover(namespace, "e2e")
-        kubectl("delete", "pv", "-l", f"slurmk8s.io/e2e={name}", "--ignore-not-found", "--wait=true", timeout=120)
-        shutil.rmtree(volumes, ignore_errors=True)
-
-
 @pytest.fixture(scope="module")
 def topo(topo_nodes, tmp_path_factory) -> Iterator[Login]:
-    with _side_cluster(NAME, _spec, tmp_path_factory.mktemp(NAME)) as login:
+    with side_cluster(NAME, _spec, tmp_path_factory.mktemp(NAME)) as login:
         yield login
 
 
@@ -438,7 +402,7 @@ def _blk_spec(public_key: str) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def blk(topo_nodes, tmp_path_factory) -> Iterator[Login]:
-    with _side_cluster(BLK, _blk_spec, tmp_path_factory.mktemp(BLK)) as login:
+    with side_cluster(BLK, _blk_spec, tmp_path_factory.mktemp(BLK)) as login:
         yield login
 
 

@@ -278,7 +278,7 @@ def test_controller_and_login_shape(local, secrets, tmp_path):
     assert mounts == {"/etc/slurm": "slurm-config", "/etc/slurmk8s/spec": "spec", "/etc/slurmk8s/users": "users",
                       "/etc/slurmk8s/secret": "munge-key", "/var/spool/slurmctld": "state",
                       "/etc/slurmk8s/elastic.env": "spec", "/run/munge": "munge-socket",
-                      "/var/log/slurmk8s": "slurmk8s-log"}
+                      "/var/log/slurmk8s": "slurmk8s-log", "/run/slurmk8s": "programs-socket"}
     reconcile = ps["containers"][1]
     assert reconcile["name"] == "reconcile" and reconcile["command"][0].endswith("/slurmk8s-reconcile")
     assert reconcile["securityContext"]["runAsUser"] == 64030 and reconcile["securityContext"]["runAsNonRoot"]
@@ -366,7 +366,7 @@ def test_network_policy_admits_own_pods_and_ssh_only(fabric):
 
 def test_workers_may_call_back_to_the_login_pod_on_any_port(local):
     """Jobs reach back to the login pod on ports chosen at run time: srun/salloc/sattach I/O and a
-    dask-jobqueue scheduler in the user's Python there (tests/integration/test_researcher_tools.py).
+    dask-jobqueue scheduler in the user's Python there (e2e/test_e2e_researcher.py).
     The intra-cluster policy selects the login pod, admits worker pods, and names no ports."""
     spec, gen = local
     intra = next(p for p in m.network_policies(spec) if p["metadata"]["name"] == "intra-cluster")

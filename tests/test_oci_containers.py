@@ -1,7 +1,7 @@
 """Container jobs (pools[].containers, issue #15 item 4): the spec option, the worker pod's seccomp
 profile and the namespace's Pod Security level it needs, oci.conf (rootless crun), the admission
-policy per pool, and the Docker test bed's confinement of a worker as its pod. The real run of a
-step in another userland: tests/integration/test_container_jobs.py."""
+policy per pool, and the Docker backend's confinement of a worker as its pod. The real run of a
+step in another userland, on a Kubernetes node: e2e/test_e2e_researcher.py."""
 
 from __future__ import annotations
 

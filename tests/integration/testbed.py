@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import re
 import secrets
 import shlex
 import shutil
@@ -34,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from factories import node  # noqa: E402
 
 from provisioner.config import ClusterSpec, parse_spec  # noqa: E402
-from provisioner.elastic.docker_backend import LABEL_CLUSTER, security_host_config  # noqa: E402
+from provisioner.elastic.docker_backend import LABEL_CLUSTER  # noqa: E402
 from provisioner.generate import Generated, generate  # noqa: E402
 from provisioner.inventory import nodes_from_api  # noqa: E402
 from provisioner.manifests import worker_pod_template  # noqa: E402
@@ -113,13 +112,12 @@ class NodeState:
 
 def cluster_spec(token: str, *, fast_start: bool = True, suspend_time: int = 15,
               resume_timeout: int = 60, suspend_timeout: int = 5, pubkey: str = "",
-              nccl_env: dict[str, str] | None = None, containers: bool = False) -> ClusterSpec:
+              nccl_env: dict[str, str] | None = None) -> ClusterSpec:
     return parse_spec({
         "name": f"it-{token}",
         "slurm": {"cluster_name": f"it_{token}"},
         "pools": [{"name": "cpu", "node_selector": {"pool": "cpu"}, "name_prefix": f"{token}-",
-                   "reserve_cpu": "500m", "reserve_memory": "1Gi", "network": {"nccl_env": nccl_env or {}},
-                   "containers": containers}],
+                   "reserve_cpu": "500m", "reserve_memory": "1Gi", "network": {"nccl_env": nccl_env or {}}}],
         "users": [{"name": USER, "uid": UID, "ssh_keys": [pubkey] if pubkey else []}],
         "elasticity": {"suspend_time": suspend_time, "resume_timeout": resume_timeout,
                        "suspend_timeout": suspend_timeout, "fast_start": fast_start},
@@ -163,14 +161,6 @@ class Testbed:
     # GPUs per node: each worker container gets the last `gpus` of 8 fake GPU device files (the host's
     # /dev/null bind-mounted at /dev/nvidia<N>: a pod given GPUs 4-7 of 8 when gpus=4) and a fake nvidia-smi
     gpus: int = 0
-    # the pool's container jobs (pools[].containers: true, seccomp Unconfined)
-    containers: bool = False
-    # worker containers confined as the worker pod is (its capabilities, no-new-privileges, its
-    # seccomp profile); off: Docker's defaults (more capabilities, Docker's seccomp profile)
-    pod_security: bool = False
-    # with pod_security: confine the workers with this seccomp profile type instead of the pod's
-    # (a test's measure of what another profile refuses)
-    seccomp_override: str | None = None
     token: str = field(default_factory=lambda: "t" + secrets.token_hex(3))
     started: list[str] = field(default_factory=list)
 
@@ -217,7 +207,7 @@ class Testbed:
         pubkey = self.key.export_public_key().decode().strip()
         self.spec = cluster_spec(self.token, fast_start=self.fast_start, suspend_time=self.suspend_time,
                               resume_timeout=self.resume_timeout, suspend_timeout=self.suspend_timeout, pubkey=pubkey,
-                              nccl_env=self.nccl_env, containers=self.containers)
+                              nccl_env=self.nccl_env)
         self.generated: Generated = generate(self.spec, nodes_from_api(fake_k8s_nodes(self.node_count, self.gpus)),
                                              Site(controller_host=self.ctld))
         files = self.generated.files
@@ -278,11 +268,6 @@ class Testbed:
             "SLURMK8S_CONTROLLER": f"{self.ctld}:6817",
             "SLURMK8S_DOCKER_OVERRIDES": "/etc/slurmk8s/test/overrides.json",
         }
-        if self.pod_security:
-            security = dict(pod_container["securityContext"])
-            if self.seccomp_override:
-                security["seccompProfile"] = {"type": self.seccomp_override}
-            env["SLURMK8S_DOCKER_SECURITY"] = json.dumps(security_host_config(security))
         (self.workdir / "elastic.env").write_text("".join(f"{k}={v}\n" for k, v in env.items()))
 
     def _run(self, name: str, image: str, *args: str) -> None:
@@ -456,51 +441,6 @@ class Testbed:
                         await fh.write(text)
 
         asyncio.run(go())
-
-    def put_files(self, local_paths: Sequence[Path], remote_dir: str) -> None:
-        """Copy local files (binary, e.g. wheels) into `remote_dir` as the user (through SFTP)."""
-        async def go() -> None:
-            async with asyncssh.connect(self.login_ip, username=USER, client_keys=[self.key], known_hosts=None) as conn:
-                async with conn.start_sftp_client() as sftp:
-                    await sftp.makedirs(remote_dir, exist_ok=True)
-                    await sftp.put([str(p) for p in local_paths], remote_dir)
-
-        asyncio.run(go())
-
-    async def _ssh_pty(self, command: str, dialogue: Sequence[tuple[str, str]],
-                       timeout: float) -> tuple[str, int | None]:
-        async with asyncssh.connect(self.login_ip, username=USER, client_keys=[self.key], known_hosts=None,
-                                    password=None, preferred_auth=("publickey",)) as conn:
-            async with conn.create_process(command, term_type="xterm", term_size=(200, 50)) as proc:
-                seen = ""
-                deadline = time.monotonic() + timeout
-
-                async def read_more() -> bool:
-                    nonlocal seen
-                    chunk = await asyncio.wait_for(proc.stdout.read(4096), max(0.1, deadline - time.monotonic()))
-                    seen += chunk
-                    return bool(chunk)
-
-                try:
-                    for expect, line in dialogue:
-                        start = len(seen)
-                        while re.search(expect, seen[start:]) is None:
-                            if not await read_more():
-                                raise TestbedError(f"pty {command!r}: ended before {expect!r}; it showed:\n{seen}")
-                        proc.stdin.write(line + "\n")
-                    while await read_more():
-                        pass
-                except asyncio.TimeoutError:
-                    raise TestbedError(f"pty {command!r}: timed out after {timeout:.0f}s; it showed:\n{seen}") from None
-                await asyncio.wait_for(proc.wait_closed(), 10)
-                return seen, proc.exit_status
-
-    def ssh_pty(self, command: str, dialogue: Sequence[tuple[str, str]] = (), *,
-                timeout: float = 60) -> tuple[str, int | None]:
-        """Run `command` on the login node as the user in a pseudo-terminal (an interactive `ssh -t`):
-        for each (regex, line) of `dialogue`, wait until the terminal shows `regex`, then type `line`.
-        Returns everything the terminal showed and the exit status."""
-        return asyncio.run(self._ssh_pty(command, dialogue, timeout))
 
     def sbatch(self, *args: str) -> int:
         out = self.ssh(["sbatch", "--parsable", *args]).stdout
