@@ -25,8 +25,11 @@ from typing import TextIO
 class Formatter(logging.Formatter):
     """``<UTC time with ms>Z <program>[<pid>] <message>``."""
 
-    def __init__(self, program: str) -> None:
-        super().__init__("%(asctime)s " + program.replace("%", "%%") + "[%(process)d] %(message)s")
+    def __init__(self, program: str, pid: int | None = None) -> None:
+        # pid: the process the lines speak for, when another one writes them (the reconcile loop
+        # running a power-saving program for the process Slurm started: elastic/warm.py)
+        process = "%(process)d" if pid is None else str(int(pid))
+        super().__init__("%(asctime)s " + program.replace("%", "%%") + f"[{process}] %(message)s")
 
     def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:  # noqa: N802 (logging's name)
         return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z"
@@ -113,12 +116,12 @@ class Log:
     """Timestamped lines to one file (or a stream), through :mod:`logging`."""
 
     def __init__(self, program: str, path: str | None = None, stream: TextIO | None = None,
-                 max_bytes: int = MAX_BYTES) -> None:
-        self.program = f"{program}[{os.getpid()}]"
+                 max_bytes: int = MAX_BYTES, pid: int | None = None) -> None:
+        self.program = f"{program}[{os.getpid() if pid is None else pid}]"
         self.path = path
         self.logger = logging.Logger(f"slurmk8s.{program}", logging.INFO)
         self.logger.propagate = False
-        formatter = Formatter(program)
+        formatter = Formatter(program, pid)
         self._lines = _Lines(formatter)
         self.lines = self._lines.lines  # kept for tests and for the final summary
         self.logger.addHandler(self._lines)

@@ -278,7 +278,7 @@ def test_controller_and_login_shape(local, secrets, tmp_path):
     assert mounts == {"/etc/slurm": "slurm-config", "/etc/slurmk8s/spec": "spec", "/etc/slurmk8s/users": "users",
                       "/etc/slurmk8s/secret": "munge-key", "/var/spool/slurmctld": "state",
                       "/etc/slurmk8s/elastic.env": "spec", "/run/munge": "munge-socket",
-                      "/var/log/slurmk8s": "slurmk8s-log", "/run/slurmk8s": "programs-socket"}
+                      "/var/log/slurmk8s": "slurmk8s-log", "/run/slurmk8s/programs": "programs-socket"}
     reconcile = ps["containers"][1]
     assert reconcile["name"] == "reconcile" and reconcile["command"][0].endswith("/slurmk8s-reconcile")
     assert reconcile["securityContext"]["runAsUser"] == 64030 and reconcile["securityContext"]["runAsNonRoot"]

@@ -21,6 +21,8 @@ Environment:
   SLURMK8S_LEDGER     per-pool resume failure history shared with the reconcile loop (default
                       /var/spool/slurmctld/slurmk8s/ledger.json, on the StateSaveLocation volume);
                       a pool that failed too often is refused at once (reason backoff) for a while
+  SLURMK8S_PROGRAM_SOCKET  where the reconcile loop serves these programs warm (warm.py; default
+                      /run/slurmk8s/programs/programs.sock; empty: always run in this process)
   SLURM_RESUME_FILE   set by Slurm for ResumeProgram (JSON, temporary: read at once)
 
 Slurm starts these programs with a minimal environment (not slurmctld's), so the settings above
@@ -326,7 +328,7 @@ def _fail_all(ctx: Context, names: Sequence[str], why: str) -> RunResult:
     return RunResult(1, failures)
 
 
-def _pool_gates(ctx: Context, now: float) -> dict:
+def backoff_gates(ctx: Context, now: float) -> dict:
     """pool -> ledger.Gate for the pools in backoff; {} when the ledger cannot be read (logged)."""
     from .ledger import LedgerError, Policy, pool_gates
 
@@ -347,7 +349,7 @@ def _backoff(ctx: Context, names: Sequence[str], inventory, workers: Mapping) ->
     from .plan import trial_candidates
 
     now = time.time()
-    gates = _pool_gates(ctx, now)
+    gates = backoff_gates(ctx, now)
     refuse = {pool: g.detail for pool, g in gates.items()}
     trials: dict[str, str] = {}
     for pool, node in trial_candidates(names, inventory, workers, [p for p, g in gates.items() if g.trial]).items():
@@ -384,7 +386,7 @@ def _record_failures(ctx: Context, nodes: Mapping[str, str], inventory,
             return
 
 
-def _node_names(args: Sequence[str], ctx: Context, program: str) -> list[str] | None:
+def node_names(args: Sequence[str], ctx: Context, program: str) -> list[str] | None:
     """The node names in the hostlist expressions Slurm passed; None (logged) when unparsable."""
     from .plan import InputError, parse_hostlists
 
@@ -399,7 +401,7 @@ def run_resume(args: Sequence[str], ctx: Context, resume_file_text: str | None) 
     from .backend import BackendError
     from .plan import Action, InputError, Reason, parse_resume_file, plan_resume
 
-    names = _node_names(args, ctx, "resume")
+    names = node_names(args, ctx, "resume")
     if names is None:
         return RunResult(2)
     request = None
@@ -460,7 +462,7 @@ def run_suspend(args: Sequence[str], ctx: Context) -> RunResult:
     from .backend import BackendError
     from .plan import plan_suspend
 
-    names = _node_names(args, ctx, "suspend")
+    names = node_names(args, ctx, "suspend")
     if names is None:
         return RunResult(2)
     ctx.log.write(f"suspend {len(names)} nodes: {','.join(names)}")
@@ -481,7 +483,7 @@ def run_resume_fail(args: Sequence[str], ctx: Context) -> RunResult:
     from .backend import BackendError
     from .plan import plan_resume_fail
 
-    names = _node_names(args, ctx, "resume-fail")
+    names = node_names(args, ctx, "resume-fail")
     if names is None:
         return RunResult(2)
     ctx.log.write(f"resume-fail: Slurm gave up on {len(names)} nodes: {','.join(names)}")
@@ -525,13 +527,39 @@ def run_resume_fail(args: Sequence[str], ctx: Context) -> RunResult:
 
 
 
-def _main(program: str, run: Callable[[Sequence[str], Context], RunResult]) -> int:
+def with_program_defaults(env: Mapping[str, str]) -> dict[str, str]:
+    """The programs' environment: the events file and the failure ledger on by default."""
+    return {"SLURMK8S_EVENTS": DEFAULT_EVENTS, "SLURMK8S_LEDGER": DEFAULT_LEDGER, **env}
+
+
+def program_log(program: str, env: Mapping[str, str], pid: int | None = None) -> Log:
+    return Log(program, env.get("SLURMK8S_LOG", DEFAULT_LOG), pid=pid)
+
+
+RUNS: dict[str, Callable[..., RunResult]] = {"resume": run_resume, "suspend": run_suspend,
+                                             "resume-fail": run_resume_fail}
+
+
+def _main(program: str, resume_file: str | None = None, read_error: str = "") -> int:
+    """Run `program` for Slurm: by the reconcile loop when it serves (warm.py: no imports to wait
+    for), else here. Returns the exit code for Slurm."""
+    from .warm import NotServed, delegate, socket_path
+
     env, env_error = _load_env()
-    env = {"SLURMK8S_EVENTS": DEFAULT_EVENTS, "SLURMK8S_LEDGER": DEFAULT_LEDGER, **env}
-    log = Log(program, env.get("SLURMK8S_LOG", DEFAULT_LOG))
+    env = with_program_defaults(env)
+    log = program_log(program, env)
     if env_error:
         log.write(env_error)
-    result = run(sys.argv[1:], Context(env, log))
+    if read_error:
+        log.write(read_error)
+    args = sys.argv[1:]
+    try:
+        return delegate(socket_path(env), program, args, resume_file)
+    except NotServed as why:
+        if str(why):
+            log.write(f"{why}; running {program} in this process")
+    ctx = Context(env, log)
+    result = RUNS[program](args, ctx, resume_file) if program == "resume" else RUNS[program](args, ctx)
     log.close()
     if result.abandoned:
         # backend calls still hang in worker threads: do not let the interpreter wait for them
@@ -552,18 +580,12 @@ def resume_main() -> int:
                 text = fh.read()
         except OSError as err:
             read_error = f"cannot read SLURM_RESUME_FILE {path}: {err}"
-
-    def run(args: Sequence[str], ctx: Context) -> RunResult:
-        if read_error:
-            ctx.log.write(read_error)
-        return run_resume(args, ctx, text)
-
-    return _main("resume", run)
+    return _main("resume", text, read_error)
 
 
 def suspend_main() -> int:
-    return _main("suspend", run_suspend)
+    return _main("suspend")
 
 
 def resume_fail_main() -> int:
-    return _main("resume-fail", run_resume_fail)
+    return _main("resume-fail")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 from ..logs import Log
 from .programs import DEFAULT_LOG, _env_float, _load_env, conf_seconds
@@ -23,18 +23,40 @@ def resume_timeout_from_conf(path: str) -> float | None:
     return conf_seconds(path, "ResumeTimeout")
 
 
-def node_states(nodelist: str, sinfo: str = "sinfo", timeout: float = 10.0) -> list[str] | None:
-    """`sinfo -h -N -n LIST -o %T` -> one extended state per node ('allocated#', 'idle~', ...)."""
+def named_states(nodelist: str, sinfo: str = "sinfo", timeout: float = 10.0) -> list[tuple[str, str]] | None:
+    """`sinfo -h -N -n LIST -o '%N %T'` -> (node, extended state) pairs ('allocated#', 'idle~', ...)."""
     import subprocess
 
     try:
-        proc = subprocess.run([sinfo, "-h", "-N", "-n", nodelist, "-o", "%T"], capture_output=True,
+        proc = subprocess.run([sinfo, "-h", "-N", "-n", nodelist, "-o", "%N %T"], capture_output=True,
                               text=True, timeout=timeout, check=False)
     except (OSError, subprocess.TimeoutExpired):
         return None
     if proc.returncode != 0:
         return None
-    return proc.stdout.split()
+    pairs = [line.split() for line in proc.stdout.splitlines() if line.strip()]
+    return [(p[0], p[1]) for p in pairs if len(p) == 2]
+
+
+def node_states(nodelist: str) -> list[str] | None:
+    """One extended state per node of `nodelist`."""
+    named = named_states(nodelist)
+    return None if named is None else [state for _, state in named]
+
+
+def powered_down(named: Sequence[tuple[str, str]]) -> list[str]:
+    """The nodes Slurm still has to power up: powered down or powering up ('~', '#'), not those
+    powering down ('%': their pod is being deleted; Slurm resumes them once that is done)."""
+    return [node for node, state in named if state.endswith(("~", "#"))]
+
+
+def head_start(env: Mapping[str, str], job: str, nodes: Sequence[str]) -> bool:
+    """Ask the reconcile loop (elastic/warm.py) to create these nodes' pods now, ahead of Slurm's
+    resume call (early.run_early_resume); nothing is waited for. False when no loop listens:
+    the prolog never runs that work itself (it must stay light and quick)."""
+    from .warm import notify, socket_path
+
+    return notify(socket_path(env), "early-resume", [job, ",".join(nodes)])
 
 
 def booted(states: Sequence[str]) -> bool:
@@ -53,8 +75,10 @@ def wait_for_boot(
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
     poll: float = PROLOG_POLL,
+    first: list[str] | None = None,
 ) -> tuple[str, float, int, list[str] | None]:
     """Poll until every node of `nodelist` booted -> (outcome, seconds waited, polls, last states).
+    `first`: the states of the first poll, when the caller read them already.
 
     outcome: 'booted', 'gave-up' (a node went DOWN/DRAIN: Slurm handles the job) or 'timeout'.
     """
@@ -63,7 +87,7 @@ def wait_for_boot(
     polls = 0
     states: list[str] | None = None
     while True:
-        states = states_of(nodelist)
+        states = first if polls == 0 and first is not None else states_of(nodelist)
         polls += 1
         if states is not None:
             if gave_up(states):  # first: a DOWN node pending power-down ('down!') has no boot suffix
@@ -91,10 +115,15 @@ def prolog_main() -> int:
             return 0
         timeout = _env_float(env, "SLURMK8S_PROLOG_TIMEOUT", 0.0) or resume_timeout_from_conf(
             env.get("SLURM_CONF", "/etc/slurm/slurm.conf")) or PROLOG_DEFAULT_TIMEOUT
-        outcome, waited, polls, states = wait_for_boot(nodelist, timeout)
+        named = named_states(nodelist)
+        cold = powered_down(named or ())
+        early = head_start(env, job, cold) if cold else False
+        outcome, waited, polls, states = wait_for_boot(
+            nodelist, timeout, first=None if named is None else [state for _, state in named])
         if polls > 1 or outcome != "booted" or env_error:  # nodes already up: stay quiet (runs for every job)
             log = Log("prolog", env.get("SLURMK8S_LOG", DEFAULT_LOG))
             log.write(f"job {job} nodes {nodelist}: {outcome} after {waited:.2f}s ({polls} polls, states {states})"
+                      + (f"; pods of {','.join(cold)} asked for early" if early else "")
                       + (f"; {env_error}" if env_error else ""))
     except BaseException as err:  # noqa: BLE001 -- must never fail the job; logged, exit 0
         try:

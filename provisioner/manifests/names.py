@@ -100,6 +100,7 @@ SLURM_UID = 64030  # SlurmUser in every image (images/Dockerfile)
 MYSQL_UID = 64031  # the mysql user of the mariadb image (images/Dockerfile)
 MUNGE_SOCKET_DIR = "/run/munge"
 SLURMK8S_LOG_DIR = "/var/log/slurmk8s"
+PROGRAM_SOCKET_DIR = "/run/slurmk8s/programs"  # elastic/warm.py: the loop serves the power-saving programs here
 BIN_DIR = "/opt/slurmk8s/bin"
 RECONCILE_PERIOD = 10
 METRICS_PORT = 9410

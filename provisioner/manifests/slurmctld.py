@@ -14,8 +14,8 @@ from .common import (K8sSite, _config_volume, _container_security, _meta, _pod_s
                      _secret_volume, content_hash, dns_searches, tier_labels)
 from .names import (A_SPEC_HASH, A_USERS_HASH, AUTH_SECRET, BASE_CAPS, BIN_DIR, CONTROLLER,
                     CONTROLLER_GRACE_SECONDS, CONTROLLER_STATE_PVC, ELASTIC_ENV, ELASTIC_ENV_KEY, JWT_DIR, JWT_SECRET,
-                    METRICS_PORT,
-                    MUNGE_DIR, MUNGE_SOCKET_DIR, RECONCILE_PERIOD, SLURM_CONF_DIR, SLURM_CONFIG, SLURM_FILES, GZIPPED_FILES,
+                    METRICS_PORT, MUNGE_DIR, MUNGE_SOCKET_DIR, PROGRAM_SOCKET_DIR, RECONCILE_PERIOD, SLURM_CONF_DIR,
+                    SLURM_CONFIG, SLURM_FILES, GZIPPED_FILES,
                     SLURM_UID, SLURMCTLD_PORT, SLURMK8S_LOG_DIR, SPEC_CONFIG, SPEC_DIR, STATE_DIR, USER_FILES,
                     USERS_CONFIG, USERS_DIR, base_labels, selector)
 
@@ -142,6 +142,7 @@ def controller_statefulset(spec: ClusterSpec, files: Mapping[str, str], site: K8
             {"name": "state", "mountPath": STATE_DIR},
             {"name": "munge-socket", "mountPath": MUNGE_SOCKET_DIR},
             {"name": "slurmk8s-log", "mountPath": SLURMK8S_LOG_DIR},
+            {"name": "programs-socket", "mountPath": PROGRAM_SOCKET_DIR},
         ],
     }
     # The reconcile loop (orphans, stuck and vanished workers, pool backoff) and the metrics
@@ -167,6 +168,7 @@ def controller_statefulset(spec: ClusterSpec, files: Mapping[str, str], site: K8
             {"name": "state", "mountPath": STATE_DIR},
             {"name": "munge-socket", "mountPath": MUNGE_SOCKET_DIR},
             {"name": "slurmk8s-log", "mountPath": SLURMK8S_LOG_DIR},
+            {"name": "programs-socket", "mountPath": PROGRAM_SOCKET_DIR},
         ],
     }
     # slurm.conf, topology.conf, gres.conf(s) and inventory.json from the spec and the Kubernetes
@@ -191,6 +193,8 @@ def controller_statefulset(spec: ClusterSpec, files: Mapping[str, str], site: K8
         _pvc_volume("state", CONTROLLER_STATE_PVC),
         {"name": "munge-socket", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
         {"name": "slurmk8s-log", "emptyDir": {"sizeLimit": "256Mi"}},
+        # the reconcile loop's socket for the power-saving programs slurmctld starts (elastic/warm.py)
+        {"name": "programs-socket", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
     ]
     if spec.rest.enabled:  # slurmctld signs and checks users' JWTs (the entrypoint installs the key)
         container["volumeMounts"].append({"name": "jwt-key", "mountPath": JWT_DIR, "readOnly": True})

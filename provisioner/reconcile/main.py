@@ -100,6 +100,7 @@ def _stop_on_sigterm(log: "Log") -> threading.Event:
 def main(argv: Sequence[str] | None = None) -> int:
     from ..elastic.backend import backend_from_env
     from ..elastic.programs import DEFAULT_INVENTORY, DEFAULT_LOG, program_env
+    from ..elastic.warm import serve as serve_programs
     from ..logs import Log
 
     parser = argparse.ArgumentParser(prog="slurmk8s-reconcile", description=__doc__.split("\n\n")[0])
@@ -134,6 +135,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.time()
     inventory_path = env.get("SLURMK8S_INVENTORY", DEFAULT_INVENTORY)
     log.write(f"started: period {args.period:.0f}s, grace {policy.grace:.0f}s, ledger {ledger.path}")
+    # the power-saving programs Slurm starts hand their calls to this process, imports done (elastic/warm.py)
+    programs_server = None if args.once else serve_programs(env, log)
     backend: NodeBackend | None = None
     usage_file = UsageFile(env.get("SLURMK8S_USAGE", DEFAULT_USAGE)) if metrics is not None else None
     usage_restored, usage_error, deployment = False, False, ""
@@ -224,5 +227,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.once:
             break
         stop.wait(max(0.5, args.period - (time.monotonic() - tick)))
+    if programs_server is not None:
+        programs_server.close()
     log.close()
     return code

@@ -1,0 +1,228 @@
+"""The power-saving programs, run warm inside the reconcile loop.
+
+Slurm starts a new ResumeProgram process for every resume. In Python that process spends most of
+its time importing before its first pod exists (measured in the slurmctld image: about 2 s from
+the allocation to the program's first line, and 1.6 s more before the create call returns, the
+Kubernetes client alone 0.8 s of it): more than half of a job's wait from zero workers. The
+reconcile loop runs beside slurmctld in the same pod with all of that loaded, so it serves the
+programs on a Unix socket in an emptyDir both containers mount (SLURMK8S_PROGRAM_SOCKET,
+default /run/slurmk8s/programs/programs.sock): the process Slurm starts imports only the standard
+library, sends its arguments (and the resume file's text, which Slurm deletes when the program
+ends), and waits for the exit code, which it returns to Slurm. The run itself is the same code
+(:func:`programs.run_resume` etc.) with the same budget, log lines (under the caller's pid) and
+events, with a fresh backend per run, so nothing a run reads (the owner StatefulSet's uid, the
+spec) is older than the call.
+
+Falling back: when the socket is absent or refuses (the loop restarting, a pod of an older
+version, the Docker test bed, a disabled socket), the program runs in its own process as before.
+When the loop dies after taking the call, before answering, the program runs it again itself: every
+backend call is idempotent (a create adopts the worker a first attempt made; a delete of a gone
+pod is done), so a repeat is safe, a lost resume is not. A reply never comes late: the caller waits
+as long as Slurm lets it (Slurm kills the program after ResumeTimeout, as it would kill a slow one).
+
+Protocol: one JSON object per line each way, one call per connection.
+  request  {"program": "resume"|"suspend"|"resume-fail", "args": [...], "pid": N, "resume_file": text|null}
+  reply    {"code": N}
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import stat
+import threading
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence
+
+if TYPE_CHECKING:
+    from ..logs import Log
+    from .programs import Context, RunResult
+
+DEFAULT_SOCKET = "/run/slurmk8s/programs/programs.sock"
+CONNECT_TIMEOUT = 1.0  # seconds: a loop that does not accept within this is not serving
+MAX_REQUEST = 4 << 20  # bytes: a resume file of a few thousand jobs and nodes is well under this
+
+
+class NotServed(Exception):
+    """The warm path did not run the call (or may not have finished it): run it in this process."""
+
+
+def socket_path(env: Mapping[str, str]) -> str:
+    """The socket's path; '' when the warm path is turned off (SLURMK8S_PROGRAM_SOCKET=)."""
+    return env.get("SLURMK8S_PROGRAM_SOCKET", DEFAULT_SOCKET)
+
+
+# ---------------------------------------------------------------- the program's side
+
+
+def delegate(path: str, program: str, args: Sequence[str], resume_file: str | None) -> int:
+    """Have the loop at `path` run `program args`; its exit code. Raises NotServed (with the
+    reason, '' when no loop serves at all) when the caller must run it itself."""
+    if not path:
+        raise NotServed("")
+    request = json.dumps({"program": program, "args": list(args), "pid": os.getpid(),
+                          "resume_file": resume_file}).encode() + b"\n"
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        conn.settimeout(CONNECT_TIMEOUT)
+        try:
+            conn.connect(path)
+        except (FileNotFoundError, ConnectionRefusedError):
+            raise NotServed("") from None  # nobody listens: the usual case without a loop
+        except OSError as err:
+            raise NotServed(f"cannot connect to {path}: {err}") from None
+        try:
+            conn.sendall(request)
+            conn.settimeout(None)  # the run takes what it takes; Slurm bounds it (ResumeTimeout)
+            reply = conn.makefile("rb").readline(MAX_REQUEST)
+        except OSError as err:
+            raise NotServed(f"the reconcile loop dropped the call ({err})") from None
+    finally:
+        conn.close()
+    try:
+        return int(json.loads(reply)["code"])
+    except (ValueError, KeyError, TypeError):
+        raise NotServed("the reconcile loop ended before it answered" if not reply
+                        else f"the reconcile loop answered {reply[:200]!r}") from None
+
+
+def notify(path: str, program: str, args: Sequence[str]) -> bool:
+    """Hand the loop a call without waiting for it (PrologSlurmctld's early resume); False when no
+    loop takes it."""
+    if not path:
+        return False
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        conn.settimeout(CONNECT_TIMEOUT)
+        conn.connect(path)
+        conn.sendall(json.dumps({"program": program, "args": list(args), "pid": os.getpid(),
+                                 "resume_file": None}).encode() + b"\n")
+        return True
+    except OSError:
+        return False
+    finally:
+        conn.close()
+
+
+# ---------------------------------------------------------------- the loop's side
+
+
+Runner = Callable[[str, Sequence[str], str | None, int], int]
+
+
+class ProgramServer:
+    """Accepts calls on a Unix socket and runs each on its own thread with `runner(program, args,
+    resume_file, pid) -> exit code`. Started by the reconcile loop; its threads are daemons."""
+
+    def __init__(self, path: str, runner: Runner, log: "Log") -> None:
+        self.path = path
+        self.runner = runner
+        self.log = log
+        self._sock: socket.socket | None = None
+
+    def start(self) -> bool:
+        """Bind and serve in the background; False (logged) when the socket cannot be made."""
+        try:
+            os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+            try:
+                if stat.S_ISSOCK(os.lstat(self.path).st_mode):
+                    os.unlink(self.path)  # left by a previous loop of this pod
+            except FileNotFoundError:
+                pass
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            old = os.umask(0o177)  # the socket 0600: only slurmctld's user may call
+            try:
+                sock.bind(self.path)
+            finally:
+                os.umask(old)
+            sock.listen(64)
+        except OSError as err:
+            self.log.write(f"not serving the power-saving programs warm ({self.path}: {err}); "
+                           "they run in their own processes")
+            return False
+        self._sock = sock
+        threading.Thread(target=self._accept, name="programs", daemon=True).start()
+        self.log.write(f"serving the power-saving programs on {self.path}")
+        return True
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+    def _accept(self) -> None:
+        while self._sock is not None:
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return  # closed
+            threading.Thread(target=self._serve, args=(conn,), name="program-call", daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        with conn:
+            try:
+                line = conn.makefile("rb").readline(MAX_REQUEST)
+                request = json.loads(line)
+                program, args, pid = request["program"], request["args"], int(request["pid"])
+                resume_file = request.get("resume_file")
+                if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+                    raise TypeError("args must be a list of strings")
+            except (OSError, ValueError, KeyError, TypeError) as err:
+                self.log.write(f"program call refused: unreadable request ({err})")
+                return  # no reply: the caller runs it itself
+            try:
+                code = self.runner(program, args, resume_file, pid)
+            except Exception as err:  # a bug in a run must not stop the loop; the caller runs it itself
+                self.log.write(f"{program} {' '.join(args)} for pid {pid} failed in the loop: "
+                               f"{type(err).__name__}: {err}; the program runs it itself")
+                return
+            try:
+                conn.sendall(json.dumps({"code": code}).encode() + b"\n")
+            except OSError:
+                pass  # the caller is gone (Slurm killed it at its timeout): the run is done anyway
+
+
+def runner_for(make_context: Callable[[str, int], "Context"],
+               runs: Mapping[str, Callable[..., "RunResult"]]) -> Runner:
+    """A Runner over the programs' run functions: a fresh Context (log under the caller's pid, its
+    own backend) per call. `runs`: program -> run(args, ctx) or, for resume, run(args, ctx, text)."""
+
+    def run(program: str, args: Sequence[str], resume_file: str | None, pid: int) -> int:
+        target = runs.get(program)
+        if target is None:
+            raise ValueError(f"unknown program {program!r}")
+        ctx = make_context(program, pid)
+        ctx.log.write("run by the reconcile loop (warm)")
+        try:
+            result = target(args, ctx, resume_file) if program == "resume" else target(args, ctx)
+        finally:
+            ctx.log.close()
+        return result.code
+
+    return run
+
+
+def runs() -> dict[str, Callable[..., "RunResult"]]:
+    """What the loop serves: the three power-saving programs, and PrologSlurmctld's early resume."""
+    from . import programs
+    from .early import run_early_resume
+
+    return {**programs.RUNS, "early-resume": run_early_resume}
+
+
+def serve(env: Mapping[str, str], log: "Log") -> ProgramServer | None:
+    """Serve the power-saving programs for the reconcile loop, at socket_path(env); None when
+    turned off or the socket cannot be made (logged)."""
+    from . import programs
+
+    path = socket_path(env)
+    if not path:
+        log.write("SLURMK8S_PROGRAM_SOCKET is empty: the power-saving programs run in their own processes")
+        return None
+
+    def make_context(program: str, pid: int) -> "Context":
+        penv = programs.with_program_defaults(env)
+        return programs.Context(penv, programs.program_log(program, penv, pid))
+
+    server = ProgramServer(path, runner_for(make_context, runs()), log)
+    return server if server.start() else None
