@@ -16,7 +16,8 @@ from fakes.kube import FakePodApi
 from provisioner import manifests as m
 from provisioner.config import parse_spec
 from provisioner.elastic.backend import BackendError
-from provisioner.elastic.k8s_backend import ClientPodApi, KubernetesBackend, from_env, worker_from_pod
+from provisioner.elastic.k8s_backend import (LIST_BY_NAME_MAX, ClientPodApi, KubernetesBackend, from_env,
+                                             worker_from_pod)
 from provisioner.generate import generate
 from provisioner.inventory import SlurmNode, nodes_from_api
 from provisioner.kubeapi import ApiError, api_error_from
@@ -209,6 +210,23 @@ def test_list_errors_and_reasons(world):
     with pytest.raises(BackendError) as err:
         backend.list()
     assert err.value.retryable
+
+
+def test_a_list_for_a_few_nodes_reads_only_their_pods(world):
+    """A resume / suspend / resume-fail of a few nodes asks the API server for those nodes' pods
+    only (a set-based label selector), so its cost does not grow with the cluster; past
+    LIST_BY_NAME_MAX names it lists them all once and keeps the named ones."""
+    spec, _, api, backend = world
+    inv = _inventory(spec, names=[f"n{i}" for i in range(300)])
+    for i in range(300):
+        backend.create(inv[f"cpu-n{i}"])
+    api.selectors.clear()
+    assert set(backend.list(["cpu-n7", "cpu-n3", "cpu-n7"])) == {"cpu-n3", "cpu-n7"}
+    assert api.selectors == [f"{backend._selector},{m.L_NODE} in (cpu-n3,cpu-n7)"]
+    many = [f"cpu-n{i}" for i in range(LIST_BY_NAME_MAX + 1)]
+    assert set(backend.list(many)) == set(many)
+    assert api.selectors[-1] == backend._selector  # all, filtered here
+    assert len(backend.list()) == 300 and backend.list([]) == {}
 
 
 def test_worker_reasons_from_real_pod_statuses():

@@ -193,6 +193,7 @@ def test_an_early_resume_only_creates_and_leaves_every_other_decision_to_slurms_
                                                                backend=backend, slurm=slurm,
                                                                inventory=_inventory()), None).code == 0
     assert backend.calls[-1] == ("create", "cpu-1") and backend.calls.count(("create", "cpu-0")) == 1
+    assert backend.lists == [["cpu-0", "cpu-1"]]  # Slurm's call read only its own nodes' workers
 
 
 def test_the_prolog_asks_the_loop_for_its_jobs_cold_nodes_and_waits_as_before(sock: str, tmp_path: Path,

@@ -11,7 +11,7 @@ DOWN reason, so it must say what went wrong in words an operator can act on.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, Protocol
+from typing import Mapping, Protocol, Sequence
 
 from ..errors import SlurmK8sError
 from ..inventory import SlurmNode
@@ -66,7 +66,11 @@ class NodeBackend(Protocol):
         a graceful end; its host kills what is left when it answers again."""
         ...
 
-    def list(self) -> Mapping[str, Worker]: ...
+    def list(self, names: Sequence[str] | None = None) -> Mapping[str, Worker]:
+        """The workers, by Slurm node name: all of them, or those of `names` only (the backend may
+        ask its API for just those, so a call about a few nodes costs the same in a cluster of any
+        size)."""
+        ...
 
 
 class BackendFactory(Protocol):

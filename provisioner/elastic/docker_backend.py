@@ -23,7 +23,7 @@ import json
 import socket
 import urllib.parse
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from ..errors import SlurmK8sError
 from ..inventory import SlurmNode
@@ -273,8 +273,9 @@ class DockerBackend:
             message = data.get("message", "") if isinstance(data, dict) else str(data)
             raise BackendError(name, f"container removal failed ({status}): {message.strip()}", retryable=True)
 
-    def list(self) -> dict[str, Worker]:
+    def list(self, names: Sequence[str] | None = None) -> dict[str, Worker]:
         filters = json.dumps({"label": [f"{LABEL_CLUSTER}={self.config.cluster}"]})
+        wanted = None if names is None else set(names)  # Docker ANDs label filters: picked here
         try:
             items = self.client.checked("GET", "/containers/json", query={"all": "1", "filters": filters})
         except (OSError, http.client.HTTPException, DockerError) as err:
@@ -283,7 +284,7 @@ class DockerBackend:
         workers = {}
         for item in items:
             name = (item.get("Labels") or {}).get(LABEL_NODE)
-            if not name:
+            if not name or (wanted is not None and name not in wanted):
                 continue
             state = item.get("State", "")
             workers[name] = Worker(

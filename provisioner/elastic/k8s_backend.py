@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Mapping, Protocol
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 from .. import manifests as m
 from ..config import ClusterSpec, parse_spec
@@ -41,6 +41,8 @@ DEFAULT_SPEC = f"{m.SPEC_DIR}/spec.json"
 DEFAULT_SITE = f"{m.SPEC_DIR}/site.json"
 SA_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 TERMINAL_PHASES = frozenset({"Failed", "Succeeded"})
+# a resume / suspend / resume-fail of at most this many nodes lists only their pods (KubernetesBackend.list)
+LIST_BY_NAME_MAX = 200
 
 
 class PodApi(Protocol):
@@ -353,15 +355,26 @@ class KubernetesBackend:
                 return str(ref.get("uid") or "")
         return ""
 
-    def list(self) -> dict[str, Worker]:
+    def list(self, names: Sequence[str] | None = None) -> dict[str, Worker]:
+        """The worker pods, all of them, or with `names` those of these nodes only: a label selector
+        `<node label> in (...)`, so a resume, suspend or resume-fail of a few nodes reads a few pods,
+        whatever the cluster's size. Past LIST_BY_NAME_MAX names, one list of all and a filter here
+        (the selector would be long, and the call reads most pods anyway)."""
+        wanted = None if names is None else sorted(set(names))
+        selector = self._selector
+        if wanted is not None and 0 < len(wanted) <= LIST_BY_NAME_MAX:
+            selector += f",{m.L_NODE} in ({','.join(wanted)})"
+        if wanted == []:
+            return {}
         try:
-            pods = self.api.list(self.namespace, self._selector)
+            pods = self.api.list(self.namespace, selector)
         except ApiError as err:
             raise self._error("*", "list", err) from None
         workers = {}
         for pod in pods:
             w = worker_from_pod(pod)
-            workers[w.name] = w
+            if wanted is None or w.name in wanted:
+                workers[w.name] = w
         return workers
 
 

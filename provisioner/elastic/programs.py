@@ -257,14 +257,15 @@ class RunResult:
         return bool(self.pending)
 
 
-def _workers(ctx: Context) -> Mapping:
-    """The backend's workers. A failed list is an error, never an empty list: a transient one
-    (retryable) is tried again, at most three times within the budget, then raised."""
+def _workers(ctx: Context, names: Sequence[str]) -> Mapping:
+    """The workers of these nodes (every decision is about the nodes Slurm named). A failed list is
+    an error, never an empty list: a transient one (retryable) is tried again, at most three times
+    within the budget, then raised."""
     from .backend import BackendError
 
     for pause in (*LIST_RETRY_PAUSES, None):
         try:
-            return ctx.backend().list()
+            return ctx.backend().list(names)
         except BackendError as err:
             if not err.retryable or pause is None or ctx.remaining() < pause + 1:
                 raise
@@ -426,7 +427,7 @@ def run_resume(args: Sequence[str], ctx: Context, resume_file_text: str | None) 
     except BackendError as err:
         return _fail_all(ctx, names, f"backend unavailable: {err.reason}")
     try:
-        workers = _workers(ctx)
+        workers = _workers(ctx, names)
     except BackendError as err:
         # creates are idempotent: each one looks at what is there (adopts a live worker, replaces a dead one)
         ctx.log.write(f"cannot list workers ({err.reason}); deciding as if none existed")
@@ -473,7 +474,7 @@ def run_suspend(args: Sequence[str], ctx: Context) -> RunResult:
     except BackendError as err:
         return _cannot_see(ctx, names, "suspend", f"backend unavailable: {err.reason}")
     try:
-        workers = _workers(ctx)
+        workers = _workers(ctx, names)
     except BackendError as err:
         return _cannot_see(ctx, names, "suspend", f"cannot list workers: {err.reason}")
     return _finish(ctx, plan_suspend(names, workers), "worker not removed: ")
@@ -494,7 +495,7 @@ def run_resume_fail(args: Sequence[str], ctx: Context) -> RunResult:
     except BackendError as err:
         return _cannot_see(ctx, names, "resume-failed", f"backend unavailable: {err.reason}")
     try:
-        workers = _workers(ctx)
+        workers = _workers(ctx, names)
     except BackendError as err:
         return _cannot_see(ctx, names, "resume-failed", f"cannot list workers: {err.reason}")
     result = _finish(ctx, plan_resume_fail(names, workers), "worker not removed after failed resume: ")

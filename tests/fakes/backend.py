@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from provisioner.elastic.backend import BackendError, Worker, WorkerReplaced
 from provisioner.inventory import SlurmNode
@@ -20,6 +20,7 @@ class FakeBackend:
     fail: dict[str, str] = field(default_factory=dict)
     calls: list[tuple[str, str]] = field(default_factory=list)
     created: int = 0  # workers created so far: each gets its own uid
+    lists: list[list[str] | None] = field(default_factory=list)  # the names of each list() (None: all)
 
     def create(self, node: SlurmNode) -> None:
         self.calls.append(("create", node.name))
@@ -37,5 +38,6 @@ class FakeBackend:
             raise WorkerReplaced(name, f"worker {name} was replaced since ({uid} is gone)")
         self.workers.pop(name, None)
 
-    def list(self) -> Mapping[str, Worker]:
-        return dict(self.workers)
+    def list(self, names: Sequence[str] | None = None) -> Mapping[str, Worker]:
+        self.lists.append(None if names is None else list(names))
+        return {n: w for n, w in self.workers.items() if names is None or n in names}

@@ -32,7 +32,7 @@ class FakePodApi:
     - delete: 404 NotFound; 409 Conflict when a uid precondition does not match; an unbound or
       finished pod, or grace 0, goes at once, a bound running pod gets deletionTimestamp and goes
       when its grace period has passed on the fake clock (``advance``, ``sleep``);
-    - list with an equality label selector; get;
+    - list with a label selector (`k=v`, `k in (a,b)`; recorded in ``selectors``); get;
     - RBAC: ``allowed`` verbs (403 Forbidden with the API server's wording otherwise);
     - ``fail_next``: errors to raise on the next calls (e.g. 500, 429, 0 = unreachable);
     - get_statefulset: the slurmctld StatefulSet (uid ``sts-<namespace>``) in every namespace, or
@@ -47,6 +47,7 @@ class FakePodApi:
     pods: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     fail_next: list[ApiError] = field(default_factory=list)
     calls: list[tuple[str, str]] = field(default_factory=list)
+    selectors: list[str] = field(default_factory=list)  # the label selector of each list
     _gone_at: dict[tuple[str, str], float] = field(default_factory=dict)
     statefulsets: dict[tuple[str, str], dict[str, Any]] | None = None
     statefulset_error: ApiError | None = None
@@ -136,11 +137,19 @@ class FakePodApi:
 
     def list(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
         self._check("list", namespace)
-        want = dict(part.split("=", 1) for part in label_selector.split(",") if part)
+        self.selectors.append(label_selector)
+        want: dict[str, set[str]] = {}  # key -> the values it may have (`k=v`, `k in (a,b)`)
+        for part in re.findall(r"[^,(]+(?:\([^)]*\))?", label_selector):
+            key, sep, value = part.partition("=")
+            if sep:
+                want[key.strip()] = {value.strip()}
+            else:
+                key, _, values = part.partition(" in ")
+                want[key.strip()] = {v.strip() for v in values.strip().strip("()").split(",")}
         out = []
         for (ns, _), pod in sorted(self.pods.items()):
             labels = pod["metadata"].get("labels") or {}
-            if ns == namespace and all(labels.get(k) == v for k, v in want.items()):
+            if ns == namespace and all(labels.get(k) in v for k, v in want.items()):
                 out.append(json.loads(json.dumps(pod)))
         return out
 
