@@ -4,6 +4,7 @@ the call itself whenever the loop does not serve or does not answer."""
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import socket
@@ -205,7 +206,11 @@ def test_the_prolog_asks_the_loop_for_its_jobs_cold_nodes_and_waits_as_before(so
         return programs.Context({"SLURMK8S_BUDGET": "5"}, Log(program, str(elastic), pid=pid), backend=backend,
                                 slurm=FakeSlurm(), inventory=_inventory())
 
-    server = serve(sock, runner_for(make_context, warm.runs()), tmp_path)
+    # the loop's shared sinfo: cpu-0 boots (its slurmd registers) the third time it is read
+    reads = iter(["allocated#", "allocated#"])
+    shared = prolog.SharedStates(read=lambda: [("cpu-0", next(reads, "allocated")), ("cpu-1", "allocated")])
+    served = {**warm.runs(), "prolog": functools.partial(prolog.run_wait, states=shared)}
+    server = serve(sock, runner_for(make_context, served), tmp_path)
     monkeypatch.setenv("SLURMK8S_LOG", str(elastic))
     monkeypatch.setenv("SLURMK8S_ENV_FILE", str(tmp_path / "none.env"))
     monkeypatch.setenv("SLURMK8S_PROGRAM_SOCKET", sock)
@@ -215,15 +220,13 @@ def test_the_prolog_asks_the_loop_for_its_jobs_cold_nodes_and_waits_as_before(so
     # cpu-0 powered down (allocated~), cpu-1 already up: only cpu-0 needs a pod
     monkeypatch.setattr(prolog, "named_states", lambda nodelist: [("cpu-0", "allocated~"), ("cpu-1", "allocated")])
 
-    def states(nodelist):  # booted once the loop made cpu-0's pod
-        return ["allocated", "allocated"] if "cpu-0" in backend.workers else ["allocated#", "allocated"]
-
-    monkeypatch.setattr(prolog, "node_states", states)
+    monkeypatch.setattr(prolog, "node_states", lambda nodelist: pytest.fail("the prolog polled sinfo itself"))
     try:
         assert prolog.prolog_main() == 0
     finally:
         server.close()
     assert backend.calls == [("create", "cpu-0")]
+    assert shared.reads >= 1
     text = elastic.read_text()
     assert "early resume for job 12: cpu-0" in text
     assert re.search(r"prolog\[\d+\] job 12 nodes cpu-\[0-1\]: booted after .*; pods of cpu-0 asked for early", text)
@@ -241,3 +244,29 @@ def test_without_a_loop_the_prolog_only_waits(tmp_path: Path, monkeypatch):
     assert prolog.prolog_main() == 0
     text = (tmp_path / "elastic.log").read_text()
     assert "booted after" in text and "asked for early" not in text and "early resume" not in text
+
+
+def test_waiting_prologs_share_one_sinfo(tmp_path: Path):
+    """However many jobs wait for their nodes, the loop asks slurmctld once per poll for all of
+    them (issue #17 item 4: PrologSlurmctld's cost independent of how many jobs wait)."""
+    booted_at = time.monotonic() + 0.6
+
+    def read():
+        state = "allocated" if time.monotonic() >= booted_at else "allocated#"
+        return [(f"cpu-{i}", state) for i in range(64)]
+
+    shared = prolog.SharedStates(read=read)
+    ctx = lambda: programs.Context({}, Log("prolog", str(tmp_path / "elastic.log")))  # noqa: E731
+    threads = [threading.Thread(target=prolog.run_wait, args=([str(i), f"cpu-{i}", "10", ""], ctx(), shared))
+               for i in range(64)]
+    t0 = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    elapsed = time.monotonic() - t0
+    lines = (tmp_path / "elastic.log").read_text().splitlines()
+    assert len([line for line in lines if ": booted after " in line]) == 64, lines[:3]
+    assert 0.5 < elapsed < 2.5, elapsed
+    # about one read per 0.1 s for all 64 waiters (each polling itself: 64 reads per 0.1 s)
+    assert shared.reads <= elapsed / prolog.PROLOG_POLL + 3, (shared.reads, elapsed)

@@ -24,12 +24,13 @@ def resume_timeout_from_conf(path: str) -> float | None:
 
 
 def named_states(nodelist: str, sinfo: str = "sinfo", timeout: float = 10.0) -> list[tuple[str, str]] | None:
-    """`sinfo -h -N -n LIST -o '%N %T'` -> (node, extended state) pairs ('allocated#', 'idle~', ...)."""
+    """`sinfo -h -N -n LIST -o '%N %T'` -> (node, extended state) pairs ('allocated#', 'idle~', ...);
+    every node's with an empty LIST."""
     import subprocess
 
+    argv = [sinfo, "-h", "-N", *(("-n", nodelist) if nodelist else ()), "-o", "%N %T"]
     try:
-        proc = subprocess.run([sinfo, "-h", "-N", "-n", nodelist, "-o", "%N %T"], capture_output=True,
-                              text=True, timeout=timeout, check=False)
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
     except (OSError, subprocess.TimeoutExpired):
         return None
     if proc.returncode != 0:
@@ -99,6 +100,88 @@ def wait_for_boot(
         sleep(poll)
 
 
+def wait_line(job: str, nodelist: str, result: tuple[str, float, int, list[str] | None], early: str,
+              extra: str = "") -> str:
+    """The prolog's log line, written when it had to wait (wherever the wait ran)."""
+    outcome, waited, polls, states = result
+    return (f"job {job} nodes {nodelist}: {outcome} after {waited:.2f}s ({polls} polls, states {states})"
+            + (f"; pods of {early} asked for early" if early else "") + (f"; {extra}" if extra else ""))
+
+
+class SharedStates:
+    """Node states for every waiting prolog from one `sinfo` at a time: the reconcile loop serves
+    the prologs' waits (warm.py), and however many jobs wait for their nodes to boot, slurmctld
+    answers one `sinfo -h -N -o '%N %T'` per PROLOG_POLL, not one per job. A poller thread runs
+    only while someone waits; `states_of` returns the states from a snapshot taken after it was
+    called (None when sinfo failed, a node is missing, or no snapshot came within `patience`)."""
+
+    def __init__(self, read: Callable[[], list[tuple[str, str]] | None] | None = None, poll: float = PROLOG_POLL,
+                 patience: float = 15.0) -> None:
+        import threading
+
+        self._read = read or (lambda: named_states_all())
+        self._poll = poll
+        self._patience = patience
+        self._cond = threading.Condition()
+        self._seq = 0  # snapshots taken so far
+        self._snapshot: dict[str, str] | None = None
+        self._waiting = 0
+        self.reads = 0  # sinfo calls made (the measure of its cost)
+        threading.Thread(target=self._run, name="prolog-states", daemon=True).start()
+
+    def states_of(self, nodelist: str) -> list[str] | None:
+        from .plan import InputError, parse_hostlists
+
+        try:
+            names = parse_hostlists([nodelist])
+        except InputError:
+            return None
+        with self._cond:
+            want = self._seq + 1
+            self._waiting += 1
+            self._cond.notify_all()
+            try:
+                if not self._cond.wait_for(lambda: self._seq >= want, self._patience):
+                    return None
+                snapshot = self._snapshot
+            finally:
+                self._waiting -= 1
+        if snapshot is None or any(n not in snapshot for n in names):
+            return None
+        return [snapshot[n] for n in names]
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._waiting > 0)
+            started = time.monotonic()
+            pairs = self._read()
+            with self._cond:
+                self.reads += 1
+                self._snapshot = None if pairs is None else dict(pairs)
+                self._seq += 1
+                self._cond.notify_all()
+            time.sleep(max(0.0, self._poll - (time.monotonic() - started)))
+
+
+def named_states_all() -> list[tuple[str, str]] | None:
+    """Every node's extended state (`sinfo -h -N -o '%N %T'`)."""
+    return named_states("")
+
+
+def run_wait(args: Sequence[str], ctx, states: SharedStates):
+    """The prolog's wait, run by the reconcile loop for a prolog process (args: job, nodelist,
+    timeout, the nodes asked for early): the same wait, the same log line, on shared states."""
+    from .programs import RunResult
+
+    job, nodelist, timeout, early = (list(args) + ["", "", "0", ""])[:4]
+    result = wait_for_boot(nodelist, float(timeout) or PROLOG_DEFAULT_TIMEOUT, states.states_of,
+                           sleep=lambda _s: None)  # states_of itself waits for the next snapshot
+    if result[2] > 1 or result[0] != "booted":
+        ctx.log.write(wait_line(job, nodelist, result, early))
+    return RunResult(0)
+
+
 def prolog_main() -> int:
     """PrologSlurmctld: return once the job's nodes have booted, so Slurm launches it at once.
 
@@ -116,15 +199,22 @@ def prolog_main() -> int:
         timeout = _env_float(env, "SLURMK8S_PROLOG_TIMEOUT", 0.0) or resume_timeout_from_conf(
             env.get("SLURM_CONF", "/etc/slurm/slurm.conf")) or PROLOG_DEFAULT_TIMEOUT
         named = named_states(nodelist)
+        first = None if named is None else [state for _, state in named]
+        if first is not None and booted(first) and not env_error:
+            return 0  # nodes already up: stay quiet (runs for every job)
         cold = powered_down(named or ())
-        early = head_start(env, job, cold) if cold else False
-        outcome, waited, polls, states = wait_for_boot(
-            nodelist, timeout, first=None if named is None else [state for _, state in named])
-        if polls > 1 or outcome != "booted" or env_error:  # nodes already up: stay quiet (runs for every job)
+        early = ",".join(cold) if cold and head_start(env, job, cold) else ""
+        from .warm import NotServed, delegate, socket_path
+
+        try:  # the loop waits for us, one sinfo for all the jobs that wait (SharedStates)
+            delegate(socket_path(env), "prolog", [job, nodelist, str(timeout), early], None)
+            return 0
+        except NotServed as why:
+            served = str(why)
+        result = wait_for_boot(nodelist, timeout, first=first)
+        if result[2] > 1 or result[0] != "booted" or env_error or served:
             log = Log("prolog", env.get("SLURMK8S_LOG", DEFAULT_LOG))
-            log.write(f"job {job} nodes {nodelist}: {outcome} after {waited:.2f}s ({polls} polls, states {states})"
-                      + (f"; pods of {','.join(cold)} asked for early" if early else "")
-                      + (f"; {env_error}" if env_error else ""))
+            log.write(wait_line(job, nodelist, result, early, "; ".join(filter(None, (served, env_error)))))
     except BaseException as err:  # noqa: BLE001 -- must never fail the job; logged, exit 0
         try:
             (log or Log("prolog", env.get("SLURMK8S_LOG", DEFAULT_LOG))).write(

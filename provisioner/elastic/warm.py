@@ -203,11 +203,16 @@ def runner_for(make_context: Callable[[str, int], "Context"],
 
 
 def runs() -> dict[str, Callable[..., "RunResult"]]:
-    """What the loop serves: the three power-saving programs, and PrologSlurmctld's early resume."""
+    """What the loop serves: the three power-saving programs, PrologSlurmctld's early resume, and
+    PrologSlurmctld's wait for its nodes (every waiting job on one `sinfo` at a time)."""
+    import functools
+
     from . import programs
     from .early import run_early_resume
+    from .prolog import SharedStates, run_wait
 
-    return {**programs.RUNS, "early-resume": run_early_resume}
+    return {**programs.RUNS, "early-resume": run_early_resume,
+            "prolog": functools.partial(run_wait, states=SharedStates())}
 
 
 def serve(env: Mapping[str, str], log: "Log") -> ProgramServer | None:
