@@ -140,7 +140,7 @@ def _add_login_agent(spec: ClusterSpec, pod_spec: dict[str, Any], login: dict[st
                     "--wake-socket", WAKE_SOCKET, "--activity-port", str(ACTIVITY_PORT),
                     "--activity-file", f"{ACTIVITY_DIR}/sessions", "--users-file", f"{USERS_DIR}/passwd"],
         "ports": [{"name": "activity", "containerPort": ACTIVITY_PORT, "protocol": "TCP"}],
-        "readinessProbe": {"tcpSocket": {"port": ACTIVITY_PORT}, "periodSeconds": 5},
+        "readinessProbe": {"tcpSocket": {"port": ACTIVITY_PORT}, "periodSeconds": 1},  # a wake waits for it
         "resources": {"requests": {"cpu": "10m", "memory": "64Mi"}},
         "securityContext": {**_container_security(()), "runAsUser": AGENT_UID, "runAsGroup": AGENT_UID,
                             "runAsNonRoot": True, "readOnlyRootFilesystem": True},
