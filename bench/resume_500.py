@@ -2,10 +2,12 @@
 500 worker pods Running. The pods land on kwok nodes (simulated: scheduled and "Running", never
 started), so the figure is the control path: planning, 500 API creates, scheduling, status.
 
-Usage: KUBECONFIG=... python bench/resume_500.py [--nodes 500] [--parallel 32] [--json OUT]
-Needs the local cluster with kwok (`slurmk8s cluster up --kwok`). Target (issue #6): <= 5 s; the
-raw API floor measured on this machine: 500 pods created in 2.0 s, all Running in 4.1 s (that floor is
-not measured by this script). --json also writes the figures printed to OUT (bench/all.py reads it).
+Usage: KUBECONFIG=... python bench/resume_500.py [--nodes 500] [--parallel N] [--json OUT]
+Needs the local cluster with kwok (`slurmk8s cluster up --kwok`). --parallel defaults to the resume
+program's shipped SLURMK8S_PARALLEL. Target (issue #17 item 3): all Running <= 5 s and <= 1.3x the
+floor, which this script measures in the same run: the same pods (the backend's own manifests,
+owner included) created straight through the API, with as many calls in flight, no resume program.
+--json also writes the figures printed to OUT (bench/all.py reads it).
 """
 
 from __future__ import annotations
@@ -25,8 +27,9 @@ sys.path.insert(0, str(ROOT / "tests"))  # the fakes package
 
 from helpers import NotOurs, kjson, kubectl, kubectl_exe, kubeconfig, mark_made_by, refuse_foreign  # noqa: E402
 
+from provisioner import manifests as m  # noqa: E402
 from provisioner.config import parse_spec  # noqa: E402
-from provisioner.elastic.programs import Context, run_resume, run_suspend  # noqa: E402
+from provisioner.elastic.programs import DEFAULT_PARALLEL, Context, run_resume, run_suspend  # noqa: E402
 from provisioner.logs import Log  # noqa: E402
 from fakes.slurm import FakeSlurm  # noqa: E402
 from provisioner.generate import generate  # noqa: E402
@@ -42,10 +45,43 @@ def running(ns: str) -> int:
     return sum(p["status"].get("phase") == "Running" for p in pods)
 
 
+def floor(backend, inventory, ns: str, nodes: int, parallel: int) -> tuple[float, float]:
+    """The same pods created straight through the API (`parallel` calls in flight), no resume
+    program: (seconds until every create returned, until all were Running). Deletes them after."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    bodies = []
+    for node in inventory.nodes:
+        pod = m.worker_pod(backend.spec, node, backend.site)
+        pod["metadata"]["ownerReferences"] = [backend.owner_reference(node.name)]
+        bodies.append(pod)
+    t0 = time.monotonic()
+    with ThreadPoolExecutor(parallel) as pool:
+        list(pool.map(lambda body: backend.api.create(ns, body), bodies))
+    created = time.monotonic() - t0
+    while running(ns) < nodes:
+        if time.monotonic() - t0 > 120:
+            sys.exit(f"floor: only {running(ns)} of {nodes} pods Running after 120 s")
+        time.sleep(0.1)
+    all_running = time.monotonic() - t0
+    with ThreadPoolExecutor(parallel) as pool:
+        list(pool.map(lambda body: backend.api.delete(ns, body["metadata"]["name"], grace_seconds=0), bodies))
+    wait_gone(ns)
+    return created, all_running
+
+
+def wait_gone(ns: str) -> None:
+    deadline = time.monotonic() + 120
+    while kjson("get", "pods", "-n", ns, "-l", "app.kubernetes.io/component=worker")["items"]:
+        if time.monotonic() > deadline:
+            sys.exit(f"worker pods of {ns} still there after 120 s")
+        time.sleep(0.2)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=500)
-    parser.add_argument("--parallel", type=int, default=32)
+    parser.add_argument("--parallel", type=int, default=DEFAULT_PARALLEL)
     parser.add_argument("--json", type=Path, metavar="OUT", help="also write the figures printed to OUT")
     args = parser.parse_args()
     spec = parse_spec({
@@ -107,12 +143,17 @@ def main() -> None:
                       inventory=inventory)
         run_suspend([hostlist], ctx)
         t_deleted = time.monotonic() - t1
+        wait_gone(NS)
+        f_created, f_running = floor(from_env(env), inventory, NS, args.nodes, args.parallel)
         print(f"resume of {args.nodes} nodes ({hostlist}) through the resume program + Kubernetes backend, "
               f"{args.parallel} parallel API calls, {kwok_nodes} kwok nodes:")
         print(f"  resume program returned (every pod created): {t_created:.2f} s, exit {result.code}, "
               f"{len(result.down)} nodes set DOWN")
         print(f"  all {args.nodes} worker pods Running: {t_running:.2f} s (target <= 5 s)")
         print(f"  suspend program deleted them: {t_deleted:.2f} s")
+        print(f"  floor, the same pods created straight through the API ({args.parallel} in flight): created "
+              f"{f_created:.2f} s, all Running {f_running:.2f} s -> resume / floor {t_running / f_running:.2f}x "
+              f"(target <= 1.3x)")
     if args.json:
         versions = kubectl("version", "-o", "json", check=False).stdout
         server = json.loads(versions).get("serverVersion", {}).get("gitVersion", "?") if versions else "?"
@@ -120,6 +161,7 @@ def main() -> None:
             "kubernetes": server, "nodes": args.nodes, "parallel": args.parallel, "kwok_nodes": kwok_nodes,
             "hostlist": hostlist, "resume_exit": result.code, "set_down": len(result.down),
             "created_s": round(t_created, 6), "running_s": round(t_running, 6), "deleted_s": round(t_deleted, 6),
+            "floor_created_s": round(f_created, 6), "floor_running_s": round(f_running, 6),
         }, indent=2) + "\n")
     kubectl("delete", "namespace", NS, "--wait=false", check=False)
     kubectl("delete", "pv", "p4b-home", "--wait=false", check=False)

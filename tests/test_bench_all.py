@@ -173,11 +173,19 @@ def test_p4b_rows_floor_not_measured() -> None:
     assert slow.verdict == "not met"
     assert slow.result == ("all 500 pods Running 9.58 s (resume program returned 2.38 s, exit 0, 0 nodes DOWN; "
                            "suspend 1.70 s)")
-    assert slow.note.startswith("<= 5 s: not met; <= 1.3x the floor: not measured (resume_500 does not time")
+    assert slow.note.startswith("<= 5 s: not met; <= 1.3x the floor: not measured (this resume_500 run did not time")
     [quick] = bench_all.p4b_rows(p4b_doc(4.1))
     assert quick.verdict == "not measured" and quick.floor == "not measured"
     [broken] = bench_all.p4b_rows(p4b_doc(4.1, exit_code=1, down=3))
     assert broken.verdict == "not met" and "every node resumed (exit 0, none DOWN): not met" in broken.note
+
+
+def test_p4b_rows_with_the_floor_of_the_same_run() -> None:
+    [row] = bench_all.p4b_rows({**p4b_doc(4.2), "floor_created_s": 1.9, "floor_running_s": 3.5})
+    assert row.ratio == "1.20x" and row.verdict == "met", row
+    assert row.floor.startswith("the same 500 pods created straight through the API: all Running 3.50 s")
+    [slow] = bench_all.p4b_rows({**p4b_doc(4.9), "floor_created_s": 1.9, "floor_running_s": 3.5})
+    assert slow.verdict == "not met" and "<= 1.3x the floor: not met" in slow.note
 
 
 def test_p6_rows_host_network_not_run_on_the_local_cluster() -> None:
