@@ -112,8 +112,8 @@ class SharedStates:
     """Node states for every waiting prolog from one `sinfo` at a time: the reconcile loop serves
     the prologs' waits (warm.py), and however many jobs wait for their nodes to boot, slurmctld
     answers one `sinfo -h -N -o '%N %T'` per PROLOG_POLL, not one per job. A poller thread runs
-    only while someone waits; `states_of` returns the states from a snapshot taken after it was
-    called (None when sinfo failed, a node is missing, or no snapshot came within `patience`)."""
+    only while someone waits; `states_of` returns the states from the next snapshot to complete
+    after it was called (None when sinfo failed, a node is missing, or none came within `patience`)."""
 
     def __init__(self, read: Callable[[], list[tuple[str, str]] | None] | None = None, poll: float = PROLOG_POLL,
                  patience: float = 15.0) -> None:
