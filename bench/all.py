@@ -1,5 +1,5 @@
 """One table of the benchmarks (issue #17 item 6): runs the fast benches, each as a subprocess with
---json, and prints P1, P4b, P5, P6, P7 and the render bench in one table: what, the result, the floor
+--json, and prints P1, P4, P4b, P5, P6, P7 and the render bench in one table: what, the result, the floor
 measured in the same run, the ratio, the goal, and met / not met / not measured (why) / failed.
 
 Usage: python bench/all.py [--only NAME,...] [--skip NAME,...] [--timeout [NAME=]SECONDS ...]
@@ -9,6 +9,7 @@ NAME is a bench's script name or one of its rows' ids (case does not matter):
   script               arguments      rows      needs
   render_scale         --nodes 10000  render    nothing (pure Python)
   resume_500                          P4b       the local cluster, the toolchain's kwok
+  queue_32k                           P4        a cluster at KUBECONFIG
   k8s_submit_latency   --runs 5       P1, P5    a cluster at KUBECONFIG (default the local one)
   wake_submit          --runs 1       P7        a cluster at KUBECONFIG
   mpi_p6                              P6        the local cluster, Docker (the host-process floor)
@@ -89,6 +90,7 @@ class Row:
 
 WHAT = {
     "P1": "`sbatch` -> job RUNNING, 1 node, from zero workers",
+    "P4": "4,096 Slurm nodes, 32,768 pending jobs: sbatch, squeue, `slurmk8s status`, the reconcile pass",
     "P4b": "one resume of 500 nodes -> 500 worker pods Running (kwok nodes)",
     "P5": "`slurmk8s up` from nothing -> login answers SSH",
     "P6": "MPI, 2 ranks on 2 Kubernetes nodes, large messages (1 MiB, 16 MiB), host_network",
@@ -97,13 +99,14 @@ WHAT = {
 }
 GOAL = {
     "P1": "p50 <= 2.5 s and <= 2.5x the bare pod start",
+    "P4": "sbatch p99 <= 500 ms, squeue p99 <= 2 s, status <= 3 s, reconcile pass <= 2 s",
     "P4b": "<= 5 s and <= 1.3x the floor (direct pod creation)",
     "P5": "<= 60 s",
     "P6": ">= 0.9x the host processes (ping-pong bandwidth, allreduce time)",
     "P7": "<= 6 s",
     "render": "<= 1 s (median)",
 }
-ORDER = ("P1", "P4b", "P5", "P6", "P7", "render")
+ORDER = ("P1", "P4", "P4b", "P5", "P6", "P7", "render")
 NONE = "—"
 
 
@@ -202,6 +205,24 @@ def p6_rows(doc: Mapping[str, Any]) -> list[Row]:
     return [_row("P6", result, floor, ratio, [check])]
 
 
+def p4_rows(doc: Mapping[str, Any]) -> list[Row]:
+    """bench/queue_32k.py --json."""
+    sb, sq, st = doc["sbatch_s"], doc["squeue_s"], doc["status_s"]
+    p99 = lambda values: sorted(values)[min(len(values) - 1, int(round(0.99 * (len(values) - 1))))]  # noqa: E731
+    pass_s = doc["reconcile_pass_mean_s"]
+    result = (f"{doc['queued']} jobs pending on {doc['nodes']} nodes: sbatch p99 {p99(sb) * 1000:.0f} ms "
+              f"({len(sb)} calls, {doc['sbatch_failed']} failed), squeue p99 {p99(sq):.2f} s, status max "
+              f"{max(st):.2f} s, reconcile pass mean {pass_s:.2f} s ({doc['reconcile_passes']} passes"
+              + (f", peak RSS {doc['reconcile_peak_kib'] / 1024:.0f} MiB)" if doc.get("reconcile_peak_kib") else ")"))
+    checks = [Check("sbatch p99 <= 500 ms", p99(sb) <= 0.5 and not doc["sbatch_failed"]),
+              Check("squeue p99 <= 2 s", p99(sq) <= 2.0), Check("status <= 3 s", max(st) <= 3.0),
+              Check("reconcile pass <= 2 s", pass_s <= 2.0) if doc["reconcile_passes"] else
+              Check("reconcile pass <= 2 s", None, "no pass finished at the full queue")]
+    if doc["queued"] < doc["jobs"]:
+        checks.append(Check(f"{doc['jobs']} jobs queued", False))
+    return [_row("P4", result, NONE, NONE, checks)]
+
+
 def p7_rows(doc: Mapping[str, Any]) -> list[Row]:
     """bench/wake_submit.py --json."""
     seen = doc["to_seen_running"]
@@ -233,6 +254,7 @@ class Bench:
 BENCHES = (
     Bench("render_scale", ("render",), ("--nodes", "10000"), 300, (), render_rows),
     Bench("resume_500", ("P4b",), (), 600, ("cluster", "local", "kwok"), p4b_rows),
+    Bench("queue_32k", ("P4",), (), 1800, ("cluster",), p4_rows),
     Bench("k8s_submit_latency", ("P1", "P5"), ("--runs", "5"), 1800, ("cluster",), p1_rows),
     Bench("wake_submit", ("P7",), ("--runs", "1"), 1200, ("cluster",), p7_rows),
     Bench("mpi_p6", ("P6",), (), 1800, ("cluster", "local", "docker"), p6_rows),

@@ -180,6 +180,17 @@ def test_p4b_rows_floor_not_measured() -> None:
     assert broken.verdict == "not met" and "every node resumed (exit 0, none DOWN): not met" in broken.note
 
 
+def test_p4_rows() -> None:
+    doc = {"nodes": 4096, "jobs": 32768, "queued": 32768, "sbatch_s": [0.05] * 99 + [0.6], "sbatch_failed": 0,
+           "squeue_s": [1.2] * 20, "status_s": [2.1, 1.9], "reconcile_pass_mean_s": 0.8, "reconcile_passes": 3,
+           "reconcile_peak_kib": 204800}
+    [row] = bench_all.p4_rows(doc)
+    assert row.verdict == "met" and "32768 jobs pending on 4096 nodes" in row.result and "200 MiB" in row.result
+    [slow] = bench_all.p4_rows({**doc, "sbatch_s": [0.6] * 100, "reconcile_passes": 0})
+    assert slow.verdict == "not met" and "sbatch p99 <= 500 ms: not met" in slow.note
+    assert "reconcile pass <= 2 s: not measured" in slow.note
+
+
 def test_p4b_rows_with_the_floor_of_the_same_run() -> None:
     [row] = bench_all.p4b_rows({**p4b_doc(4.2), "floor_created_s": 1.9, "floor_running_s": 3.5})
     assert row.ratio == "1.20x" and row.verdict == "met", row
@@ -272,9 +283,9 @@ def test_table_rows_every_id_in_order() -> None:
                 "mpi_p6": Outcome("mpi_p6", "ok", 0, doc=p6_doc()),
                 "wake_submit": Outcome("wake_submit", "failed", 2, tail=["cannot run"])}
     rows = bench_all.table_rows(outcomes)
-    assert [r.id for r in rows] == ["P1", "P4b", "P5", "P6", "P7", "render"]
-    assert [r.verdict for r in rows] == ["not measured", "not measured", "not measured", "not measured", "failed",
-                                         "met"]
+    assert [r.id for r in rows] == ["P1", "P4", "P4b", "P5", "P6", "P7", "render"]
+    assert [r.verdict for r in rows] == ["not measured", "not measured", "not measured", "not measured",
+                                         "not measured", "failed", "met"]
 
 
 def test_text_and_markdown_tables() -> None:
@@ -322,11 +333,11 @@ def test_machine_line() -> None:
 
 def test_select_and_timeouts() -> None:
     names = [b.name for b in bench_all.select(bench_all.BENCHES)]
-    assert names == ["render_scale", "resume_500", "k8s_submit_latency", "wake_submit", "mpi_p6"]
+    assert names == ["render_scale", "resume_500", "queue_32k", "k8s_submit_latency", "wake_submit", "mpi_p6"]
     assert [b.name for b in bench_all.select(bench_all.BENCHES, ["render", "p1"])] == ["render_scale",
                                                                                       "k8s_submit_latency"]
     assert [b.name for b in bench_all.select(bench_all.BENCHES, ["P5"])] == ["k8s_submit_latency"]
-    assert [b.name for b in bench_all.select(bench_all.BENCHES, [], ["mpi_p6", "P4b", ""])] == [
+    assert [b.name for b in bench_all.select(bench_all.BENCHES, [], ["mpi_p6", "P4b", "P4", ""])] == [
         "render_scale", "k8s_submit_latency", "wake_submit"]
     with pytest.raises(ValueError, match="unknown bench 'p9'"):
         bench_all.select(bench_all.BENCHES, ["p9"])
