@@ -41,6 +41,10 @@ MIB = 2**20
 CONF_MARKER = "#slurmk8s-health"
 CONF_PATHS = ("/run/slurm/conf/slurm.conf", "/var/spool/slurmd/conf-cache/slurm.conf", "/etc/slurm/slurm.conf")
 MPI_PROBE = "/usr/local/lib/slurmk8s/mpi-loopback"
+# The worker's entrypoint starts the MPI loopback run beside the rest of the pod's start (it takes
+# about 0.4 s) and the check slurmd runs before it registers takes that result instead of running
+# it again: `slurmk8s-healthcheck --mpi-boot` writes BOOT_MPI (its PENDING marker first).
+BOOT_MPI = "/run/slurmk8s/health-boot-mpi.json"
 DEFAULT_LOG = "/var/log/slurm/healthcheck.log"
 REASON_MAX = 200
 
@@ -480,6 +484,48 @@ def configured_gpu_files(env: Mapping[str, str], node_name: str) -> list[str]:
     return gpu_device_files(parse_gres_conf(text or "", read_text, conf_dir), node_name)
 
 
+def run_boot_mpi(path: str, env: Mapping[str, str], timeout: float, runner: Callable[..., Proc | None] = run) -> None:
+    """The MPI loopback run for slurmd's first check, started by the worker's entrypoint: the result
+    (exit code, output, seconds; exit None when it could not start or timed out) goes to `path`,
+    written whole (rename); `path`.pending says it is under way."""
+    start = time.monotonic()
+    proc = runner(list(MPI_ARGV), timeout, mpi_env(env))
+    doc = {"returncode": None if proc is None else proc.returncode, "stdout": "" if proc is None else proc.stdout,
+           "stderr": "" if proc is None else proc.stderr, "seconds": time.monotonic() - start}
+    with open(path + ".new", "w") as fh:
+        json.dump(doc, fh)
+    os.replace(path + ".new", path)
+    try:
+        os.unlink(path + ".pending")
+    except FileNotFoundError:
+        pass
+
+
+def take_boot_mpi(path: str, timeout: float, poll: float = 0.02) -> tuple[Proc | None, float] | None:
+    """The entrypoint's MPI run (see run_boot_mpi), waited for while pending (at most `timeout`),
+    and removed: only slurmd's first check after the pod's start uses it. None when there is none."""
+    if not (os.path.exists(path) or os.path.exists(path + ".pending")):
+        return None
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(path) and os.path.exists(path + ".pending") and time.monotonic() < deadline:
+        time.sleep(poll)
+    try:
+        with open(path) as fh:
+            doc = json.load(fh)
+    except (OSError, ValueError):
+        doc = None
+    for leftover in (path, path + ".pending"):
+        try:
+            os.unlink(leftover)
+        except FileNotFoundError:
+            pass
+    if not isinstance(doc, dict):
+        return None, float(timeout)  # started, never finished: as a run that timed out
+    code = doc.get("returncode")
+    proc = None if code is None else Proc(int(code), str(doc.get("stdout", "")), str(doc.get("stderr", "")))
+    return proc, float(doc.get("seconds") or 0.0)
+
+
 def gather(cfg: Config, node_name: str, env: Mapping[str, str],
            runner: Callable[..., Proc | None] = run) -> tuple[list[Result], SlurmNode | None]:
     """Measure and run every check on this node."""
@@ -492,7 +538,10 @@ def gather(cfg: Config, node_name: str, env: Mapping[str, str],
                                 cfg.min_memory_fraction))
     probe = os.access(MPI_PROBE, os.X_OK)
     mpi_proc, seconds = None, 0.0
-    if cfg.mpi_loopback and probe:
+    boot = take_boot_mpi(env.get("SLURMK8S_HEALTH_BOOT_MPI", BOOT_MPI), cfg.mpi_timeout)
+    if cfg.mpi_loopback and probe and boot is not None:
+        mpi_proc, seconds = boot  # the run the entrypoint started: this is slurmd's first check
+    elif cfg.mpi_loopback and probe:
         start = time.monotonic()
         mpi_proc = runner(list(MPI_ARGV), cfg.mpi_timeout, mpi_env(env))
         seconds = time.monotonic() - start
@@ -529,8 +578,14 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     parser.add_argument("--node", help="Slurm node name (default: $SLURMD_NODENAME, $SLURMK8S_NODENAME, hostname)")
     parser.add_argument("--no-drain", action="store_true", help="only report (exit 1 on a failure)")
     parser.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
+    parser.add_argument("--mpi-boot", action="store_true",
+                        help="only run the MPI loopback and keep its result for slurmd's first check (the "
+                             "worker's entrypoint starts this beside the pod's start)")
     args = parser.parse_args(argv)
     env = os.environ if env is None else env
+    if args.mpi_boot:
+        run_boot_mpi(env.get("SLURMK8S_HEALTH_BOOT_MPI", BOOT_MPI), env, Config().mpi_timeout, runner)
+        return 0
     node_name = args.node or env.get("SLURMD_NODENAME") or env.get("SLURMK8S_NODENAME") or socket.gethostname()
     log = Log(env.get("SLURMK8S_HEALTH_LOG", DEFAULT_LOG) or None, node_name)
     cfg, warnings = load_config(find_conf(env), env)

@@ -253,3 +253,51 @@ def test_rendered_slurm_conf_sets_the_health_check_only_when_enabled():
     assert "\n#slurmk8s-health min_disk_free_mb=1024 " in conf
     off = generate(parse_spec({**base, "health": {"enabled": False}}), nodes, Site()).files["slurm.conf"]
     assert "HealthCheck" not in off and "#slurmk8s-health" not in off
+
+
+# ---------------------------------------------------------------- the MPI run started with the pod
+
+
+def _healthy(monkeypatch):
+    monkeypatch.setattr(health, "read_text", lambda p: MEMINFO.format(avail=4 * 1024 * 1024) if p == "/proc/meminfo" else None)
+    monkeypatch.setattr(health, "statvfs", lambda p: FsStat(100 * GIB, 50 * GIB, fsid=1))
+    real_access = health.os.access
+    monkeypatch.setattr(health.os, "access", lambda p, mode: p == health.MPI_PROBE or real_access(p, mode))
+
+
+def test_slurmds_first_check_takes_the_mpi_run_the_entrypoint_started(monkeypatch, tmp_path):
+    """The entrypoint runs `--mpi-boot` beside the pod's start; the check slurmd runs before it
+    registers uses that result (no second mpirun) and removes it; the next check runs its own."""
+    _healthy(monkeypatch)
+    boot = str(tmp_path / "boot.json")
+    env = {"SLURMD_NODENAME": "cpu-0", "SLURMK8S_HEALTH_LOG": "", "SLURMK8S_HEALTH_BOOT_MPI": boot}
+    (tmp_path / "boot.json.pending").write_text("")
+    entry = FakeRunner()
+    assert health.main(["--mpi-boot"], env=env, runner=entry) == 0
+    assert [c[0] for c in entry.calls] == ["mpirun"] and not (tmp_path / "boot.json.pending").exists()
+    first = FakeRunner()
+    results, _ = health.gather(Config(), "cpu-0", env, first)
+    assert "mpirun" not in [c[0] for c in first.calls]
+    assert [r.status for r in results if r.check == "mpi"] == [OK] and not (tmp_path / "boot.json").exists()
+    later = FakeRunner()
+    health.gather(Config(), "cpu-0", env, later)
+    assert "mpirun" in [c[0] for c in later.calls]
+
+
+def test_the_first_check_waits_for_a_boot_run_under_way_and_fails_one_that_never_ends(monkeypatch, tmp_path):
+    import threading
+
+    _healthy(monkeypatch)
+    boot = str(tmp_path / "boot.json")
+    env = {"SLURMD_NODENAME": "cpu-0", "SLURMK8S_HEALTH_LOG": "", "SLURMK8S_HEALTH_BOOT_MPI": boot}
+    (tmp_path / "boot.json.pending").write_text("")
+    failing = lambda argv, timeout, env=None: Proc(1, "", "mpirun: shm too small")  # noqa: E731
+    threading.Timer(0.2, health.run_boot_mpi, args=(boot, {}, 5, failing)).start()
+    results, _ = health.gather(Config(), "cpu-0", env, FakeRunner())
+    (mpi,) = [r for r in results if r.check == "mpi"]
+    assert mpi.status == FAIL and "exit 1" in mpi.detail
+    (tmp_path / "boot.json.pending").write_text("")  # a boot run that died without a word
+    results, _ = health.gather(Config(mpi_timeout=0.3), "cpu-0", env, FakeRunner())
+    (mpi,) = [r for r in results if r.check == "mpi"]
+    assert mpi.status == FAIL and "timed out" in mpi.detail
+    assert not list(tmp_path.iterdir())
