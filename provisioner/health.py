@@ -9,18 +9,13 @@ per check and, when one fails, drains the node::
 
 then exits 1 (0 when all passed or were skipped). slurmd runs it as root at its start, before it
 registers (so a resumed node is drained before it takes a job), and every HealthCheckInterval.
+Thresholds come from one comment line the renderer writes into slurm.conf (configless slurmd
+fetches it), ``#slurmk8s-health min_disk_free_mb=1024 min_shm_mb=64 ...``; ``SLURMK8S_HEALTH_<KEY>``
+environment variables override single values (tests, debugging).
 
-Thresholds: the renderer writes one comment line into slurm.conf, which configless slurmd fetches
-(and re-fetches on ``scontrol reconfigure``)::
-
-    #slurmk8s-health min_disk_free_mb=1024 min_shm_mb=64 min_memory_fraction=0.9 mpi_loopback=1 gpu=1
-
-``SLURMK8S_HEALTH_<KEY>`` environment variables override single values (tests, debugging).
-
-This module runs inside the slurmd image under its ``python3`` (the users' Python, userenv stage):
-standard library only, and only what ``python3-minimal`` has too (no ``shutil``, ``shlex``), so a
-worker image of its own with the minimal Python still runs it; no import of the rest of the package,
-nothing happens at import time.
+It runs inside the slurmd image under its ``python3``: standard library only, and only what
+``python3-minimal`` has too (no ``shutil``, ``shlex``), no import of the rest of the package,
+nothing at import time.
 """
 
 from __future__ import annotations
@@ -41,10 +36,7 @@ MIB = 2**20
 CONF_MARKER = "#slurmk8s-health"
 CONF_PATHS = ("/run/slurm/conf/slurm.conf", "/var/spool/slurmd/conf-cache/slurm.conf", "/etc/slurm/slurm.conf")
 MPI_PROBE = "/usr/local/lib/slurmk8s/mpi-loopback"
-# The worker's entrypoint starts the MPI loopback run beside the rest of the pod's start (it takes
-# about 0.4 s) and the check slurmd runs before it registers takes that result instead of running
-# it again: `slurmk8s-healthcheck --mpi-boot` writes BOOT_MPI (its PENDING marker first).
-BOOT_MPI = "/run/slurmk8s/health-boot-mpi.json"
+BOOT_MPI = "/run/slurmk8s/health-boot-mpi.json"  # the entrypoint's MPI run (--mpi-boot), for slurmd's first check
 DEFAULT_LOG = "/var/log/slurm/healthcheck.log"
 REASON_MAX = 200
 
@@ -485,45 +477,38 @@ def configured_gpu_files(env: Mapping[str, str], node_name: str) -> list[str]:
 
 
 def run_boot_mpi(path: str, env: Mapping[str, str], timeout: float, runner: Callable[..., Proc | None] = run) -> None:
-    """The MPI loopback run for slurmd's first check, started by the worker's entrypoint: the result
-    (exit code, output, seconds; exit None when it could not start or timed out) goes to `path`,
-    written whole (rename); `path`.pending says it is under way."""
+    """The entrypoint's MPI run for slurmd's first check: its result to `path` (whole, by rename;
+    returncode None: could not start or timed out), then `path`.pending removed."""
     start = time.monotonic()
-    proc = runner(list(MPI_ARGV), timeout, mpi_env(env))
-    doc = {"returncode": None if proc is None else proc.returncode, "stdout": "" if proc is None else proc.stdout,
-           "stderr": "" if proc is None else proc.stderr, "seconds": time.monotonic() - start}
+    p = runner(list(MPI_ARGV), timeout, mpi_env(env))
+    doc = {"returncode": p and p.returncode, "stdout": p and p.stdout or "", "stderr": p and p.stderr or "",
+           "seconds": time.monotonic() - start}
     with open(path + ".new", "w") as fh:
         json.dump(doc, fh)
     os.replace(path + ".new", path)
-    try:
-        os.unlink(path + ".pending")
-    except FileNotFoundError:
-        pass
+    _remove(path + ".pending")
 
 
 def take_boot_mpi(path: str, timeout: float, poll: float = 0.02) -> tuple[Proc | None, float] | None:
-    """The entrypoint's MPI run (see run_boot_mpi), waited for while pending (at most `timeout`),
-    and removed: only slurmd's first check after the pod's start uses it. None when there is none."""
+    """That result (waited for while pending, at most `timeout`), removed: only slurmd's first check
+    uses it; None when there is none. One that never came counts as timed out."""
+    deadline = time.monotonic() + timeout
     if not (os.path.exists(path) or os.path.exists(path + ".pending")):
         return None
-    deadline = time.monotonic() + timeout
     while not os.path.exists(path) and os.path.exists(path + ".pending") and time.monotonic() < deadline:
         time.sleep(poll)
     try:
-        with open(path) as fh:
-            doc = json.load(fh)
-    except (OSError, ValueError):
-        doc = None
-    for leftover in (path, path + ".pending"):
-        try:
-            os.unlink(leftover)
-        except FileNotFoundError:
-            pass
-    if not isinstance(doc, dict):
-        return None, float(timeout)  # started, never finished: as a run that timed out
-    code = doc.get("returncode")
-    proc = None if code is None else Proc(int(code), str(doc.get("stdout", "")), str(doc.get("stderr", "")))
-    return proc, float(doc.get("seconds") or 0.0)
+        doc = json.load(open(path))  # noqa: SIM115 -- read once, closed when collected
+        code, seconds = doc["returncode"], float(doc["seconds"])
+        proc = None if code is None else Proc(int(code), str(doc["stdout"]), str(doc["stderr"]))
+    except (OSError, ValueError, TypeError, KeyError):
+        proc, seconds = None, float(timeout)
+    _remove(path, path + ".pending")
+    return proc, seconds
+
+
+def _remove(*paths: str) -> None:
+    [os.unlink(p) for p in paths if os.path.exists(p)]
 
 
 def gather(cfg: Config, node_name: str, env: Mapping[str, str],
@@ -539,8 +524,8 @@ def gather(cfg: Config, node_name: str, env: Mapping[str, str],
     probe = os.access(MPI_PROBE, os.X_OK)
     mpi_proc, seconds = None, 0.0
     boot = take_boot_mpi(env.get("SLURMK8S_HEALTH_BOOT_MPI", BOOT_MPI), cfg.mpi_timeout)
-    if cfg.mpi_loopback and probe and boot is not None:
-        mpi_proc, seconds = boot  # the run the entrypoint started: this is slurmd's first check
+    if cfg.mpi_loopback and probe and boot is not None:  # slurmd's first check: the entrypoint's run
+        mpi_proc, seconds = boot
     elif cfg.mpi_loopback and probe:
         start = time.monotonic()
         mpi_proc = runner(list(MPI_ARGV), cfg.mpi_timeout, mpi_env(env))
@@ -555,10 +540,10 @@ def gather(cfg: Config, node_name: str, env: Mapping[str, str],
     return results, node
 
 
+@dataclass
 class Log:
-    def __init__(self, path: str | None, node: str) -> None:
-        self.path = path
-        self.node = node
+    path: str | None
+    node: str
 
     def write(self, message: str) -> None:
         line = f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} slurmk8s-healthcheck[{os.getpid()}] {self.node}: {message}\n"
@@ -578,9 +563,7 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     parser.add_argument("--node", help="Slurm node name (default: $SLURMD_NODENAME, $SLURMK8S_NODENAME, hostname)")
     parser.add_argument("--no-drain", action="store_true", help="only report (exit 1 on a failure)")
     parser.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
-    parser.add_argument("--mpi-boot", action="store_true",
-                        help="only run the MPI loopback and keep its result for slurmd's first check (the "
-                             "worker's entrypoint starts this beside the pod's start)")
+    parser.add_argument("--mpi-boot", action="store_true", help="only the MPI run, kept for slurmd's first check")
     args = parser.parse_args(argv)
     env = os.environ if env is None else env
     if args.mpi_boot:

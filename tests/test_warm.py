@@ -20,11 +20,8 @@ from fakes.slurm import FakeSlurm
 
 from provisioner.elastic import programs, prolog
 from provisioner.elastic.backend import Worker
-from provisioner.elastic.ledger import FileLedger
 from provisioner.elastic import warm
-from provisioner.elastic.early import run_early_resume
 from provisioner.elastic.warm import NotServed, ProgramServer, delegate, runner_for
-from provisioner.inventory import Inventory, SlurmNode
 from provisioner.logs import Log
 
 
@@ -161,50 +158,13 @@ def test_main_hands_the_call_to_the_loop_and_runs_it_itself_without_one(sock: st
 # ---------------------------------------------------------------- PrologSlurmctld's early resume
 
 
-def _inventory() -> Inventory:
-    return Inventory((SlurmNode("cpu-0", "cpu", "cpu", 1, 1024), SlurmNode("cpu-1", "cpu", "cpu", 1, 1024),
-                      SlurmNode("cpu-2", "cpu", "cpu", 1, 1024, unavailable="kubernetes node k-2 is cordoned"),
-                      SlurmNode("gpu-0", "gpu", "gpu", 1, 1024)))
-
-
-def test_an_early_resume_only_creates_and_leaves_every_other_decision_to_slurms_call(tmp_path: Path):
-    """Unknown, unavailable and backed-off nodes are left alone; a failed create sets nothing DOWN
-    and records no pool failure: Slurm's own resume call does all that, as always."""
-    ledger = str(tmp_path / "ledger.json")
-    for i in range(3):  # pool gpu in backoff
-        FileLedger(ledger).record_failure("gpu", "gpu-0", "ErrImagePull", time.time() - i)
-    backend = FakeBackend(fail={"cpu-1": "Kubernetes API error 500"})
-    slurm = FakeSlurm()
-    log = Log("early-resume", str(tmp_path / "elastic.log"))
-    ctx = programs.Context({"SLURMK8S_BUDGET": "5", "SLURMK8S_LEDGER": ledger}, log, backend=backend, slurm=slurm,
-                           inventory=_inventory())
-    assert run_early_resume(["12", "cpu-[0-2],gpu-0,nope-0"], ctx).code == 0
-    assert sorted(backend.calls) == [("create", "cpu-0"), ("create", "cpu-1")]
-    assert set(backend.workers) == {"cpu-0"}
-    assert slurm.down == {} and slurm.powered_down == []
-    assert [f.node for f in FileLedger(ledger).load()["gpu"].failures] == ["gpu-0"] * 3  # nothing added
-    assert "cpu" not in FileLedger(ledger).load()
-    text = (tmp_path / "elastic.log").read_text()
-    assert "early resume for job 12: cpu-0,cpu-1,cpu-2,gpu-0,nope-0" in text
-    assert "left to Slurm's resume call: cpu-2,gpu-0,nope-0" in text
-    assert "1 created; cpu-1 left to Slurm's resume call" in text
-    # Slurm's resume call then keeps the pod made early and retries the failed create
-    backend.fail.clear()
-    assert programs.run_resume(["cpu-[0-1]"], programs.Context({"SLURMK8S_BUDGET": "5"}, Log("resume"),
-                                                               backend=backend, slurm=slurm,
-                                                               inventory=_inventory()), None).code == 0
-    assert backend.calls[-1] == ("create", "cpu-1") and backend.calls.count(("create", "cpu-0")) == 1
-    assert backend.lists == [["cpu-0", "cpu-1"]]  # Slurm's call read only its own nodes' workers
-
-
-def test_the_prolog_asks_the_loop_for_its_jobs_cold_nodes_and_waits_as_before(sock: str, tmp_path: Path,
-                                                                             monkeypatch):
-    backend = FakeBackend()
+def test_the_prolog_waits_in_the_loop_on_the_shared_states(sock: str, tmp_path: Path, monkeypatch):
+    """A prolog whose nodes are not up hands its wait to the loop, which answers once the shared
+    snapshot shows them booted and writes the prolog's line under its pid; the prolog never polls."""
     elastic = tmp_path / "elastic.log"
 
     def make_context(program, pid):
-        return programs.Context({"SLURMK8S_BUDGET": "5"}, Log(program, str(elastic), pid=pid), backend=backend,
-                                slurm=FakeSlurm(), inventory=_inventory())
+        return programs.Context({"SLURMK8S_BUDGET": "5"}, Log(program, str(elastic), pid=pid))
 
     # the loop's shared sinfo: cpu-0 boots (its slurmd registers) the third time it is read
     reads = iter(["allocated#", "allocated#"])
@@ -217,22 +177,17 @@ def test_the_prolog_asks_the_loop_for_its_jobs_cold_nodes_and_waits_as_before(so
     monkeypatch.setenv("SLURM_JOB_ID", "12")
     monkeypatch.setenv("SLURM_JOB_NODELIST", "cpu-[0-1]")
     monkeypatch.setenv("SLURMK8S_PROLOG_TIMEOUT", "5")
-    # cpu-0 powered down (allocated~), cpu-1 already up: only cpu-0 needs a pod
-    monkeypatch.setattr(prolog, "named_states", lambda nodelist: [("cpu-0", "allocated~"), ("cpu-1", "allocated")])
-
+    monkeypatch.setattr(prolog, "named_states", lambda nodelist: [("cpu-0", "allocated#"), ("cpu-1", "allocated")])
     monkeypatch.setattr(prolog, "node_states", lambda nodelist: pytest.fail("the prolog polled sinfo itself"))
     try:
         assert prolog.prolog_main() == 0
     finally:
         server.close()
-    assert backend.calls == [("create", "cpu-0")]
-    assert shared.reads >= 1
-    text = elastic.read_text()
-    assert "early resume for job 12: cpu-0" in text
-    assert re.search(r"prolog\[\d+\] job 12 nodes cpu-\[0-1\]: booted after .*; pods of cpu-0 asked for early", text)
+    assert shared.reads >= 3
+    assert re.search(rf"prolog\[{os.getpid()}\] job 12 nodes cpu-\[0-1\]: booted after ", elastic.read_text())
 
 
-def test_without_a_loop_the_prolog_only_waits(tmp_path: Path, monkeypatch):
+def test_without_a_loop_the_prolog_polls_itself(tmp_path: Path, monkeypatch):
     monkeypatch.setenv("SLURMK8S_LOG", str(tmp_path / "elastic.log"))
     monkeypatch.setenv("SLURMK8S_ENV_FILE", str(tmp_path / "none.env"))
     monkeypatch.setenv("SLURMK8S_PROGRAM_SOCKET", str(tmp_path / "absent.sock"))
@@ -243,7 +198,7 @@ def test_without_a_loop_the_prolog_only_waits(tmp_path: Path, monkeypatch):
     monkeypatch.setattr(prolog, "node_states", lambda nodelist: next(polls))
     assert prolog.prolog_main() == 0
     text = (tmp_path / "elastic.log").read_text()
-    assert "booted after" in text and "asked for early" not in text and "early resume" not in text
+    assert "booted after" in text
 
 
 def test_waiting_prologs_share_one_sinfo(tmp_path: Path):

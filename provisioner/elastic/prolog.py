@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Sequence
 
 from ..logs import Log
 from .programs import DEFAULT_LOG, _env_float, _load_env, conf_seconds
@@ -43,21 +43,6 @@ def node_states(nodelist: str) -> list[str] | None:
     """One extended state per node of `nodelist`."""
     named = named_states(nodelist)
     return None if named is None else [state for _, state in named]
-
-
-def powered_down(named: Sequence[tuple[str, str]]) -> list[str]:
-    """The nodes Slurm still has to power up: powered down or powering up ('~', '#'), not those
-    powering down ('%': their pod is being deleted; Slurm resumes them once that is done)."""
-    return [node for node, state in named if state.endswith(("~", "#"))]
-
-
-def head_start(env: Mapping[str, str], job: str, nodes: Sequence[str]) -> bool:
-    """Ask the reconcile loop (elastic/warm.py) to create these nodes' pods now, ahead of Slurm's
-    resume call (early.run_early_resume); nothing is waited for. False when no loop listens:
-    the prolog never runs that work itself (it must stay light and quick)."""
-    from .warm import notify, socket_path
-
-    return notify(socket_path(env), "early-resume", [job, ",".join(nodes)])
 
 
 def booted(states: Sequence[str]) -> bool:
@@ -100,12 +85,11 @@ def wait_for_boot(
         sleep(poll)
 
 
-def wait_line(job: str, nodelist: str, result: tuple[str, float, int, list[str] | None], early: str,
-              extra: str = "") -> str:
+def wait_line(job: str, nodelist: str, result: tuple[str, float, int, list[str] | None], extra: str = "") -> str:
     """The prolog's log line, written when it had to wait (wherever the wait ran)."""
     outcome, waited, polls, states = result
     return (f"job {job} nodes {nodelist}: {outcome} after {waited:.2f}s ({polls} polls, states {states})"
-            + (f"; pods of {early} asked for early" if early else "") + (f"; {extra}" if extra else ""))
+            + (f"; {extra}" if extra else ""))
 
 
 class SharedStates:
@@ -171,14 +155,14 @@ def named_states_all() -> list[tuple[str, str]] | None:
 
 def run_wait(args: Sequence[str], ctx, states: SharedStates):
     """The prolog's wait, run by the reconcile loop for a prolog process (args: job, nodelist,
-    timeout, the nodes asked for early): the same wait, the same log line, on shared states."""
+    timeout): the same wait, the same log line, on shared states."""
     from .programs import RunResult
 
-    job, nodelist, timeout, early = (list(args) + ["", "", "0", ""])[:4]
+    job, nodelist, timeout = (list(args) + ["", "", "0"])[:3]
     result = wait_for_boot(nodelist, float(timeout) or PROLOG_DEFAULT_TIMEOUT, states.states_of,
                            sleep=lambda _s: None)  # states_of itself waits for the next snapshot
     if result[2] > 1 or result[0] != "booted":
-        ctx.log.write(wait_line(job, nodelist, result, early))
+        ctx.log.write(wait_line(job, nodelist, result))
     return RunResult(0)
 
 
@@ -202,19 +186,17 @@ def prolog_main() -> int:
         first = None if named is None else [state for _, state in named]
         if first is not None and booted(first) and not env_error:
             return 0  # nodes already up: stay quiet (runs for every job)
-        cold = powered_down(named or ())
-        early = ",".join(cold) if cold and head_start(env, job, cold) else ""
         from .warm import NotServed, delegate, socket_path
 
         try:  # the loop waits for us, one sinfo for all the jobs that wait (SharedStates)
-            delegate(socket_path(env), "prolog", [job, nodelist, str(timeout), early], None)
+            delegate(socket_path(env), "prolog", [job, nodelist, str(timeout)], None)
             return 0
         except NotServed as why:
             served = str(why)
         result = wait_for_boot(nodelist, timeout, first=first)
         if result[2] > 1 or result[0] != "booted" or env_error or served:
             log = Log("prolog", env.get("SLURMK8S_LOG", DEFAULT_LOG))
-            log.write(wait_line(job, nodelist, result, early, "; ".join(filter(None, (served, env_error)))))
+            log.write(wait_line(job, nodelist, result, "; ".join(filter(None, (served, env_error)))))
     except BaseException as err:  # noqa: BLE001 -- must never fail the job; logged, exit 0
         try:
             (log or Log("prolog", env.get("SLURMK8S_LOG", DEFAULT_LOG))).write(

@@ -86,24 +86,6 @@ def delegate(path: str, program: str, args: Sequence[str], resume_file: str | No
                         else f"the reconcile loop answered {reply[:200]!r}") from None
 
 
-def notify(path: str, program: str, args: Sequence[str]) -> bool:
-    """Hand the loop a call without waiting for it (PrologSlurmctld's early resume); False when no
-    loop takes it."""
-    if not path:
-        return False
-    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        conn.settimeout(CONNECT_TIMEOUT)
-        conn.connect(path)
-        conn.sendall(json.dumps({"program": program, "args": list(args), "pid": os.getpid(),
-                                 "resume_file": None}).encode() + b"\n")
-        return True
-    except OSError:
-        return False
-    finally:
-        conn.close()
-
-
 # ---------------------------------------------------------------- the loop's side
 
 
@@ -203,16 +185,14 @@ def runner_for(make_context: Callable[[str, int], "Context"],
 
 
 def runs() -> dict[str, Callable[..., "RunResult"]]:
-    """What the loop serves: the three power-saving programs, PrologSlurmctld's early resume, and
-    PrologSlurmctld's wait for its nodes (every waiting job on one `sinfo` at a time)."""
+    """What the loop serves: the three power-saving programs and PrologSlurmctld's wait for its
+    nodes (every waiting job on one `sinfo` at a time)."""
     import functools
 
     from . import programs
-    from .early import run_early_resume
     from .prolog import SharedStates, run_wait
 
-    return {**programs.RUNS, "early-resume": run_early_resume,
-            "prolog": functools.partial(run_wait, states=SharedStates())}
+    return {**programs.RUNS, "prolog": functools.partial(run_wait, states=SharedStates())}
 
 
 def serve(env: Mapping[str, str], log: "Log") -> ProgramServer | None:
