@@ -155,7 +155,7 @@ def test_main_hands_the_call_to_the_loop_and_runs_it_itself_without_one(sock: st
         server.close()
 
 
-# ---------------------------------------------------------------- PrologSlurmctld's early resume
+# ---------------------------------------------------------------- PrologSlurmctld's wait, in the loop
 
 
 def test_the_prolog_waits_in_the_loop_on_the_shared_states(sock: str, tmp_path: Path, monkeypatch):
