@@ -1,4 +1,5 @@
-"""The power-saving programs, run warm inside the reconcile loop.
+"""The power-saving programs, run warm inside the reconcile loop (and PrologSlurmctld's wait for its
+nodes, on one `sinfo` shared by every waiting job: prolog.SharedStates).
 
 Slurm starts a new ResumeProgram process for every resume. In Python that process spends most of
 its time importing before its first pod exists (measured in the slurmctld image: about 2 s from
