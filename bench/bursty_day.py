@@ -11,14 +11,14 @@ pod as alice, a shell loop sleeps until each job's offset and submits it (`sbatc
 --exclusive -t LIMIT -J bursty-<tag> --wrap "sleep D"`), then waits until none is queued or running.
 
 The trace (make_trace, fixed by --seed; --dry-run prints it and its simulation, no cluster needed):
-arrival events with exponential gaps of mean 1.3 s, each a burst of 5-15 jobs within 1 s with
-probability 0.05, else one job; two quiet spells of 30-45 s (longer than SuspendTime: the pool scales
+arrival events with exponential gaps of mean 0.8 s, each a burst of 5-15 jobs within 1 s with
+probability 0.05, else one job; five quiet spells of 45-75 s (longer than SuspendTime: the pool scales
 in mid-run and must scale out under the next arrivals); sizes 1-8 nodes weighted 64/16/4/8/2/2/1/3 %
-(mean 2.0); durations log-normal, median 2 s, sigma 0.7, clipped to 1-30 s (mean 2.5 s). Seed 17:
-arrivals over 1,076 s, 4,896 node-s of work (57 % of 8 nodes). Time compression: a day of 1,000
-such jobs on 8 nodes at ~60 % use has jobs of a few minutes; in ~18 minutes that is ~86x (SuspendTime
-20 s stands for ~30 min). Pod start (~3 s) and Slurm's per-job start and end (~1 s on a warm node)
-are not compressed: they weigh ~86x more than on a real day, so the figures are pessimistic for
+(mean 2.0); durations log-normal, median 2.5 s, sigma 0.7, clipped to 1-30 s (mean 3.2 s). Seed 17:
+arrivals over 898 s, 6,165 node-s of work (83 % of 8 nodes until the simulated always-on end). Time
+compression: a day of 1,000 such jobs on 8 nodes has jobs of a few minutes; in ~16 minutes that is
+~90x (SuspendTime 20 s stands for ~30 min). Pod start (~3 s) and Slurm's per-job start and end (~1 s on a warm node)
+are not compressed: they weigh ~90x more than on a real day, so the figures are pessimistic for
 elasticity. Jobs of tens of seconds do not fit the time (1,000 jobs x 2 nodes x 20 s on 8 nodes is
 over 80 minutes): --time-scale S multiplies every gap, spell and duration (S=8: median 16 s, ~2.5 h).
 
@@ -87,11 +87,11 @@ class TraceJob(NamedTuple):
     duration: float  # s: the job is `sleep duration`
 
 
-def make_trace(jobs: int = 1000, seed: int = 17, mean_gap: float = 1.3, burst_prob: float = 0.05,
+def make_trace(jobs: int = 1000, seed: int = 17, mean_gap: float = 0.8, burst_prob: float = 0.05,
                burst_size: tuple[int, int] = (5, 15), max_nodes: int = 8, *, burst_spread: float = 1.0,
-               size_weights: Sequence[float] = SIZE_WEIGHTS, duration_median: float = 2.0,
-               duration_sigma: float = 0.7, duration_range: tuple[float, float] = (1.0, 30.0), lulls: int = 2,
-               lull_range: tuple[float, float] = (30.0, 45.0)) -> list[TraceJob]:
+               size_weights: Sequence[float] = SIZE_WEIGHTS, duration_median: float = 2.5,
+               duration_sigma: float = 0.7, duration_range: tuple[float, float] = (1.0, 30.0), lulls: int = 5,
+               lull_range: tuple[float, float] = (45.0, 75.0)) -> list[TraceJob]:
     """`jobs` jobs by offset (s, to the ms), the same for the same arguments. Arrival events: exponential gaps of
     mean `mean_gap`, a burst of `burst_size` (inclusive) jobs over `burst_spread` s with probability
     `burst_prob`, else one job; `lulls` quiet spells of `lull_range` s more, evenly through. Sizes

@@ -43,7 +43,7 @@ def test_the_trace_is_the_same_for_the_same_seed_and_has_what_was_asked():
     assert all(1.0 <= j.duration <= 30.0 for j in trace)
     assert most_in_one_second(trace) >= 5  # bursts
     gaps = [b2.offset - b1.offset for b1, b2 in zip(trace, trace[1:])]
-    assert sum(g >= 30 for g in gaps) == 2  # the two quiet spells
+    assert sum(g >= 45 for g in gaps) == 5  # the five quiet spells
 
 
 @pytest.mark.parametrize("jobs", [0, 1, 7, 16, 1001])
@@ -113,9 +113,10 @@ def test_the_simulation_never_uses_more_nodes_than_there_are():
     trace = b.make_trace(600, 9)
     waits = b.simulate_always_on(trace, 8)
     assert all(w >= 0 for w in waits)
-    # (time, nodes taken): at the same time, ends (negative) before starts
-    events = sorted([(j.offset + w, j.nodes) for j, w in zip(trace, waits)]
-                    + [(j.offset + w + j.duration, -j.nodes) for j, w in zip(trace, waits)])
+    # (time, nodes taken): at the same time, ends (negative) before starts; times to the us, as
+    # offset + wait + duration need not add up to the float the simulation ended the job at
+    events = sorted([(round(j.offset + w, 6), j.nodes) for j, w in zip(trace, waits)]
+                    + [(round(j.offset + w + j.duration, 6), -j.nodes) for j, w in zip(trace, waits)])
     used = 0
     for _, n in events:
         used += n
