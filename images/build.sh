@@ -53,7 +53,7 @@ inputs() {
     case "$1" in
         slurmd) printf '%s\n' "${common[@]}" images/entrypoint/slurmd.sh images/health images/slurmd provisioner/health.py ;;
         login) printf '%s\n' "${common[@]}" images/entrypoint/login.sh images/login ;;
-        slurmctld) printf '%s\n' "${common[@]}" images/entrypoint/slurmctld.sh images/entrypoint/jwt.sh pyproject.toml provisioner ;;
+        slurmctld) printf '%s\n' "${common[@]}" images/entrypoint/slurmctld.sh images/entrypoint/config-init.sh images/entrypoint/jwt.sh pyproject.toml provisioner ;;
         slurmdbd) printf '%s\n' "${common[@]}" images/entrypoint/slurmdbd.sh images/entrypoint/jwt.sh ;;
         slurmrestd) printf '%s\n' "${common[@]}" images/entrypoint/slurmrestd.sh ;;
         mariadb) printf '%s\n' "${common[@]}" images/entrypoint/mariadb.sh ;;

@@ -214,7 +214,7 @@ def _expected_differences(spec, chart: dict[str, dict], pulumi: dict[str, dict],
     assert files == m.config_map_files(slurm_config), "the in-cluster render differs from the Pulumi program's slurm-config"
     sts = chart[f"StatefulSet {ns}/slurmctld"]["spec"]["template"]
     (init,) = sts["spec"]["initContainers"]
-    assert init["name"] == "render-config" and init["command"][:1] == [f"{m.BIN_DIR}/slurmk8s-render-config"]
+    assert init["name"] == "render-config" and init["command"][:1] == [m.CONFIG_INIT]  # which runs render_main
     #    the spec hash covers the values as given (the chart cannot normalise them): both present.
     psts = pulumi[f"StatefulSet {ns}/slurmctld"]["spec"]["template"]
     assert sts["metadata"]["annotations"].pop(m.A_SPEC_HASH) and psts["metadata"]["annotations"].pop(m.A_SPEC_HASH)

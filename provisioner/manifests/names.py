@@ -102,6 +102,7 @@ MUNGE_SOCKET_DIR = "/run/munge"
 SLURMK8S_LOG_DIR = "/var/log/slurmk8s"
 PROGRAM_SOCKET_DIR = "/run/slurmk8s/programs"  # elastic/warm.py: the loop serves the power-saving programs here
 BIN_DIR = "/opt/slurmk8s/bin"
+CONFIG_INIT = "/usr/local/bin/slurmk8s-config-init"  # the slurmctld pod's init container (images/entrypoint)
 RECONCILE_PERIOD = 10
 METRICS_PORT = 9410
 ACTIVITY_PORT = 9411  # the login agent's /activity (SSH sessions), read by the reconcile loop

@@ -12,7 +12,7 @@ from typing import Any, Mapping
 from ..config import ClusterSpec
 from .common import (K8sSite, _config_volume, _container_security, _meta, _pod_security, _pvc, _pvc_volume,
                      _secret_volume, content_hash, dns_searches, tier_labels)
-from .names import (A_SPEC_HASH, A_USERS_HASH, AUTH_SECRET, BASE_CAPS, BIN_DIR, CONTROLLER,
+from .names import (A_SPEC_HASH, A_USERS_HASH, AUTH_SECRET, BASE_CAPS, BIN_DIR, CONFIG_INIT, CONTROLLER,
                     CONTROLLER_GRACE_SECONDS, CONTROLLER_STATE_PVC, ELASTIC_ENV, ELASTIC_ENV_KEY, JWT_DIR, JWT_SECRET,
                     METRICS_PORT, MUNGE_DIR, MUNGE_SOCKET_DIR, PROGRAM_SOCKET_DIR, RECONCILE_PERIOD, SLURM_CONF_DIR,
                     SLURM_CONFIG, SLURM_FILES, GZIPPED_FILES,
@@ -175,17 +175,20 @@ def controller_statefulset(spec: ClusterSpec, files: Mapping[str, str], site: K8
     }
     # slurm.conf, topology.conf, gres.conf(s) and inventory.json from the spec and the Kubernetes
     # nodes as they are when the pod starts (the files `up` wrote into the slurm-config ConfigMap,
-    # from the nodes as they were then)
+    # from the nodes as they were then); or, without a Python start, the files slurmctld last ran
+    # with, which the reconcile loop keeps on the state volume, when made from this very spec by this
+    # very image (images/entrypoint/config-init.sh, provisioner/livenodes/cache.py)
     render_config = {
         "name": "render-config",
         "image": spec.images.controller,
         "imagePullPolicy": spec.images.pull_policy,
-        "command": [f"{BIN_DIR}/slurmk8s-render-config", "--out", SLURM_CONF_DIR],
+        "command": [CONFIG_INIT, "--out", SLURM_CONF_DIR],
         "env": container["env"],
         "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}},
         "securityContext": reconcile["securityContext"],
         "volumeMounts": [{"name": "slurm-config", "mountPath": SLURM_CONF_DIR},
-                         {"name": "spec", "mountPath": SPEC_DIR, "readOnly": True}],
+                         {"name": "spec", "mountPath": SPEC_DIR, "readOnly": True},
+                         {"name": "state", "mountPath": STATE_DIR, "readOnly": True}],
     }
     volumes = [
         {"name": "slurm-config", "emptyDir": {"sizeLimit": "64Mi"}},

@@ -25,6 +25,7 @@ from .usage import DEFAULT_USAGE, UsageFile, resume_usage
 
 if TYPE_CHECKING:
     from ..inventory import Inventory
+    from ..livenodes.cache import ConfigCache
     from ..livenodes.live import LiveNodes
     from ..logs import Log
 
@@ -60,6 +61,20 @@ def _live_nodes(env: Mapping[str, str], inventory_path: str, slurm: SlurmCli, lo
     log.write("following the Kubernetes nodes of the pinned pools (cordon, labels, nodes added and removed)")
     return LiveNodes(spec, os.path.dirname(inventory_path), lambda: read_nodes(env), slurm, log,
                      cluster_domain=domain, scontrol=slurm.scontrol)
+
+
+def _keep_config(cache: "ConfigCache", log: "Log", last_error: str) -> str:
+    """Copy the configuration slurmctld runs with to its state volume for the next start
+    (livenodes/cache.py); a failure is logged once, not every pass, and never stops the loop."""
+    try:
+        if cache.sync():
+            log.write(f"kept the configuration in {cache.cache_dir} for the next start")
+        return ""
+    except OSError as err:
+        error = f"cannot keep the configuration in {cache.cache_dir} (the next start renders it again): {err}"
+        if error != last_error:
+            log.write(error)
+        return error
 
 
 def _deployment_id(backend: NodeBackend, log: "Log") -> str:
@@ -101,6 +116,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from ..elastic.backend import backend_from_env
     from ..elastic.programs import DEFAULT_INVENTORY, DEFAULT_LOG, program_env
     from ..elastic.warm import serve as serve_programs
+    from ..livenodes.cache import cache_from_env
     from ..logs import Log
 
     parser = argparse.ArgumentParser(prog="slurmk8s-reconcile", description=__doc__.split("\n\n")[0])
@@ -154,6 +170,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     code = 0
     stop = _stop_on_sigterm(log)
     live = _live_nodes(env, inventory_path, slurm, log)
+    cache, cache_error = cache_from_env(env, os.path.dirname(inventory_path)), ""
     while not stop.is_set():
         tick = time.monotonic()
         now = time.time()
@@ -190,6 +207,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                               lost_watch)
         if live is not None and report.snapshot is not None:  # cordoned / NotReady / leaving: drained
             live_errors += live.drain(report.snapshot.inventory, report.snapshot.nodes.values())
+        cache_error = _keep_config(cache, log, cache_error)
         report.errors[:0] = errors
         report.errors += live_errors
         for e in errors:

@@ -1,0 +1,52 @@
+#!/bin/sh
+# slurmk8s-config-init --out DIR: the slurmctld pod's init container. Fills DIR with slurm.conf and
+# the rest: a copy of the configuration slurmctld last ran with, when the reconcile loop kept one on
+# the state volume for exactly this spec, site and renderer (provisioner/livenodes/cache.py); else
+# renders it (slurmk8s-render-config: the spec and the Kubernetes nodes, a Python start). The copy
+# saves that start on every wake of an asleep tier; the loop's first pass follows any Kubernetes
+# node that changed meanwhile, as it does while it runs.
+#   SLURMK8S_CONFIG_CACHE  the kept copy (default /var/spool/slurmctld/slurmk8s/config)
+#   SLURMK8S_SPEC          the spec the pod runs (default /etc/slurmk8s/spec/spec.json; site.json beside it)
+#   SLURMK8S_RENDER_ID     the image's renderer id (default /opt/slurmk8s/render-id)
+#   SLURMK8S_RENDER_CONFIG the renderer (default /opt/slurmk8s/bin/slurmk8s-render-config)
+set -eu
+
+[ "${1:-}" = --out ] && [ -n "${2:-}" ] || { echo "usage: slurmk8s-config-init --out DIR" >&2; exit 2; }
+out=$2
+cache=${SLURMK8S_CONFIG_CACHE:-/var/spool/slurmctld/slurmk8s/config}
+spec=${SLURMK8S_SPEC:-/etc/slurmk8s/spec/spec.json}
+site=$(dirname "$spec")/site.json
+render_id=${SLURMK8S_RENDER_ID:-/opt/slurmk8s/render-id}
+
+log() { echo "slurmk8s-config-init: $*" >&2; }
+
+# both absent, or both there and equal
+same() {
+    if [ -e "$1" ]; then cmp -s "$1" "$2"; else [ ! -e "$2" ]; fi
+}
+
+render() {
+    log "$1: rendering"
+    rm -f "$out"/* "$out"/.*.tmp 2>/dev/null || true  # nothing of a copy that failed half-way
+    exec "${SLURMK8S_RENDER_CONFIG:-/opt/slurmk8s/bin/slurmk8s-render-config}" --out "$out"
+}
+
+copy() {
+    mkdir -p "$out" || return 1
+    for f in "$cache"/*; do
+        name=$(basename "$f")
+        case $name in
+            complete|render-id|spec.json|site.json) ;;
+            *) cp "$f" "$out/.$name.tmp" && mv "$out/.$name.tmp" "$out/$name" || return 1 ;;
+        esac
+    done
+}
+
+[ -f "$cache/complete" ] || render "no kept configuration in $cache"
+[ -f "$render_id" ] || render "no renderer id at $render_id"
+same "$spec" "$cache/spec.json" || render "the spec differs from the kept configuration's"
+same "$site" "$cache/site.json" || render "the site differs from the kept configuration's"
+same "$render_id" "$cache/render-id" || render "the image's renderer differs from the kept configuration's"
+[ -f "$cache/slurm.conf" ] || render "the kept configuration has no slurm.conf"
+copy || render "cannot copy the kept configuration from $cache"
+log "reused the configuration kept in $cache: $(cd "$out" && echo *)"
