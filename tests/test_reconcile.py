@@ -38,6 +38,7 @@ from provisioner.reconcile.classify import ACTIONS, Finding, Kind, Op, RestartWa
 from provisioner.reconcile.main import _deployment_id
 from provisioner.reconcile.metrics import Metrics, dashboard_queries, exported_names, metric_catalog, metrics_markdown
 from provisioner.reconcile.usage import Usage, UsageFile, resume_usage
+from provisioner.slurm.commands import SlurmCommandError
 from provisioner.slurm.state import _num, parse_jobs, parse_nodes, running_since
 
 NOW = 1_800_000_000.0
@@ -1156,3 +1157,56 @@ def test_run_once_an_unschedulable_worker_of_a_pinned_node_whose_kubernetes_node
     [f] = report.acted
     assert f.node == "gpu-k8s-1" and f.kind is Kind.ORPHAN_WORKER and f.ops == (Op.DELETE_WORKER,)
     assert backend.calls == [("delete", "gpu-k8s-1")] and slurm.updates == [] and ledger.load() == {}
+
+
+class _QueueCounter:
+    """SlurmCli stand-in for the loop's main(): nodes answer, the queue read fails (slurmctld busy or
+    away) unless `nodes_fail`, and every ask of the queue is counted."""
+
+    asks = 0
+    nodes_fail = False
+    scontrol = "scontrol"
+
+    def __init__(self, observe=None) -> None:
+        pass
+
+    def show_nodes(self) -> dict:
+        if _QueueCounter.nodes_fail:
+            raise SlurmCommandError("scontrol: error: Unable to contact slurm controller")
+        return {"nodes": [up(n) for n in inventory().names]}
+
+    def jobs(self) -> dict:
+        _QueueCounter.asks += 1
+        raise SlurmCommandError("squeue: error: Socket timed out on send/recv operation")
+
+
+@pytest.mark.parametrize("nodes_fail", [False, True])
+def test_a_pass_asks_slurmctld_for_the_queue_at_most_once(tmp_path, monkeypatch, nodes_fail):
+    """The whole queue (`squeue --json --states=all`) is the loop's largest read, and with slurmctld
+    away each ask waits out its timeout: a pass asks once, whether its own read failed (the pass,
+    the metrics and the idle watch share it) or the pass stopped before the queue (one read for
+    the metrics and the idle watch)."""
+    import provisioner.elastic.backend as backend_mod
+    import provisioner.reconcile.main as loop
+
+    seen: list = []
+
+    class Idle:
+        def step(self, job_doc, workers, now) -> bool:
+            seen.append(job_doc)
+            return False
+
+    _QueueCounter.asks, _QueueCounter.nodes_fail = 0, nodes_fail
+    monkeypatch.setattr(loop, "SlurmCli", _QueueCounter)
+    monkeypatch.setattr(loop, "idle_watch_from_env", lambda *a: Idle())
+    monkeypatch.setattr(loop, "_live_nodes", lambda *a: None)
+    monkeypatch.setattr(backend_mod, "backend_from_env", lambda env: FakeBackend())
+    inv = tmp_path / "inventory.json"
+    inv.write_text(json.dumps(inventory().to_json()))
+    for k, v in {"SLURMK8S_INVENTORY": str(inv), "SLURMK8S_LOG": str(tmp_path / "elastic.log"),
+                 "SLURMK8S_LEDGER": str(tmp_path / "ledger.json"), "SLURMK8S_EVENTS": str(tmp_path / "events"),
+                 "SLURMK8S_CONFIG_CACHE": str(tmp_path / "cache")}.items():
+        monkeypatch.setenv(k, v)
+    loop.main(["--once", "--metrics-port", "0"])
+    assert _QueueCounter.asks == 1
+    assert seen == [None]  # the idle watch was told the queue is unknown, not that it is empty

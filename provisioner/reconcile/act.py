@@ -48,6 +48,7 @@ class Report:
     errors: list[str] = field(default_factory=list)  # what kept the pass from seeing everything
     snapshot: Snapshot | None = None
     jobs: list[JobStatus] | None = None  # the queue as this pass read it (None: unreadable)
+    queue_asked: bool = False  # whether this pass asked for the queue (then None means it failed)
 
     def of(self, kind: Kind) -> list[Finding]:
         return [f for f in self.findings if f.kind == kind]
@@ -118,6 +119,7 @@ def run_once(slurm: SlurmClient, backend: NodeBackend, inventory: "Inventory", l
         report.errors.append(str(err))
         log.write(f"{err}; classifying without failure history")
         history = {}
+    report.queue_asked = True
     try:
         report.jobs = parse_jobs(slurm.jobs())
     except SlurmCommandError as err:

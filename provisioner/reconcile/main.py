@@ -212,13 +212,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         report.errors += live_errors
         for e in errors:
             log.write(f"pass skipped: {e}")
+        # the queue, asked of slurmctld at most once a pass (a whole dump of it; and with slurmctld
+        # away each ask waits out its timeout): the pass's own read, else one read here
+        jobs: list[JobStatus] | None = report.jobs
+        if jobs is None and not report.queue_asked and (metrics is not None or idle is not None):
+            try:
+                jobs = parse_jobs(slurm.jobs())
+            except SlurmCommandError as err:
+                log.write(f"cannot read the queue: {err}")
         if metrics is not None:
-            jobs: list[JobStatus] | None = report.jobs
-            if jobs is None:
-                try:
-                    jobs = parse_jobs(slurm.jobs())
-                except SlurmCommandError as err:
-                    log.write(f"cannot read the queue for metrics: {err}")
             pools = [f.pool for f in report.findings if f.kind is Kind.POOL_BACKOFF]
             metrics.observe_pass(report, jobs, now, started, time.monotonic() - tick, pools)
             metrics.observe_events(events.read())
@@ -232,13 +234,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         code = 1 if report.errors else 0
         if idle is not None:
             snap = report.snapshot
-            queue = report.jobs
-            if queue is None:
-                try:
-                    queue = parse_jobs(slurm.jobs())
-                except SlurmCommandError as err:
-                    log.write(f"cannot read the queue: {err}")
-            job_doc = None if queue is None else {"jobs": [{"job_state": [j.state]} for j in queue]}
+            job_doc = None if jobs is None else {"jobs": [{"job_state": [j.state]} for j in jobs]}
             if idle.step(job_doc, len(snap.workers) if snap is not None else None, time.time()):
                 log.write("control tier asleep: the reconcile loop ends with its pod")
                 break
