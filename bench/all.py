@@ -1,9 +1,9 @@
 """One table of the benchmarks (issue #17 item 6): runs the fast benches, each as a subprocess with
---json, and prints P1, P4, P4b, P5, P6, P7 and the render bench in one table: what, the result, the floor
-measured in the same run, the ratio, the goal, and met / not met / not measured (why) / failed.
+--json, and prints P1, P3, P4, P4b, P5, P6, P7 and the render bench in one table: what, the result, the
+floor measured in the same run, the ratio, the goal, and met / not met / not measured (why) / failed.
 
-Usage: python bench/all.py [--only NAME,...] [--skip NAME,...] [--timeout [NAME=]SECONDS ...]
-           [--markdown OUT] [--out DIR] [--list]
+Usage: python bench/all.py [--only NAME,...] [--skip NAME,...] [--slow] [--use NAME=JSON ...]
+           [--timeout [NAME=]SECONDS ...] [--markdown OUT] [--out DIR] [--list]
 NAME is a bench's script name or one of its rows' ids (case does not matter):
 
   script               arguments      rows      needs
@@ -13,24 +13,37 @@ NAME is a bench's script name or one of its rows' ids (case does not matter):
   k8s_submit_latency   --runs 5       P1, P5    a cluster at KUBECONFIG (default the local one)
   wake_submit          --runs 1       P7        a cluster at KUBECONFIG
   mpi_p6                              P6        the local cluster, Docker (the host-process floor)
+  bursty_day (slow)                   P3        a cluster at KUBECONFIG, ~20 min: run only when --only
+                                                names it, or with --slow
+
+P3's floor is the busy node-seconds (a node is paid for at least while it works), its ratio the
+provisioned over them, both from the product's metrics; its result gives the jobs COMPLETED and not,
+and the median wait beside an always-on cluster's (simulated from the same trace, not measured).
+bursty_day exits 1 after writing its JSON when a goal is missed: its rows come from that JSON.
+
+--use NAME=JSON (repeatable) takes NAME's rows from JSON, the file a run of its own wrote with
+--json (bursty_day's 20 minutes, or a P4 run earlier that day), instead of running it; the rows are
+built as if it had run here, marked † in the table, with the file and when it was written below it.
+An unknown NAME, or a file that cannot be read or is not that bench's JSON, is an error (exit 2).
 
 resume_500 starts the kwok controller itself (`slurmk8s cluster kwok-node`), which needs kwok in the
 toolchain (`slurmk8s toolchain build`; `slurmk8s cluster up --kwok` also starts it). A bench whose
 need is missing is not run: its rows say "not measured" and why. So do the rows of a bench left out
-by --only / --skip: every row is always in the table.
+by --only / --skip, or for being slow: every row is always in the table.
 
 Each bench runs in its own process group under its own timeout (`--list` shows them; --timeout 900
 sets all, --timeout mpi_p6=2400 one). On a timeout it gets SIGINT, so its clean-up (`finally`) runs,
-and SIGKILL 120 s later. A bench that exits non-zero, times out or writes no readable JSON is a
-"failed" row with its exit code and the last lines of its output, and all.py exits 1.
+and SIGKILL 120 s later. A bench that exits non-zero (bursty_day: and whose JSON shows no goal
+missed), times out or writes no readable JSON is a "failed" row with its exit code and the last
+lines of its output, and all.py exits 1.
 Every bench's output and JSON are kept in DIR (default /tmp/slurmk8s-bench-all/<UTC time>), with
 results.json (every row).
 
 --markdown OUT writes the same table as Markdown, with the date (UTC), the machine (CPUs and their
 model, memory, kernel, Kubernetes and Slurm versions as the benches report them, load average) and
 the command above it: `python bench/all.py --markdown docs/benchmarks-table.md` makes the table
-docs/benchmarks.md points to. The rows are built from the JSON by pure functions
-(tests/test_bench_all.py).
+docs/benchmarks.md points to. The rows are built from the JSON by pure functions in
+bench/all_rows.py (tests/test_bench_all.py).
 """
 
 from __future__ import annotations
@@ -43,7 +56,6 @@ import platform
 import shlex
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import threading
@@ -57,181 +69,12 @@ BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT / "e2e"))
 sys.path.insert(0, str(BENCH))
 
+from all_rows import (GOAL, NONE, ORDER, WHAT, Row, p1_rows, p3_rows, p4_rows, p4b_rows, p6_rows,  # noqa: E402
+                      p7_rows, render_rows)
 from helpers import LOCAL_KUBECONFIG, TOOLCHAIN_BIN, kubeconfig, kubectl_exe  # noqa: E402
-from p1_phases import pct  # noqa: E402
 
 TAIL = 30  # lines of a failed bench's output in the table's notes
 GRACE = 120.0  # s between SIGINT and SIGKILL for a bench past its timeout
-LARGE = ("1048576", "16777216")  # P6's "large messages" (mpi_p6.LARGE), as its JSON keys them
-
-# ---------------------------------------------------------------- the rows
-
-
-@dataclass(frozen=True)
-class Check:
-    """One part of a goal: ok True (met) / False (not met) / None (not measured: `why`)."""
-    goal: str
-    ok: bool | None
-    why: str = ""
-
-
-@dataclass
-class Row:
-    id: str
-    what: str
-    result: str
-    floor: str
-    ratio: str
-    goal: str
-    verdict: str  # met | not met | not measured | failed
-    note: str = ""  # why not measured, which part is not met, or how it failed
-    tail: list[str] = field(default_factory=list)  # a failed bench's last lines of output
-
-
-WHAT = {
-    "P1": "`sbatch` -> job RUNNING, 1 node, from zero workers",
-    "P4": "4,096 Slurm nodes, 32,768 pending jobs: sbatch, squeue, `slurmk8s status`, the reconcile pass",
-    "P4b": "one resume of 500 nodes -> 500 worker pods Running (kwok nodes)",
-    "P5": "`slurmk8s up` from nothing -> login answers SSH",
-    "P6": "MPI, 2 ranks on 2 Kubernetes nodes, large messages (1 MiB, 16 MiB), host_network",
-    "P7": "`slurmk8s submit`, control tier asleep -> job RUNNING",
-    "render": "inventory + topology + every generated file, 10,000 nodes, 3 levels",
-}
-GOAL = {
-    "P1": "p50 <= 2.5 s and <= 2.5x the bare pod start",
-    "P4": "sbatch p99 <= 500 ms, squeue p99 <= 2 s, status <= 3 s, reconcile pass <= 2 s",
-    "P4b": "<= 5 s and <= 1.3x the floor (direct pod creation)",
-    "P5": "<= 60 s",
-    "P6": ">= 0.9x the host processes (ping-pong bandwidth, allreduce time)",
-    "P7": "<= 6 s",
-    "render": "<= 1 s (median)",
-}
-ORDER = ("P1", "P4", "P4b", "P5", "P6", "P7", "render")
-NONE = "—"
-
-
-def verdict(checks: Sequence[Check]) -> tuple[str, str]:
-    """(verdict, note): not met if a measured part is not met, else not measured if a part was not
-    measured, else met. The note names the parts not met and why the others were not measured."""
-    missed = [c for c in checks if c.ok is False]
-    unknown = [c for c in checks if c.ok is None]
-    parts = [f"{c.goal}: not met" for c in missed] + [f"{c.goal}: not measured ({c.why})" for c in unknown]
-    if missed:
-        return "not met", "; ".join(parts) if len(checks) > 1 else ""
-    if unknown:
-        return "not measured", "; ".join(parts)
-    return "met", ""
-
-
-def _row(id: str, result: str, floor: str, ratio: str, checks: Sequence[Check]) -> Row:
-    v, note = verdict(checks)
-    return Row(id, WHAT[id], result, floor, ratio, GOAL[id], v, note)
-
-
-def render_rows(doc: Mapping[str, Any]) -> list[Row]:
-    """bench/render_scale.py --json."""
-    n, best, median = doc["k8s_nodes"], doc["best"], doc["median"]
-    result = (f"{n:,} nodes: median {median:.3f} s, best {best:.3f} s ({doc['repeat']} runs); "
-              f"peak RSS {doc['peak_rss_mib']:.0f} MiB")
-    check = (Check("<= 1 s", median <= 1.0) if n == 10_000
-             else Check("<= 1 s for 10,000 nodes", None, f"it ran {n:,} nodes"))
-    return [_row("render", result, NONE, NONE, [check])]
-
-
-def p1_rows(doc: Mapping[str, Any]) -> list[Row]:
-    """bench/k8s_submit_latency.py --json: P1, and P5 (not measured by it)."""
-    zero = [r["seconds"] for r in doc["zero"]]
-    idle = [r["seconds"] for r in doc["idle"]]
-    bare = doc["bare_pod_start"]
-    p50, floor = statistics.median(zero), statistics.median(bare)
-    ratio = p50 / floor
-    result = f"p50 {p50:.2f} s, p95 {pct(zero, 0.95):.2f} s ({len(zero)} runs)"
-    if idle:
-        result += f"; from idle workers p50 {statistics.median(idle):.2f} s"
-    p1 = _row("P1", result, f"bare pod start p50 {floor:.2f} s ({len(bare)} pods)", f"{ratio:.2f}x",
-              [Check("p50 <= 2.5 s", p50 <= 2.5), Check("<= 2.5x the bare pod start", ratio <= 2.5)])
-    up = doc.get("up_seconds")
-    p5 = _row("P5", NONE if up is None else f"`slurmk8s up` of bench-p1 returned after {up:.1f} s", NONE, NONE,
-              [Check("<= 60 s", None, "no bench here times `up` from nothing to the login's SSH answer; the "
-                     "e2e test test_up_from_nothing_and_login_answers does, and k8s_submit_latency's `up` may "
-                     "reuse its cluster's state")])
-    return [p1, p5]
-
-
-def p4b_rows(doc: Mapping[str, Any]) -> list[Row]:
-    """bench/resume_500.py --json."""
-    n, running = doc["nodes"], doc["running_s"]
-    result = (f"all {n} pods Running {running:.2f} s (resume program returned {doc['created_s']:.2f} s, "
-              f"exit {doc['resume_exit']}, {doc['set_down']} nodes DOWN; suspend {doc['deleted_s']:.2f} s)")
-    checks = [Check("<= 5 s", running <= 5.0) if n == 500 else Check("<= 5 s for 500 nodes", None, f"it ran {n}")]
-    floor_running = doc.get("floor_running_s")
-    if floor_running:  # measured in the same run since issue #17 item 3
-        ratio = running / floor_running
-        floor = (f"the same {n} pods created straight through the API: all Running {floor_running:.2f} s "
-                 f"(created {doc['floor_created_s']:.2f} s), {doc['parallel']} calls in flight")
-        checks.append(Check("<= 1.3x the floor", ratio <= 1.3))
-    else:
-        ratio, floor = None, "not measured"
-        checks.append(Check("<= 1.3x the floor", None, "this resume_500 run did not time direct pod creation"))
-    if doc["resume_exit"] != 0 or doc["set_down"]:
-        checks.append(Check("every node resumed (exit 0, none DOWN)", False))
-    return [_row("P4b", result, floor, NONE if ratio is None else f"{ratio:.2f}x", checks)]
-
-
-def p6_rows(doc: Mapping[str, Any]) -> list[Row]:
-    """bench/mpi_p6.py --json (message sizes are strings there)."""
-    host, ratios = doc["host"], doc.get("ratios") or {}
-
-    def worst(variant: str) -> float:
-        return min(ratios[variant][kind][n] for kind in ("pingpong", "allreduce") for n in LARGE)
-
-    def state(variant: str, title: str) -> str:
-        if variant in ratios:
-            return f"{title} worst {worst(variant):.2f}x host"
-        failed = (doc.get(variant) or {}).get("failed")
-        return f"{title} failed" if failed else f"{title} not run"
-
-    result = f"{state('hostnet', 'host_network')}; {state('pod', 'pod network')}"
-    big = LARGE[-1]
-    floor = (f"host processes, 16 MiB: ping-pong {host['pingpong'][big]['mb_s']:.0f} MB/s, "
-             f"allreduce {host['allreduce'][big]['us']:.0f} us")
-    ratio = "; ".join(f"{title} {worst(v):.2f}x" for v, title in (("hostnet", "host_network"), ("pod", "pod"))
-                      if v in ratios) or NONE
-    if "hostnet" in ratios:
-        check = Check(">= 0.9x host", worst("hostnet") >= 0.9)
-    else:
-        why = doc.get("hostnet_skipped") or (doc.get("hostnet") or {}).get("failed") or "host_network not run"
-        check = Check(">= 0.9x host", None, f"host_network: {why}")
-    return [_row("P6", result, floor, ratio, [check])]
-
-
-def p4_rows(doc: Mapping[str, Any]) -> list[Row]:
-    """bench/queue_32k.py --json."""
-    sb, sq, st = doc["sbatch_s"], doc["squeue_s"], doc["status_s"]
-    p99 = lambda values: sorted(values)[min(len(values) - 1, int(round(0.99 * (len(values) - 1))))]  # noqa: E731
-    pass_s = doc["reconcile_pass_mean_s"]
-    result = (f"{doc['queued']} jobs pending on {doc['nodes']} nodes: sbatch p99 {p99(sb) * 1000:.0f} ms "
-              f"({len(sb)} calls, {doc['sbatch_failed']} failed), squeue p99 {p99(sq):.2f} s, status max "
-              f"{max(st):.2f} s, reconcile pass mean {pass_s:.2f} s ({doc['reconcile_passes']} passes"
-              + (f", peak RSS {doc['reconcile_peak_kib'] / 1024:.0f} MiB)" if doc.get("reconcile_peak_kib") else ")"))
-    checks = [Check("sbatch p99 <= 500 ms", p99(sb) <= 0.5 and not doc["sbatch_failed"]),
-              Check("squeue p99 <= 2 s", p99(sq) <= 2.0), Check("status <= 3 s", max(st) <= 3.0),
-              Check("reconcile pass <= 2 s", pass_s <= 2.0) if doc["reconcile_passes"] else
-              Check("reconcile pass <= 2 s", None, "no pass finished at the full queue")]
-    if doc["queued"] < doc["jobs"]:
-        checks.append(Check(f"{doc['jobs']} jobs queued", False))
-    return [_row("P4", result, NONE, NONE, checks)]
-
-
-def p7_rows(doc: Mapping[str, Any]) -> list[Row]:
-    """bench/wake_submit.py --json."""
-    seen = doc["to_seen_running"]
-    med = statistics.median(seen)
-    result = (f"RUNNING seen: median {med:.1f} s, max {max(seen):.1f} s ({len(seen)} runs"
-              f"{', login asleep too' if doc.get('login_sleeps') else ''}); Slurm start_time median "
-              f"{statistics.median(doc['to_start_time']):.0f} s; job id median {statistics.median(doc['to_job_id']):.1f} s")
-    return [_row("P7", result, NONE, NONE, [Check("<= 6 s", med <= 6.0)])]
-
 
 # ---------------------------------------------------------------- the benches
 
@@ -245,6 +88,9 @@ class Bench:
     needs: tuple[str, ...]
     rows: Callable[[Mapping[str, Any]], list[Row]]
     script: Path | None = None  # default bench/<name>.py
+    slow: bool = False  # run only when --only names it, or with --slow
+    json_on_miss: bool = False  # it writes its JSON, then exits 1 if a goal is missed: rows from the JSON
+
 
     @property
     def path(self) -> Path:
@@ -258,11 +104,14 @@ BENCHES = (
     Bench("k8s_submit_latency", ("P1", "P5"), ("--runs", "5"), 1800, ("cluster",), p1_rows),
     Bench("wake_submit", ("P7",), ("--runs", "1"), 1200, ("cluster",), p7_rows),
     Bench("mpi_p6", ("P6",), (), 1800, ("cluster", "local", "docker"), p6_rows),
+    Bench("bursty_day", ("P3",), (), 3600, ("cluster",), p3_rows, slow=True, json_on_miss=True),
 )
 
 
-def select(benches: Sequence[Bench], only: Iterable[str] = (), skip: Iterable[str] = ()) -> list[Bench]:
-    """The benches --only / --skip leave, by script name or row id (any case); an unknown name is an error."""
+def select(benches: Sequence[Bench], only: Iterable[str] = (), skip: Iterable[str] = (),
+           slow: bool = False) -> list[Bench]:
+    """The benches --only / --skip leave, by script name or row id (any case); an unknown name is an error.
+    A slow bench is left out unless --only names it or `slow` (--slow)."""
     def named(names: Iterable[str]) -> set[str]:
         out = set()
         for name in (n.strip() for n in names if n.strip()):
@@ -273,7 +122,7 @@ def select(benches: Sequence[Bench], only: Iterable[str] = (), skip: Iterable[st
             out |= hit
         return out
     only_set, skip_set = named(only), named(skip)
-    return [b for b in benches if (not only_set or b.name in only_set) and b.name not in skip_set]
+    return [b for b in benches if (b.name in only_set if only_set else slow or not b.slow) and b.name not in skip_set]
 
 
 def timeouts(benches: Sequence[Bench], given: Iterable[str]) -> dict[str, float]:
@@ -299,6 +148,42 @@ class Outcome:
     reason: str = ""  # skipped: why; failed: what was wrong besides the exit code
     tail: list[str] = field(default_factory=list)
     log: str = ""
+    source: str = ""  # not run: its JSON given with --use, "FILE (written DATE)"
+
+
+def use_outcomes(benches: Sequence[Bench], given: Iterable[str]) -> dict[str, Outcome]:
+    """--use NAME=JSON values (NAME as in select): each bench's JSON from a run of its own, read and
+    checked here (its rows build), so that a wrong file is an error before anything runs."""
+    out: dict[str, Outcome] = {}
+    for item in given:
+        name, sep, file = item.partition("=")
+        if not sep or not name.strip() or not file:
+            raise ValueError(f"--use {item}: give NAME=JSON, a bench (script name or row id) and the file it wrote "
+                             "with --json, e.g. --use bursty_day=/tmp/p3.json")
+        try:
+            [b] = select(benches, [name])
+        except ValueError as err:
+            raise ValueError(f"--use {item}: {err}") from None
+        fix = f"give the file `{b.path.name} --json FILE` wrote"
+        if b.name in out:
+            raise ValueError(f"--use {item}: {b.name} given twice; give one file per bench")
+        path = Path(file)
+        try:
+            doc = json.loads(path.read_text())
+            written = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(path.stat().st_mtime))
+        except OSError as err:
+            raise ValueError(f"--use {item}: cannot read {file} ({err.strerror or err}): {fix}") from None
+        except ValueError as err:
+            raise ValueError(f"--use {item}: {file} is not JSON ({err}): {fix}") from None
+        try:
+            if not isinstance(doc, dict):
+                raise TypeError(f"a JSON {type(doc).__name__}, not an object")
+            b.rows(doc)
+        except (KeyError, TypeError, ValueError, IndexError, ZeroDivisionError) as err:
+            raise ValueError(f"--use {item}: {file} is not what {b.path.name} writes ({type(err).__name__}: {err}): "
+                             f"{fix}") from None
+        out[b.name] = Outcome(b.name, "ok", doc=doc, log=file, source=f"`{file}` (written {written})")
+    return out
 
 
 def rows_for(bench: Bench, outcome: Outcome | None) -> list[Row]:
@@ -306,6 +191,9 @@ def rows_for(bench: Bench, outcome: Outcome | None) -> list[Row]:
     def each(result: str, verdict_: str, note: str, tail: Sequence[str] = ()) -> list[Row]:
         return [Row(i, WHAT[i], result, NONE, NONE, GOAL[i], verdict_, note, list(tail)) for i in bench.ids]
 
+    if outcome is None and bench.slow:
+        return each(NONE, "not measured", f"{bench.name} not run: slow (run it with --only {bench.name} or --slow, "
+                    f"or give the JSON of a run of its own with --use {bench.name}=FILE)")
     if outcome is None:
         return each(NONE, "not measured", f"{bench.name} not run (left out by --only / --skip)")
     if outcome.status == "skipped":
@@ -314,13 +202,21 @@ def rows_for(bench: Bench, outcome: Outcome | None) -> list[Row]:
         return each(f"timed out after {outcome.seconds:.0f} s", "failed",
                     f"{bench.name} timed out after {outcome.seconds:.0f} s (exit {outcome.code}); "
                     f"last lines of its output ({outcome.log}):", outcome.tail)
+    reason = outcome.reason
     if outcome.status == "ok" and outcome.doc is not None:
         try:
-            return bench.rows(outcome.doc)
+            rows = bench.rows(outcome.doc)
         except (KeyError, TypeError, ValueError, IndexError, ZeroDivisionError) as err:
-            reason = f"its JSON could not be read ({type(err).__name__}: {err})"
-    else:
-        reason = outcome.reason
+            rows, reason = [], f"its JSON could not be read ({type(err).__name__}: {err})"
+        if rows and outcome.code and any(r.verdict != "not met" for r in rows):  # json_on_miss: but none missed
+            reason = "it wrote its JSON, and the JSON shows no goal missed"
+        elif rows:
+            for r in rows:
+                r.source = outcome.source
+                if outcome.code:
+                    exit_ = f"{bench.name} exit {outcome.code} after writing its JSON ({outcome.log})"
+                    r.note = f"{r.note}; {exit_}" if r.note else exit_
+            return rows
     return each(f"failed (exit {outcome.code})", "failed",
                 f"{bench.name} exit {outcome.code}{': ' + reason if reason else ''}; last lines of its output "
                 f"({outcome.log}):", outcome.tail)
@@ -348,8 +244,17 @@ def _notes(rows: Sequence[Row]) -> tuple[list[list[str]], list[tuple[str, list[s
             if key not in notes:
                 notes.append(key)
             v += f" ({notes.index(key) + 1})"
-        cells.append([r.id, r.what, r.result, r.floor, r.ratio, r.goal, v])
+        cells.append([r.id + (" †" if r.source else ""), r.what, r.result, r.floor, r.ratio, r.goal, v])
     return cells, notes
+
+
+def sources(rows: Sequence[Row]) -> list[str]:
+    """One line per --use file, under the table: its rows were not measured by this command."""
+    ids: dict[str, list[str]] = {}
+    for r in rows:
+        if r.source:
+            ids.setdefault(r.source, []).append(r.id)
+    return [f"† {', '.join(i)}: not run by this command; from {src}, given with --use" for src, i in ids.items()]
 
 
 def text_table(rows: Sequence[Row]) -> str:
@@ -357,6 +262,7 @@ def text_table(rows: Sequence[Row]) -> str:
     widths = [max(len(x) for x in col) for col in zip(COLUMNS, *cells)]
     out = ["  ".join(x.ljust(w) for x, w in zip(line, widths)).rstrip() for line in [list(COLUMNS), *cells]]
     out.insert(1, "  ".join("-" * w for w in widths))
+    out += sources(rows)
     for n, (note, tail) in enumerate(notes, 1):
         out.append(f"({n}) {note}")
         out += [f"      {line}" for line in tail]
@@ -372,6 +278,8 @@ def markdown(rows: Sequence[Row], header: str) -> str:
     out = ["<!-- generated by bench/all.py (issue #17 item 6); do not edit: run it again -->", "", header, "",
            "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     out += ["| " + " | ".join(_md(c) for c in line) + " |" for line in cells]
+    for line in sources(rows):
+        out += ["", _md(line)]
     if notes:
         out.append("")
     for n, (note, tail) in enumerate(notes, 1):
@@ -482,7 +390,7 @@ def run_bench(bench: Bench, out_dir: Path, timeout: float, *, grace: float = GRA
     if timed_out:
         base.status, base.seconds = "timeout", timeout
         return base
-    if code != 0:
+    if code != 0 and not (bench.json_on_miss and json_path.exists()):
         base.status = "failed"
         return base
     try:
@@ -542,16 +450,23 @@ def main(argv: Sequence[str] | None = None, benches: Sequence[Bench] = BENCHES) 
     parser.add_argument("--markdown", type=Path, metavar="OUT", help="also write the table as Markdown to OUT")
     parser.add_argument("--out", type=Path, metavar="DIR", help="where each bench's output and JSON go")
     parser.add_argument("--list", action="store_true", help="list the benches, their arguments and timeouts")
+    parser.add_argument("--slow", action="store_true", help="also run the slow benches (bursty_day: ~20 min)")
+    parser.add_argument("--use", action="append", default=[], metavar="NAME=JSON",
+                        help="NAME's rows from JSON, the file it wrote with --json in a run of its own; NAME is "
+                             "not run (repeatable)")
     args = parser.parse_args(argv)
     try:
-        chosen = select(benches, args.only.split(","), args.skip.split(","))
+        chosen = select(benches, args.only.split(","), args.skip.split(","), slow=args.slow)
         limits = timeouts(benches, args.timeout)
+        used = use_outcomes(benches, args.use)
     except ValueError as err:
         parser.error(str(err))
     if args.list:
         for b in benches:
+            state = (f"  (from {used[b.name].source})" if b.name in used else "" if b in chosen else
+                     f"  (slow: not chosen; --only {b.name} or --slow)" if b.slow else "  (not chosen)")
             print(f"{b.name:20s} {' '.join(b.args) or '-':14s} rows {', '.join(b.ids):8s} timeout {limits[b.name]:5.0f} s"
-                  f"  needs {', '.join(b.needs) or 'nothing'}{'' if b in chosen else '  (not chosen)'}")
+                  f"  needs {', '.join(b.needs) or 'nothing'}{state}")
         return 0
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     out_dir = args.out or Path("/tmp/slurmk8s-bench-all") / stamp
@@ -559,9 +474,12 @@ def main(argv: Sequence[str] | None = None, benches: Sequence[Bench] = BENCHES) 
     command = shlex.join(["python", "bench/all.py", *(argv if argv is not None else sys.argv[1:])])
     date = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     load_start = os.getloadavg()[0]
-    missing, server = probe({n for b in chosen for n in b.needs})
-    outcomes: dict[str, Outcome] = {}
-    for b in chosen:
+    to_run = [b for b in chosen if b.name not in used]
+    missing, server = probe({n for b in to_run for n in b.needs})
+    outcomes: dict[str, Outcome] = dict(used)
+    for o in used.values():
+        print(f"[all] {o.name}: not run: its rows from {o.source}", flush=True)
+    for b in to_run:
         why = [missing[n] for n in b.needs if n in missing]
         if why:
             outcomes[b.name] = Outcome(b.name, "skipped", reason="; ".join(why))
@@ -582,7 +500,7 @@ def main(argv: Sequence[str] | None = None, benches: Sequence[Bench] = BENCHES) 
         args.markdown.write_text(markdown(rows, header))
         print(f"\nwrote {args.markdown}")
     print(f"each bench's output and JSON: {out_dir}")
-    failed = [o.name for o in outcomes.values() if o.status in ("failed", "timeout")]
+    failed = [b.name for b in benches if any(r.verdict == "failed" for r in rows_for(b, outcomes.get(b.name)))]
     if failed:
         print(f"failed: {', '.join(failed)}", file=sys.stderr)
     return 1 if failed else 0

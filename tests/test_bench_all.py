@@ -5,6 +5,7 @@ bench scripts (exit codes, missing JSON, a timeout that must let the bench clean
 from __future__ import annotations
 
 import io
+import os
 import json
 import sys
 import textwrap
@@ -14,13 +15,18 @@ from typing import Any
 
 import pytest
 
+from provisioner.status import ControllerState, Status, Usage
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
 import all as bench_all  # noqa: E402
+import all_rows  # noqa: E402
+import bursty_day  # noqa: E402
 import mpi_p6  # noqa: E402
 import p1_phases as p1  # noqa: E402
-from all import Bench, Check, Outcome  # noqa: E402
+from all import Bench, Outcome  # noqa: E402
+from all_rows import Check  # noqa: E402
 
 # ---------------------------------------------------------------- documents as the benches write them
 
@@ -74,6 +80,44 @@ def p7_doc(seen: list[float], login_sleeps: bool = False) -> dict[str, Any]:
             "to_start_time": [round(s) for s in seen], "to_seen_running": seen}
 
 
+def p3_doc(provisioned: float = 7200.0, busy: float = 6000.0, fates: dict[int, list[str]] | None = None, *,
+           jobs: int = 1000, sbatch_failed: int = 0, usage: bool = True, always_on: bool = False) -> dict[str, Any]:
+    """bench/bursty_day.py --json, built as its run() builds it from its own pure parts: the trace, sacct's
+    lines (`fates`: a job's states in order, by its index; else COMPLETED once), `slurmk8s status --json`
+    documents as provisioner.status writes them (pool `day`; usage=False: the controller asleep)."""
+    t0, pool = 1796156000.0, bursty_day.POOL
+    trace = bursty_day.make_trace(jobs, 17)
+    ids = [str(100 + i) for i in range(jobs - sbatch_failed)]
+    sacct = "\n".join(f"{job}|{state}|{trace[i].nodes}|{t0 + trace[i].offset:.0f}|{t0 + trace[i].offset + 2 + k:.0f}|"
+                      f"{t0 + trace[i].offset + 2 + k + trace[i].duration:.0f}|{round(trace[i].duration)}"
+                      for i, job in enumerate(ids) for k, state in enumerate((fates or {}).get(i, ["COMPLETED"])))
+    result = bursty_day.outcome(bursty_day.parse_sacct(sacct), ids)
+
+    def status(prov: float, busy_: float) -> dict[str, Any]:
+        return Status("slurm-bench-day", ControllerState("awake", replicas=1, ready=1),
+                      usage=Usage(t0, {"cpu": 50.0, pool: prov}, {"cpu": 40.0, pool: busy_}), at=t0 + 2000).to_json()
+    before = status(100.0, 80.0)
+    after = status(100.0 + provisioned, 80.0 + busy) if usage else \
+        Status("slurm-bench-day", ControllerState("asleep", replicas=0)).to_json()
+    delta = bursty_day.usage_delta(before, after, pool)
+    sim = bursty_day.simulate_always_on(trace, 8)
+    doc = {  # as in bursty_day.run
+        "kubernetes": "v1.35.0", "slurm": "slurm 24.11.5", "up_seconds": 40.1, "jobs": len(trace), "seed": 17,
+        "nodes": 8, "suspend_time": None if always_on else 20, "time_scale": 1.0, "always_on": always_on,
+        "tag": "bursty-1796156000", "trace_span_s": trace[-1].offset, "submitted": len(ids),
+        "sbatch_failed": sbatch_failed, "sbatch_errors": ["sbatch: error: x"] * min(sbatch_failed, 5),
+        "submit_lag_p95_s": 0.05, "replay_s": 990.0,
+        "completed": result.completed, "not_completed": result.not_completed, "interrupted": result.interrupted,
+        "waits": {**bursty_day.waits_summary(result.waits), "values": result.waits},
+        "always_on_simulated": {**bursty_day.waits_summary(sim), "makespan": bursty_day.makespan(trace, sim)},
+        "node_seconds": {"provisioned": delta and delta[0], "busy": delta and delta[1],
+                         "ratio": bursty_day.ratio(*delta) if delta else None, "busy_sacct": result.busy_node_seconds,
+                         "window": "first job to pool back at zero pods", "at_drain": None,
+                         "goal_ratio": bursty_day.GOAL_RATIO},
+    }
+    return json.loads(json.dumps(doc))
+
+
 def mpi_output(lat_us: dict[int, float], allreduce_us: dict[int, float], node: str = "-") -> str:
     """bench/mpi_p6.c's stdout."""
     out = ["P6 library Open MPI v5.0.7, package: Debian OpenMPI", f"P6 rank rank=0 host=h0 slurm_node={node}",
@@ -121,11 +165,11 @@ def one(rows: list[bench_all.Row], id: str) -> bench_all.Row:
 
 
 def test_verdict_combines_the_parts() -> None:
-    assert bench_all.verdict([Check("a", True), Check("b", True)]) == ("met", "")
-    assert bench_all.verdict([Check("a", False)]) == ("not met", "")
-    v, note = bench_all.verdict([Check("a", False), Check("b", None, "no floor")])
+    assert all_rows.verdict([Check("a", True), Check("b", True)]) == ("met", "")
+    assert all_rows.verdict([Check("a", False)]) == ("not met", "")
+    v, note = all_rows.verdict([Check("a", False), Check("b", None, "no floor")])
     assert v == "not met" and note == "a: not met; b: not measured (no floor)"
-    assert bench_all.verdict([Check("a", True), Check("b", None, "why")]) == ("not measured", "b: not measured (why)")
+    assert all_rows.verdict([Check("a", True), Check("b", None, "why")]) == ("not measured", "b: not measured (why)")
 
 
 def test_render_rows() -> None:
@@ -234,11 +278,50 @@ def test_p7_rows() -> None:
 
 def test_the_benches_write_the_keys_the_rows_read() -> None:
     """Every key a row function reads is one its bench writes (k8s_submit_latency and mpi_p6 are
-    built from their own code above; these two are read from their source)."""
-    for script, doc in (("resume_500.py", p4b_doc(1.0)), ("wake_submit.py", p7_doc([1.0]))):
+    built from their own code above; these three are read from their source)."""
+    day = p3_doc()
+    for script, keys in (("resume_500.py", p4b_doc(1.0)), ("wake_submit.py", p7_doc([1.0])),
+                         ("bursty_day.py", [*day, *day["node_seconds"], "always_on_simulated", "median"])):
         src = (ROOT / "bench" / script).read_text()
-        for key in doc:
+        for key in keys:
             assert f'"{key}":' in src, (script, key)
+
+
+def test_p3_rows_node_seconds_over_busy_jobs_and_waits() -> None:
+    doc = p3_doc(7200.0, 6000.0)
+    [row] = bench_all.p3_rows(doc)
+    sim = doc["always_on_simulated"]["median"]
+    assert (row.verdict, row.ratio, row.note) == ("met", "1.20x", "")
+    assert row.result == (f"1,000 jobs on 8 nodes: 1,000 COMPLETED, 0 not COMPLETED; wait median 2.0 s (always-on, "
+                          f"simulated: {sim:.1f} s); provisioned 7,200 node-s")
+    busy_sacct = sum(j.nodes * round(j.duration) for j in bursty_day.make_trace(1000, 17))
+    assert row.floor == (f"busy 6,000 node-s (the product's metrics, first job to pool back at zero pods; by sacct "
+                         f"{busy_sacct:,})")
+    assert row.goal == bench_all.GOAL["P3"] and "1.3x busy" in row.goal
+    [high] = bench_all.p3_rows(p3_doc(7900.0, 6000.0))
+    assert (high.verdict, high.ratio, high.note) == ("not met", "1.32x", "provisioned <= 1.3x busy: not met")
+
+
+def test_p3_rows_every_job_completed_and_none_interrupted() -> None:
+    [lost] = bench_all.p3_rows(p3_doc(fates={0: ["CANCELLED"], 5: ["NODE_FAIL", "PENDING"]}, sbatch_failed=2))
+    assert lost.verdict == "not met" and lost.ratio == "1.20x"
+    assert ("1,000 jobs on 8 nodes: 996 COMPLETED, 4 not COMPLETED (CANCELLED 1, PENDING 1, sbatch failed 2), "
+            "1 interrupted and requeued;") in lost.result
+    assert lost.note == "every job COMPLETED: not met; none interrupted: not met"
+    [requeued] = bench_all.p3_rows(p3_doc(fates={3: ["NODE_FAIL", "COMPLETED"]}))
+    assert "1,000 COMPLETED, 0 not COMPLETED, 1 interrupted and requeued;" in requeued.result
+    assert (requeued.verdict, requeued.note) == ("not met", "none interrupted: not met")
+
+
+def test_p3_rows_not_measured() -> None:
+    [asleep] = bench_all.p3_rows(p3_doc(usage=False))
+    assert (asleep.verdict, asleep.ratio, asleep.floor) == ("not measured", "—", "not measured")
+    assert asleep.result.endswith("; node-seconds not measured")
+    assert asleep.note.startswith("provisioned <= 1.3x busy: not measured (no node-seconds: `slurmk8s status --json`")
+    [small] = bench_all.p3_rows(p3_doc(jobs=200))
+    assert small.verdict == "not measured" and "for 1,000 jobs: not measured (it ran 200 jobs)" in small.note
+    [always] = bench_all.p3_rows(p3_doc(always_on=True))
+    assert always.verdict == "not measured" and "an --always-on run" in always.note
 
 
 # ---------------------------------------------------------------- failures, skips, the whole table
@@ -283,9 +366,12 @@ def test_table_rows_every_id_in_order() -> None:
                 "mpi_p6": Outcome("mpi_p6", "ok", 0, doc=p6_doc()),
                 "wake_submit": Outcome("wake_submit", "failed", 2, tail=["cannot run"])}
     rows = bench_all.table_rows(outcomes)
-    assert [r.id for r in rows] == ["P1", "P4", "P4b", "P5", "P6", "P7", "render"]
+    assert [r.id for r in rows] == ["P1", "P3", "P4", "P4b", "P5", "P6", "P7", "render"]
     assert [r.verdict for r in rows] == ["not measured", "not measured", "not measured", "not measured",
-                                         "not measured", "failed", "met"]
+                                         "not measured", "not measured", "failed", "met"]
+    p3 = one(rows, "P3")
+    assert p3.note == ("bursty_day not run: slow (run it with --only bursty_day or --slow, or give the JSON of a run "
+                       "of its own with --use bursty_day=FILE)")
 
 
 def test_text_and_markdown_tables() -> None:
@@ -341,6 +427,12 @@ def test_select_and_timeouts() -> None:
         "render_scale", "k8s_submit_latency", "wake_submit"]
     with pytest.raises(ValueError, match="unknown bench 'p9'"):
         bench_all.select(bench_all.BENCHES, ["p9"])
+    # the slow one: only when named, or with --slow
+    assert [b.name for b in bench_all.select(bench_all.BENCHES, ["p3"])] == ["bursty_day"]
+    assert [b.name for b in bench_all.select(bench_all.BENCHES, ["render", "bursty_day"])] == ["render_scale",
+                                                                                              "bursty_day"]
+    assert [b.name for b in bench_all.select(bench_all.BENCHES, slow=True)][-1] == "bursty_day"
+    assert "bursty_day" not in [b.name for b in bench_all.select(bench_all.BENCHES, [], ["P3"], slow=True)]
     limits = bench_all.timeouts(bench_all.BENCHES, ["900", "P6=2400"])
     assert limits["mpi_p6"] == 2400 and limits["render_scale"] == 900
     assert bench_all.timeouts(bench_all.BENCHES, [])["render_scale"] == 300
@@ -430,3 +522,97 @@ def test_main_prints_one_table_writes_markdown_and_fails_on_a_failure(tmp_path: 
     results = json.loads((tmp_path / "out" / "results.json").read_text())
     assert [r["id"] for r in results["rows"]] == ["P6", "P7", "render"]
     assert bench_all.main(["--only", "render", "--out", str(tmp_path / "out2")], benches) == 0
+
+
+def test_a_bench_that_exits_1_after_its_json_for_a_missed_goal(tmp_path: Path) -> None:
+    """bursty_day writes its JSON, then exits 1 when a job was not COMPLETED: a "not met" row, not a
+    failed one. The same exit beside a JSON that misses no goal (its clean-up failed) is a failure."""
+    def day(name: str, doc: dict[str, Any]) -> Bench:
+        return bench("bursty_day", ("P3",), bench_all.p3_rows, json_on_miss=True, script=script(tmp_path, name, f"""
+            open(out, 'w').write(json.dumps({doc!r}))
+            sys.exit('not every job was submitted and COMPLETED without interruption: see above')
+        """))
+    missed = day("missed", p3_doc(fates={0: ["CANCELLED"]}))
+    got = bench_all.run_bench(missed, tmp_path, 30, echo=False)
+    assert (got.status, got.code) == ("ok", 1)
+    [row] = bench_all.rows_for(missed, got)
+    assert row.verdict == "not met"
+    assert row.note == f"every job COMPLETED: not met; bursty_day exit 1 after writing its JSON ({got.log})"
+    met = day("met", p3_doc())
+    [row] = bench_all.rows_for(met, bench_all.run_bench(met, tmp_path, 30, echo=False))
+    assert row.verdict == "failed" and row.result == "failed (exit 1)"
+    assert row.note.startswith("bursty_day exit 1: it wrote its JSON, and the JSON shows no goal missed; last lines")
+    no_json = bench("bursty_day", ("P3",), bench_all.p3_rows, json_on_miss=True,
+                    script=script(tmp_path, "crash", "sys.exit('boom')\n"))
+    got = bench_all.run_bench(no_json, tmp_path, 30, echo=False)
+    assert (got.status, got.code, got.doc) == ("failed", 1, None)
+
+
+def test_use_takes_a_bench_s_rows_from_its_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    ran = tmp_path / "ran"
+    benches = (
+        bench("render_scale", ("render",), bench_all.render_rows,
+              script=script(tmp_path, "r", f"open(out, 'w').write(json.dumps({render_doc()!r}))\n")),
+        bench("wake_submit", ("P7",), bench_all.p7_rows,
+              script=script(tmp_path, "w", f"open({str(ran)!r}, 'w').write('ran')\n")),
+        bench("bursty_day", ("P3",), bench_all.p3_rows, slow=True, json_on_miss=True,
+              script=script(tmp_path, "d", f"open({str(ran)!r}, 'w').write('ran')\n")),
+    )
+    day, wake = tmp_path / "p3.json", tmp_path / "p7.json"
+    day.write_text(json.dumps(p3_doc(7900.0, 6000.0)))
+    wake.write_text(json.dumps(p7_doc([5.0])))
+    stamp = 1796116320  # 2026-12-01 09:12 UTC
+    os.utime(day, (stamp, stamp))
+    os.utime(wake, (stamp + 3600, stamp + 3600))
+    md = tmp_path / "table.md"
+    code = bench_all.main(["--use", f"P3={day}", "--use", f"wake_submit={wake}", "--markdown", str(md),
+                           "--out", str(tmp_path / "out")], benches)
+    assert code == 0 and not ran.exists()  # neither bursty_day nor wake_submit ran
+    out = capsys.readouterr().out
+    assert f"[all] bursty_day: not run: its rows from `{day}` (written 2026-12-01 09:12 UTC)" in out
+    assert f"† P3: not run by this command; from `{day}` (written 2026-12-01 09:12 UTC), given with --use" in out
+    table = md.read_text()
+    assert "| P3 † | a bursty day" in table and "| 1.32x |" in table and "| not met (1) |" in table
+    assert "| P7 † | " in table and "| render | " in table
+    for id, file, hour in (("P3", day, "09"), ("P7", wake, "10")):
+        assert f"\n\n† {id}: not run by this command; from `{file}` (written 2026-12-01 {hour}:12 UTC), given with " \
+               "--use\n" in table
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert [r["id"] for r in results["rows"]] == ["P3", "P7", "render"]
+    assert one([bench_all.Row(**r) for r in results["rows"]], "P3").source.startswith(f"`{day}`")
+    assert results["outcomes"]["bursty_day"]["source"] == f"`{day}` (written 2026-12-01 09:12 UTC)"
+    assert bench_all.main(["--list", "--use", f"P3={day}"], benches) == 0
+    assert f"(from `{day}` (written" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("given", "says"), [
+    ("p9={json}", "--use p9={json}: unknown bench 'p9' (known: "),
+    ("bursty_day", "--use bursty_day: give NAME=JSON"),
+    ("P3={missing}", ("--use P3={missing}: cannot read {missing} (No such file or directory): give the file "
+                      "`bursty_day.py --json FILE` wrote")),
+    ("P3={garbage}", "--use P3={garbage}: {garbage} is not JSON (Expecting value"),
+    ("P3={json}", ("--use P3={json}: {json} is not what bursty_day.py writes (KeyError: 'completed'): give the file "
+                   "`bursty_day.py --json FILE` wrote")),
+    ("P3={array}", ("--use P3={array}: {array} is not what bursty_day.py writes (TypeError: a JSON list, not an "
+                    "object)")),
+])
+def test_use_errors_name_the_flag_and_the_fix(tmp_path: Path, capsys: pytest.CaptureFixture[str], given: str,
+                                              says: str) -> None:
+    files = {"json": tmp_path / "p7.json", "missing": tmp_path / "nothing.json", "garbage": tmp_path / "g.json",
+             "array": tmp_path / "a.json"}
+    files["json"].write_text(json.dumps(p7_doc([5.0])))  # another bench's JSON
+    files["garbage"].write_text("not json")
+    files["array"].write_text("[1, 2]")
+    with pytest.raises(SystemExit) as exit_:
+        bench_all.main(["--use", given.format(**files), "--out", str(tmp_path / "out")])
+    assert exit_.value.code == 2
+    assert says.format(**files) in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_use_twice_for_one_bench_is_an_error(tmp_path: Path) -> None:
+    day = tmp_path / "p3.json"
+    day.write_text(json.dumps(p3_doc()))
+    assert set(bench_all.use_outcomes(bench_all.BENCHES, [f"bursty_day={day}"])) == {"bursty_day"}
+    with pytest.raises(ValueError, match="bursty_day given twice"):
+        bench_all.use_outcomes(bench_all.BENCHES, [f"bursty_day={day}", f"p3={day}"])
