@@ -128,7 +128,8 @@ def controller_statefulset(spec: ClusterSpec, files: Mapping[str, str], site: K8
         # for commands run in the container (kubectl exec); the programs Slurm starts read elastic.env
         "env": [{"name": k, "value": v} for k, v in elastic_env(spec).items()],
         "ports": [{"name": "slurmctld", "containerPort": SLURMCTLD_PORT, "protocol": "TCP"}],
-        "readinessProbe": {"tcpSocket": {"port": SLURMCTLD_PORT}, "periodSeconds": 2, "failureThreshold": 3},
+        # a wake waits for readiness: each second (a TCP connect; the kernel answers it from the backlog)
+        "readinessProbe": {"tcpSocket": {"port": SLURMCTLD_PORT}, "periodSeconds": 1, "failureThreshold": 3},
         "livenessProbe": {"tcpSocket": {"port": SLURMCTLD_PORT}, "initialDelaySeconds": 60,
                           "periodSeconds": 20, "failureThreshold": 6},
         "resources": {"requests": {"cpu": "250m", "memory": "512Mi"}},
