@@ -85,16 +85,12 @@ def test_node_categories_and_health_drains():
 
 
 def test_queue_counts_by_partition():
-    doc = {"jobs": [
-        {"job_id": 1, "partition": "cpu", "job_state": ["PENDING"]},
-        {"job_id": 2, "partition": "cpu", "job_state": ["RUNNING"]},
-        {"job_id": 3, "partition": "cpu", "job_state": ["CONFIGURING", "RUNNING"]},  # nodes still booting
-        {"job_id": 4, "partition": "gpu", "job_state": ["COMPLETING"]},
-        {"job_id": 5, "partition": "gpu,cpu", "job_state": ["PENDING"]},
-        {"job_id": 6, "partition": "gpu", "job_state": ["COMPLETED"]},
-    ]}
-    assert st.queue_counts(doc) == {"cpu": {"pending": 3, "running": 1}, "gpu": {"pending": 1, "running": 1}}
-    assert st.queue_counts({"jobs": []}) == {}
+    text = "\n".join(["cpu PENDING", "cpu RUNNING",
+                      "cpu CONFIGURING",  # nodes still booting
+                      "gpu COMPLETING", "gpu,cpu PENDING", "gpu COMPLETED", ""])
+    assert st.queue_counts(text) == {"cpu": {"pending": 3, "running": 1}, "gpu": {"pending": 1, "running": 1}}
+    assert st.queue_counts("") == {}
+    assert "--json" not in st.SQUEUE_ARGV and "--array" in st.SQUEUE_ARGV  # one short line per job, arrays expanded
 
 
 def pod(name: str, phase: str = "Running", pool: str = "cpu", created: str = "2027-01-15T08:00:00Z") -> dict:
@@ -176,8 +172,7 @@ class FakeReader:
 def answering() -> FakeReader:
     r = FakeReader()
     r.answers = {st.SHOW_NODES_ARGV: (0, json.dumps(NODES), ""),
-                 st.SQUEUE_ARGV: (0, json.dumps({"jobs": [{"job_id": 1, "partition": "cpu",
-                                                           "job_state": ["RUNNING"]}]}), ""),
+                 st.SQUEUE_ARGV: (0, "cpu RUNNING\n", ""),
                  st.SCRAPE_ARGV: (0, exposition_with_usage(), "")}
     return r
 
