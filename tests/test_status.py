@@ -62,6 +62,13 @@ def node(name: str, *state: str, reason: str = "") -> dict[str, Any]:
     return {"name": name, "state": list(state), "reason": reason, "partitions": ["cpu"]}
 
 
+def sinfo_lines(doc: dict[str, Any]) -> str:
+    """What status.SHOW_NODES_ARGV prints for these nodes (sinfo: lower case, `*` on the default
+    partition, `none` for no reason)."""
+    return "".join(f"{n['name']}|{'+'.join(n['state']).lower()}|{p}*|{n['reason'] or 'none'}\n"
+                   for n in doc["nodes"] for p in n["partitions"])
+
+
 NODES = {"nodes": [
     node("cpu-0", "IDLE", "CLOUD", "POWERED_DOWN"),
     node("cpu-1", "IDLE", "CLOUD", "POWERING_UP"),
@@ -75,8 +82,18 @@ NODES = {"nodes": [
 ]}
 
 
+def test_node_rows_from_sinfo_lines():
+    text = ("q-5|idle+cloud+drain+powered_down|q|health: disk: a|b\n"  # a | in the reason is kept
+            "g-0|mixed+cloud|gpu*|none\ng-0|mixed+cloud|all|none\n\n")
+    rows = st.node_rows(text)
+    assert [(r.name, r.category, r.reason, r.partitions) for r in rows] == [
+        ("g-0", "mixed", "", ("gpu", "all")), ("q-5", "drained", "health: disk: a|b", ("q",))]
+    assert rows[1].state == ("CLOUD", "DRAIN", "IDLE", "POWERED_DOWN")
+    assert "--json" not in st.SHOW_NODES_ARGV
+
+
 def test_node_categories_and_health_drains():
-    rows = {r.name: r for r in st.node_rows(NODES)}
+    rows = {r.name: r for r in st.node_rows(sinfo_lines(NODES))}
     assert {n: r.category for n, r in rows.items()} == {
         "cpu-0": "powered_down", "cpu-1": "powering_up", "cpu-2": "idle", "cpu-3": "allocated",
         "cpu-4": "drained", "cpu-5": "draining", "cpu-6": "down", "cpu-7": "drained", "cpu-8": "powering_down"}
@@ -171,7 +188,7 @@ class FakeReader:
 
 def answering() -> FakeReader:
     r = FakeReader()
-    r.answers = {st.SHOW_NODES_ARGV: (0, json.dumps(NODES), ""),
+    r.answers = {st.SHOW_NODES_ARGV: (0, sinfo_lines(NODES), ""),
                  st.SQUEUE_ARGV: (0, "cpu RUNNING\n", ""),
                  st.SCRAPE_ARGV: (0, exposition_with_usage(), "")}
     return r
