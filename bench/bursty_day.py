@@ -553,7 +553,8 @@ def run(args: argparse.Namespace, trace: list[TraceJob], key: asyncssh.SSHKey, w
         zero = wait_zero_pods(args.suspend_time + 300)
         time.sleep(RECONCILE_PERIOD + 2)  # one more pass counts the last pod's end
         after = status_json()
-        window = "first job to pool back at zero pods" + ("" if zero else " (NOT reached: read after 300 s more)")
+        late = f" (NOT reached: read after SuspendTime + 300 s = {args.suspend_time + 300} s)"
+        window = "first job to pool back at zero pods" + ("" if zero else late)
     replay = parse_replay(out)
     ids = [s.job for s in replay.submissions if s.job]
     result = outcome(records, ids)

@@ -4,6 +4,7 @@ init container that reuses it (images/entrypoint/config-init.sh, run here with s
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -25,6 +26,9 @@ def pod(tmp_path: Path) -> dict[str, Path]:
     (p["conf"] / "inventory.json").write_text("{}\n")
     (p["spec"] / "spec.json").write_text('{"name": "a"}')
     (p["spec"] / "site.json").write_text('{"cluster_domain": "cluster.local"}')
+    (p["conf"] / ".inputs").mkdir()  # what the init container noted it rendered from
+    for n in ("spec.json", "site.json"):
+        (p["conf"] / ".inputs" / n).write_bytes((p["spec"] / n).read_bytes())
     p["id"] = tmp_path / "render-id"
     p["id"].write_text("abc\n")
     # the renderer the init container falls back to: records that it ran
@@ -51,11 +55,12 @@ def test_a_kept_configuration_is_reused_as_it_was(pod):
     assert cache(pod).sync() is False  # nothing changed: nothing written
     got = init(pod)
     assert "reused" in got.stderr
-    assert sorted(os.listdir(pod["out"])) == ["inventory.json", "slurm.conf"]
+    assert sorted(os.listdir(pod["out"])) == [".inputs", "inventory.json", "slurm.conf"]
     assert (pod["out"] / "slurm.conf").read_text() == "ClusterName=a\n"
+    assert (pod["out"] / ".inputs" / "spec.json").read_text() == '{"name": "a"}'  # for the next copy
 
 
-@pytest.mark.parametrize("change", ["spec", "site", "id", "none-kept"])
+@pytest.mark.parametrize("change", ["spec", "site", "id", "none-kept", "torn"])
 def test_anything_else_renders_again(pod, change):
     cache(pod).sync()
     if change == "spec":
@@ -64,11 +69,37 @@ def test_anything_else_renders_again(pod, change):
         (pod["spec"] / "site.json").unlink()
     elif change == "id":
         pod["id"].write_text("def\n")  # another image's renderer
-    else:
+    elif change == "none-kept":
         (pod["cache"] / "complete").unlink()  # a copy cut short
+    else:
+        (pod["cache"] / "slurm.conf").write_text("")  # a file lost in a crash, `complete` there
     got = init(pod)
     assert "rendering" in got.stderr
     assert (pod["out"] / "slurm.conf").read_text() == "rendered\n"
+    assert (pod["out"] / ".inputs" / "spec.json").read_bytes() == (pod["spec"] / "spec.json").read_bytes()
+
+
+def test_the_spec_kept_is_the_one_the_files_were_made_from(pod):
+    """The spec ConfigMap changes under a running pod (which then rolls): its new spec must never
+    be kept beside files made from the old one."""
+    c = cache(pod)
+    assert c.sync() is True
+    (pod["spec"] / "spec.json").write_text('{"name": "new"}')
+    (pod["conf"] / "slurm.conf").write_text("ClusterName=a\nchanged\n")
+    assert c.sync() is False
+    assert (pod["cache"] / "spec.json").read_text() == '{"name": "a"}'
+    assert (pod["cache"] / "slurm.conf").read_text() == "ClusterName=a\n"
+    assert "rendering" in init(pod).stderr  # the new pod: its spec differs from the kept one's
+    shutil.rmtree(pod["conf"] / ".inputs")  # files whose spec nobody noted are not kept either
+    assert cache(pod).sync() is False
+
+
+def test_a_copy_leaves_nothing_of_an_earlier_configuration(pod):
+    cache(pod).sync()
+    pod["out"].mkdir()
+    (pod["out"] / "gres.conf").write_text("old\n")  # the init container run again in the same pod
+    init(pod)
+    assert sorted(os.listdir(pod["out"])) == [".inputs", "inventory.json", "slurm.conf"]
 
 
 def test_the_copy_follows_the_loop_and_waits_out_a_pending_reconfigure(pod):
@@ -84,7 +115,7 @@ def test_the_copy_follows_the_loop_and_waits_out_a_pending_reconfigure(pod):
     assert (pod["cache"] / "topology.conf").read_text() == "SwitchName=s\n"
     assert not (pod["cache"] / "inventory.json").exists()  # gone from the config dir: gone here
     init(pod)
-    assert sorted(os.listdir(pod["out"])) == ["slurm.conf", "topology.conf"]
+    assert sorted(os.listdir(pod["out"])) == [".inputs", "slurm.conf", "topology.conf"]
 
 
 def test_nothing_is_kept_without_the_images_id_or_a_slurm_conf(pod):
@@ -101,3 +132,26 @@ def test_the_loops_cache_sits_beside_the_spec_it_reads(tmp_path):
                         "SLURMK8S_CONFIG_CACHE": str(tmp_path / "k")}, str(tmp_path / "conf"))
     assert (c.spec_dir, c.cache_dir, c.conf_dir) == (tmp_path / "s", tmp_path / "k", tmp_path / "conf")
     assert str(cache_from_env({}, "/etc/slurm").cache_dir) == "/var/spool/slurmctld/slurmk8s/config"
+
+
+def test_the_loop_drops_a_pinned_specs_copy_and_survives_a_failing_one(pod, tmp_path):
+    from provisioner.logs import Log
+    from provisioner.reconcile.main import _drop_config, _keep_config
+
+    log_path = tmp_path / "reconcile.log"
+    log = Log("reconcile", str(log_path))
+    c = cache(pod)
+    c.sync()
+    assert _drop_config(c, log) == "" and not pod["cache"].exists()
+    assert "a pinned pool's start renders" in log_path.read_text()
+
+    class Broken(ConfigCache):
+        def sync(self) -> bool:
+            raise ValueError("'utf-8' codec can't decode byte 0xff")
+
+    broken = Broken(pod["conf"], pod["cache"], pod["spec"], pod["id"])
+    first = _keep_config(broken, log, "")
+    assert "cannot keep the configuration" in first
+    assert _keep_config(broken, log, first) == first
+    assert log_path.read_text().count("cannot keep the configuration") == 1  # once, not every pass
+    assert _keep_config(None, log, "") == ""

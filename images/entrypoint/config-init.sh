@@ -3,8 +3,9 @@
 # the rest: a copy of the configuration slurmctld last ran with, when the reconcile loop kept one on
 # the state volume for exactly this spec, site and renderer (provisioner/livenodes/cache.py); else
 # renders it (slurmk8s-render-config: the spec and the Kubernetes nodes, a Python start). The copy
-# saves that start on every wake of an asleep tier; the loop's first pass follows any Kubernetes
-# node that changed meanwhile, as it does while it runs.
+# saves that start on every wake of an asleep tier. The loop keeps one only for a spec without a
+# pinned pool (whose Slurm nodes do not follow the Kubernetes nodes), and every file must match
+# the sha256 sums in `complete`, written last.
 #   SLURMK8S_CONFIG_CACHE  the kept copy (default /var/spool/slurmctld/slurmk8s/config)
 #   SLURMK8S_SPEC          the spec the pod runs (default /etc/slurmk8s/spec/spec.json; site.json beside it)
 #   SLURMK8S_RENDER_ID     the image's renderer id (default /opt/slurmk8s/render-id)
@@ -25,21 +26,29 @@ same() {
     if [ -e "$1" ]; then cmp -s "$1" "$2"; else [ ! -e "$2" ]; fi
 }
 
+# the spec files this configuration is made from, for the loop's copy (provisioner/livenodes/cache.py)
+inputs() {
+    mkdir -p "$out/.inputs" && rm -f "$out/.inputs"/* && cp "$spec" "$out/.inputs/spec.json" \
+        && { [ ! -e "$site" ] || cp "$site" "$out/.inputs/site.json"; }
+}
+
 render() {
     log "$1: rendering"
     rm -f "$out"/* "$out"/.*.tmp 2>/dev/null || true  # nothing of a copy that failed half-way
+    inputs || log "cannot note the spec files in $out/.inputs: the next start renders again"
     exec "${SLURMK8S_RENDER_CONFIG:-/opt/slurmk8s/bin/slurmk8s-render-config}" --out "$out"
 }
 
+# the files `complete` lists (sha256sum lines, checked before), the spec files and the id excepted
 copy() {
-    mkdir -p "$out" || return 1
-    for f in "$cache"/*; do
-        name=$(basename "$f")
+    mkdir -p "$out" && rm -f "$out"/* "$out"/.*.tmp 2>/dev/null
+    while read -r _sum name; do
         case $name in
-            complete|render-id|spec.json|site.json) ;;
-            *) cp "$f" "$out/.$name.tmp" && mv "$out/.$name.tmp" "$out/$name" || return 1 ;;
+            render-id|spec.json|site.json) ;;
+            *) cp "$cache/$name" "$out/.$name.tmp" && mv "$out/.$name.tmp" "$out/$name" || return 1 ;;
         esac
-    done
+    done <"$cache/complete"
+    inputs
 }
 
 [ -f "$cache/complete" ] || render "no kept configuration in $cache"
@@ -47,6 +56,7 @@ copy() {
 same "$spec" "$cache/spec.json" || render "the spec differs from the kept configuration's"
 same "$site" "$cache/site.json" || render "the site differs from the kept configuration's"
 same "$render_id" "$cache/render-id" || render "the image's renderer differs from the kept configuration's"
+(cd "$cache" && sha256sum --check --status complete) || render "the kept configuration is not whole (sha256sum)"
 [ -f "$cache/slurm.conf" ] || render "the kept configuration has no slurm.conf"
 copy || render "cannot copy the kept configuration from $cache"
 log "reused the configuration kept in $cache: $(cd "$out" && echo *)"

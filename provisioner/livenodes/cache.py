@@ -8,33 +8,38 @@ each pass it also copies them here, with the inputs they were made from:
 
   <state>/slurmk8s/config/          (STATE_DIR, the slurmctld-state volume)
     slurm.conf, topology.conf, ...  the files of the configuration directory, as slurmctld runs them
-    spec.json, site.json            copies of the spec ConfigMap's files they were rendered from
+    spec.json, site.json            the spec files they were made from: the init container's copies
+                                    (<config dir>/.inputs/), taken as it rendered or copied; kept
+                                    only while the mounted spec is still the same (a changed spec
+                                    rolls the pod, and the new one renders)
     render-id                       a copy of the image's /opt/slurmk8s/render-id (a hash of the
                                     renderer's code and templates, written at image build)
-    complete                        written last, removed first: the copy is whole
+    complete                        written last (after every file and the directory are synced to
+                                    disk), removed first: `sha256sum -c` lines of every file above
 
 The init container (images/entrypoint/config-init.sh, shell: no Python) reuses the copy when
 `complete` is there and spec.json, site.json and render-id are byte for byte the pod's; else it
-renders as before. Nodes that changed while the pod was away (a pinned pool's node cordoned, added
-or removed) are the loop's to follow in its first pass, as they are while it runs. A copy is never
-made while a reconfigure is pending (the loop writes the files before `scontrol reconfigure`), so
-it holds only a configuration slurmctld took.
+renders as before. Only a spec without a pinned pool is kept: a pinned pool's Slurm nodes follow
+Kubernetes nodes that may have changed while the pod was away, and the job that woke the tier
+must not be scheduled on a node that is gone (the loop removes any copy of a pinned spec). No copy
+is made while a reconfigure is pending (the loop writes the files before `scontrol reconfigure`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 from pathlib import Path
 from typing import Mapping
 
 from ..manifests import names as m
-from ..render import write_files
 from .live import PENDING
 
 CACHE_SUBDIR = "slurmk8s/config"
 RENDER_ID = "/opt/slurmk8s/render-id"
 INPUTS = ("spec.json", "site.json")
+INPUTS_DIR = ".inputs"  # in the config directory: the spec files the init container rendered or copied from
 COMPLETE = "complete"
 
 
@@ -46,9 +51,10 @@ def _read(path: Path) -> bytes | None:
 
 
 class ConfigCache:
-    """Keeps `cache_dir` a copy of `conf_dir` (the files in m.SLURM_FILES) with the spec's files of
-    `spec_dir` and the image's render id beside it. :meth:`sync` is cheap when nothing changed (it
-    reads a few small files) and raises OSError when the volume cannot be written."""
+    """Keeps `cache_dir` a copy of `conf_dir` (the files in m.SLURM_FILES) with the spec files they
+    were made from and the image's render id beside it. :meth:`sync` reads the config directory's
+    few files each call and writes only when they changed; it raises OSError when the volume cannot
+    be written."""
 
     def __init__(self, conf_dir: str | Path = m.SLURM_CONF_DIR, cache_dir: str | Path | None = None,
                  spec_dir: str | Path = m.SPEC_DIR, render_id: str | Path = RENDER_ID) -> None:
@@ -56,6 +62,7 @@ class ConfigCache:
         self.cache_dir = Path(cache_dir) if cache_dir is not None else Path(m.STATE_DIR, CACHE_SUBDIR)
         self.spec_dir = Path(spec_dir)
         self.render_id = Path(render_id)
+        self._written = ""  # the manifest of the last copy this process wrote or found whole
 
     def _wanted(self) -> dict[str, bytes] | None:
         """What the copy should hold now; None when there is nothing sound to copy."""
@@ -67,31 +74,68 @@ class ConfigCache:
         ident = _read(self.render_id)
         if ident is None:  # an image without the id: the init container could never match it
             return None
+        inputs = {n: _read(self.conf_dir / INPUTS_DIR / n) for n in INPUTS}
+        if inputs["spec.json"] is None:  # not said what the files were made from
+            return None
+        if any(_read(self.spec_dir / n) != inputs[n] for n in INPUTS):
+            return None  # the spec changed under the pod (it rolls; the next one renders)
         wanted = {n: b for n, b in files.items() if b is not None}
-        wanted.update({n: b for n in INPUTS if (b := _read(self.spec_dir / n)) is not None})
+        wanted.update({n: b for n, b in inputs.items() if b is not None})
         wanted["render-id"] = ident
         return wanted
 
     def sync(self) -> bool:
-        """Bring the copy in line; True when it wrote (or removed) anything."""
+        """Bring the copy in line; True when it wrote anything."""
         wanted = self._wanted()
         if wanted is None:
             return False
-        have = {p.name: p.read_bytes() for p in self.cache_dir.glob("*") if p.is_file()} \
-            if self.cache_dir.is_dir() else {}
-        if have.get(COMPLETE) is not None and {n: b for n, b in have.items() if n != COMPLETE} == wanted:
+        manifest = "".join(f"{hashlib.sha256(b).hexdigest()}  {n}\n" for n, b in sorted(wanted.items()))
+        if manifest == self._written:
+            return False
+        if _read(self.cache_dir / COMPLETE) == manifest.encode() and all(
+                _read(self.cache_dir / n) == b for n, b in wanted.items()):
+            self._written = manifest
             return False
         self.cache_dir.mkdir(parents=True, exist_ok=True)
         (self.cache_dir / COMPLETE).unlink(missing_ok=True)
-        for name in have:
-            if name not in wanted and name != COMPLETE:
-                (self.cache_dir / name).unlink(missing_ok=True)
-        write_files({n: b.decode() for n, b in wanted.items()}, self.cache_dir)
-        write_files({COMPLETE: ""}, self.cache_dir)
+        _sync_dir(self.cache_dir)
+        for p in self.cache_dir.iterdir():
+            if p.name not in wanted and p.is_file():
+                p.unlink()
+        for name, data in wanted.items():
+            _write_synced(self.cache_dir / name, data)
+        _sync_dir(self.cache_dir)
+        _write_synced(self.cache_dir / COMPLETE, manifest.encode())
+        _sync_dir(self.cache_dir)
+        self._written = manifest
         return True
 
-    def clear(self) -> None:
-        shutil.rmtree(self.cache_dir, ignore_errors=True)
+    def clear(self) -> bool:
+        """Remove the copy (a pinned spec is never reused); True when there was one."""
+        if not self.cache_dir.exists():
+            return False
+        shutil.rmtree(self.cache_dir)
+        self._written = ""
+        return True
+
+
+def _write_synced(path: Path, data: bytes) -> None:
+    """`data` into `path` through a temporary file, on disk before the rename."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+
+
+def _sync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def cache_from_env(env: Mapping[str, str], conf_dir: str) -> ConfigCache:

@@ -63,14 +63,26 @@ def _live_nodes(env: Mapping[str, str], inventory_path: str, slurm: SlurmCli, lo
                      cluster_domain=domain, scontrol=slurm.scontrol)
 
 
-def _keep_config(cache: "ConfigCache", log: "Log", last_error: str) -> str:
+def _drop_config(cache: "ConfigCache", log: "Log") -> str:
+    try:
+        if cache.clear():
+            log.write(f"removed the configuration kept in {cache.cache_dir}: a pinned pool's start renders")
+        return ""
+    except OSError as err:
+        log.write(f"cannot remove {cache.cache_dir} ({err}); the next start still renders (the spec differs)")
+        return str(err)
+
+
+def _keep_config(cache: "ConfigCache | None", log: "Log", last_error: str) -> str:
     """Copy the configuration slurmctld runs with to its state volume for the next start
     (livenodes/cache.py); a failure is logged once, not every pass, and never stops the loop."""
+    if cache is None:
+        return last_error
     try:
         if cache.sync():
             log.write(f"kept the configuration in {cache.cache_dir} for the next start")
         return ""
-    except OSError as err:
+    except Exception as err:  # noqa: BLE001 - a copy for the next start must never stop this loop
         error = f"cannot keep the configuration in {cache.cache_dir} (the next start renders it again): {err}"
         if error != last_error:
             log.write(error)
@@ -171,6 +183,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     stop = _stop_on_sigterm(log)
     live = _live_nodes(env, inventory_path, slurm, log)
     cache, cache_error = cache_from_env(env, os.path.dirname(inventory_path)), ""
+    if live is not None:  # a pinned pool: every start renders from the Kubernetes nodes as they are then
+        cache_error = _drop_config(cache, log)
+        cache = None
     while not stop.is_set():
         tick = time.monotonic()
         now = time.time()
