@@ -45,10 +45,11 @@ SCRAPE_ARGV = (PYTHON, "-c", "import sys, urllib.request; "
 # one short line per node and partition ("q-5|idle+cloud+drain+powered_down|q|reason"): with 4,096
 # nodes `scontrol show nodes --json` is 9.5 MB, which the Kubernetes client's exec stream reads in
 # quadratic time (about 5 s); these lines are 0.15 MB. Nodes in no partition are not listed.
-SHOW_NODES_ARGV = ("sinfo", "--Node", "--noheader", "--Format", "NodeList:0|,StateComplete:0|,Partition:0|,Reason:0")
+SHOW_NODES_ARGV = ("sinfo", "--all", "--Node", "--noheader",
+                   "--Format", "NodeList:0|,StateComplete:0|,Partition:0|,Reason:0")
 # one short line per job (array tasks each): with 32,768 queued jobs `squeue --json` is ~100 MB
 # through the exec stream and took `status` to 9-10 s; these lines are ~0.6 MB
-SQUEUE_ARGV = ("squeue", "--noheader", "--array", "--format", "%P %T")
+SQUEUE_ARGV = ("squeue", "--all", "--noheader", "--array", "--format", "%P %T")
 HEALTH_PREFIX = "health: "
 
 # node categories, in display order
