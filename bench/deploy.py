@@ -1,5 +1,5 @@
-"""A benchmark's own cluster, from nothing and back: the deploy sequence bench/load_10k.py and
-bench/queue_32k.py run inline, as functions (used by bench/bursty_day.py).
+"""A benchmark's own cluster, from nothing and back (bench/load_10k.py, bench/queue_32k.py and
+bench/bursty_day.py deploy with it).
 
 The cluster `name` lives in namespace slurm-<name> with its own static hostPath volumes
 (/var/lib/slurmk8s/volumes/<name>, labelled slurmk8s.io/e2e=<name>) and its own Pulumi state under

@@ -25,26 +25,22 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import re
-import shutil
 import sys
 import threading
 import time
 from pathlib import Path
 
 import asyncssh
-import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "e2e"))
 
-from helpers import (LOCAL_KUBECONFIG, NotOurs, clear_leftover, e2e_spec, kjson, kubeconfig, kubectl,  # noqa: E402
-                     mark_made_by, slurmk8s, static_volumes)
+from helpers import e2e_spec, kjson, kubectl, slurmk8s  # noqa: E402
+from deploy import up  # noqa: E402
 
 NAME = "bench-load"  # its own cluster: never the quickstart's or the e2e suite's `local`
 NAMESPACE = f"slurm-{NAME}"
-VOLUMES = f"/var/lib/slurmk8s/volumes/{NAME}"
 MADE_BY = "bench"
 
 POOL = "load"
@@ -121,23 +117,6 @@ def load_pods() -> int:
     return len(pods)
 
 
-def from_nothing(work: Path) -> None:
-    """As the e2e fixture does: no namespace, Slurm state or volumes left from an earlier run of this
-    benchmark; a namespace it did not make is refused (exit), never touched."""
-    try:
-        clear_leftover(NAMESPACE, MADE_BY)
-    except NotOurs as err:
-        sys.exit(f"cannot run: {err}")
-    kubectl("delete", "pv", "-l", f"slurmk8s.io/e2e={NAME}", "--ignore-not-found", "--wait=true", timeout=120)
-    if kubeconfig() == LOCAL_KUBECONFIG:
-        shutil.rmtree(VOLUMES, ignore_errors=True)
-    shutil.rmtree(work / "state", ignore_errors=True)  # the stack of the cluster just removed
-    kubectl("apply", "-f", str(ROOT / "examples" / "localk8s" / "storage.yaml"))  # the StorageClass
-    (work / "volumes.json").write_text(json.dumps({"apiVersion": "v1", "kind": "List",
-                                                   "items": static_volumes(NAME, NAMESPACE)}))
-    kubectl("apply", "-f", str(work / "volumes.json"))
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=10000, help="jobs in the burst (array tasks + singles)")
@@ -162,17 +141,8 @@ def main() -> None:
     # a bigger burst raises them the way a user would
     if args.jobs > 15000:
         spec.setdefault("slurm", {})["extra_conf"] = {"MaxJobCount": str(3 * args.jobs)}
-    (work / "spec.yaml").write_text(yaml.safe_dump(spec))
+    print(f"slurmk8s up: {up(spec, work, MADE_BY):.1f} s")
     log = work / "slurmk8s.log"
-    from_nothing(work)
-    t0 = time.monotonic()
-    try:
-        failed = slurmk8s("up", "--spec", str(work / "spec.yaml"), "--state", str(work / "state"), log=log).returncode
-    finally:
-        mark_made_by(NAMESPACE, MADE_BY)
-    if failed:
-        sys.exit(f"slurmk8s up failed: see {log}")
-    print(f"slurmk8s up: {time.monotonic() - t0:.1f} s")
     host = kjson("get", "service", "-n", NAMESPACE, "login")["spec"]["clusterIP"]
     while load_pods():  # from zero
         time.sleep(2)

@@ -23,27 +23,24 @@ import argparse
 import asyncio
 import json
 import re
-import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import asyncssh
-import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "e2e"))
 
-from helpers import (LOCAL_KUBECONFIG, SLURMK8S, TOOLCHAIN_BIN, NotOurs, clear_leftover, e2e_spec,  # noqa: E402
-                     kjson, kubeconfig, kubectl, mark_made_by, slurmk8s, static_volumes)
+from helpers import SLURMK8S, TOOLCHAIN_BIN, e2e_spec, kjson, kubeconfig, kubectl  # noqa: E402
+from deploy import down, up  # noqa: E402
 from load_10k import pct  # noqa: E402
 
 NAME = "bench-queue"
 NAMESPACE = f"slurm-{NAME}"
 MADE_BY = "bench"
 POOL = "q"
-VOLUMES = f"/var/lib/slurmk8s/volumes/{NAME}"
 CONTROLLER = "slurmctld-0"
 
 # runs on the login pod as alice: queue the held arrays, then time sbatch and squeue with that queue
@@ -109,28 +106,7 @@ def main() -> None:
     spec["rest"] = {"enabled": False}
     spec["pools"].append({"name": POOL, "mode": "slots", "cpus": 1, "memory": "1Gi", "pod_cpu_request": "10m",
                           "pod_memory_request": "64Mi", "domains": [{"name": "local", "count": args.nodes}]})
-    (work / "spec.yaml").write_text(yaml.safe_dump(spec))
-    log = work / "slurmk8s.log"
-    try:
-        clear_leftover(NAMESPACE, MADE_BY)
-    except NotOurs as err:
-        sys.exit(f"cannot run: {err}")
-    kubectl("delete", "pv", "-l", f"slurmk8s.io/e2e={NAME}", "--ignore-not-found", "--wait=true", timeout=120)
-    if kubeconfig() == LOCAL_KUBECONFIG:
-        shutil.rmtree(VOLUMES, ignore_errors=True)
-    shutil.rmtree(work / "state", ignore_errors=True)
-    kubectl("apply", "-f", str(ROOT / "examples" / "localk8s" / "storage.yaml"))
-    (work / "volumes.json").write_text(json.dumps({"apiVersion": "v1", "kind": "List",
-                                                   "items": static_volumes(NAME, NAMESPACE)}))
-    kubectl("apply", "-f", str(work / "volumes.json"))
-    t0 = time.monotonic()
-    try:
-        failed = slurmk8s("up", "--spec", str(work / "spec.yaml"), "--state", str(work / "state"), log=log).returncode
-    finally:
-        mark_made_by(NAMESPACE, MADE_BY)
-    if failed:
-        sys.exit(f"slurmk8s up failed: see {log}")
-    up_s = time.monotonic() - t0
+    up_s = up(spec, work, MADE_BY)
     print(f"slurmk8s up with {args.nodes} nodes in pool {POOL}: {up_s:.1f} s")
     host = kjson("get", "service", "-n", NAMESPACE, "login")["spec"]["clusterIP"]
 
@@ -189,9 +165,7 @@ def main() -> None:
     if not args.keep:
         kubectl("exec", "-n", NAMESPACE, CONTROLLER, "-c", "slurmctld", "--", "scancel", "-u", "alice",
                 check=False, timeout=120)
-        slurmk8s("down", "--spec", str(work / "spec.yaml"), "--state", str(work / "state"), "--purge", "--yes",
-                 log=log)
-        clear_leftover(NAMESPACE, MADE_BY)
+        down(NAME, work, MADE_BY)
 
 
 if __name__ == "__main__":
