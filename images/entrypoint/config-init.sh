@@ -32,16 +32,21 @@ inputs() {
         && { [ ! -e "$site" ] || cp "$site" "$out/.inputs/site.json"; }
 }
 
+# nothing of an earlier run of this container or of a copy that failed half-way
+clean() {
+    mkdir -p "$out" && rm -f "$out"/* "$out"/.*.tmp 2>/dev/null
+}
+
 render() {
     log "$1: rendering"
-    rm -f "$out"/* "$out"/.*.tmp 2>/dev/null || true  # nothing of a copy that failed half-way
+    clean || true
     inputs || log "cannot note the spec files in $out/.inputs: the next start renders again"
     exec "${SLURMK8S_RENDER_CONFIG:-/opt/slurmk8s/bin/slurmk8s-render-config}" --out "$out"
 }
 
 # the files `complete` lists (sha256sum lines, checked before), the spec files and the id excepted
 copy() {
-    mkdir -p "$out" && rm -f "$out"/* "$out"/.*.tmp 2>/dev/null
+    clean
     while read -r _sum name; do
         case $name in
             render-id|spec.json|site.json) ;;

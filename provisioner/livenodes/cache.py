@@ -3,8 +3,9 @@
 Each start of the slurmctld pod, a wake from idle sleep included, renders slurm.conf and the rest
 from the spec and the Kubernetes nodes in its init container: a Python start (about 0.9 s of
 imports in the slurmctld image), a listing of the nodes and a render, all before slurmctld may
-start. The reconcile loop keeps the rendered files current while the pod runs (:mod:`.live`); after
-each pass it also copies them here, with the inputs they were made from:
+start. The reconcile loop copies the files the init container wrote here, with the inputs they were
+made from, once per pod (until a copy succeeds: without a pinned pool nothing rewrites them while
+the pod runs):
 
   <state>/slurmk8s/config/          (STATE_DIR, the slurmctld-state volume)
     slurm.conf, topology.conf, ...  the files of the configuration directory, as slurmctld runs them
@@ -52,9 +53,8 @@ def _read(path: Path) -> bytes | None:
 
 class ConfigCache:
     """Keeps `cache_dir` a copy of `conf_dir` (the files in m.SLURM_FILES) with the spec files they
-    were made from and the image's render id beside it. :meth:`sync` reads the config directory's
-    few files each call and writes only when they changed; it raises OSError when the volume cannot
-    be written."""
+    were made from and the image's render id beside it. :meth:`sync` writes only what changed; it
+    raises OSError when the volume cannot be written."""
 
     def __init__(self, conf_dir: str | Path = m.SLURM_CONF_DIR, cache_dir: str | Path | None = None,
                  spec_dir: str | Path = m.SPEC_DIR, render_id: str | Path = RENDER_ID) -> None:
@@ -62,7 +62,6 @@ class ConfigCache:
         self.cache_dir = Path(cache_dir) if cache_dir is not None else Path(m.STATE_DIR, CACHE_SUBDIR)
         self.spec_dir = Path(spec_dir)
         self.render_id = Path(render_id)
-        self._written = ""  # the manifest of the last copy this process wrote or found whole
 
     def _wanted(self) -> dict[str, bytes] | None:
         """What the copy should hold now; None when there is nothing sound to copy."""
@@ -90,11 +89,8 @@ class ConfigCache:
         if wanted is None:
             return False
         manifest = "".join(f"{hashlib.sha256(b).hexdigest()}  {n}\n" for n, b in sorted(wanted.items()))
-        if manifest == self._written:
-            return False
         if _read(self.cache_dir / COMPLETE) == manifest.encode() and all(
                 _read(self.cache_dir / n) == b for n, b in wanted.items()):
-            self._written = manifest
             return False
         self.cache_dir.mkdir(parents=True, exist_ok=True)
         (self.cache_dir / COMPLETE).unlink(missing_ok=True)
@@ -107,7 +103,6 @@ class ConfigCache:
         _sync_dir(self.cache_dir)
         _write_synced(self.cache_dir / COMPLETE, manifest.encode())
         _sync_dir(self.cache_dir)
-        self._written = manifest
         return True
 
     def clear(self) -> bool:
@@ -115,7 +110,6 @@ class ConfigCache:
         if not self.cache_dir.exists():
             return False
         shutil.rmtree(self.cache_dir)
-        self._written = ""
         return True
 
 

@@ -63,30 +63,28 @@ def _live_nodes(env: Mapping[str, str], inventory_path: str, slurm: SlurmCli, lo
                      cluster_domain=domain, scontrol=slurm.scontrol)
 
 
-def _drop_config(cache: "ConfigCache", log: "Log") -> str:
+def _drop_config(cache: "ConfigCache", log: "Log") -> None:
     try:
         if cache.clear():
             log.write(f"removed the configuration kept in {cache.cache_dir}: a pinned pool's start renders")
-        return ""
     except OSError as err:
         log.write(f"cannot remove {cache.cache_dir} ({err}); the next start still renders (the spec differs)")
-        return str(err)
 
 
-def _keep_config(cache: "ConfigCache | None", log: "Log", last_error: str) -> str:
+def _keep_config(cache: "ConfigCache", log: "Log", last_error: str) -> tuple["ConfigCache | None", str]:
     """Copy the configuration slurmctld runs with to its state volume for the next start
-    (livenodes/cache.py); a failure is logged once, not every pass, and never stops the loop."""
-    if cache is None:
-        return last_error
+    (livenodes/cache.py): (None, '') once done, as nothing rewrites it while this pod runs; else
+    (cache, the error) to try again next pass. A failure is logged once, not every pass, and never
+    stops the loop."""
     try:
         if cache.sync():
             log.write(f"kept the configuration in {cache.cache_dir} for the next start")
-        return ""
+        return None, ""
     except Exception as err:  # noqa: BLE001 - a copy for the next start must never stop this loop
         error = f"cannot keep the configuration in {cache.cache_dir} (the next start renders it again): {err}"
         if error != last_error:
             log.write(error)
-        return error
+        return cache, error
 
 
 def _deployment_id(backend: NodeBackend, log: "Log") -> str:
@@ -128,7 +126,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from ..elastic.backend import backend_from_env
     from ..elastic.programs import DEFAULT_INVENTORY, DEFAULT_LOG, program_env
     from ..elastic.warm import serve as serve_programs
-    from ..livenodes.cache import cache_from_env
+    from ..livenodes.cache import ConfigCache, cache_from_env
     from ..logs import Log
 
     parser = argparse.ArgumentParser(prog="slurmk8s-reconcile", description=__doc__.split("\n\n")[0])
@@ -182,9 +180,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     code = 0
     stop = _stop_on_sigterm(log)
     live = _live_nodes(env, inventory_path, slurm, log)
-    cache, cache_error = cache_from_env(env, os.path.dirname(inventory_path)), ""
+    cache: ConfigCache | None = cache_from_env(env, os.path.dirname(inventory_path))
+    cache_error = ""
     if live is not None:  # a pinned pool: every start renders from the Kubernetes nodes as they are then
-        cache_error = _drop_config(cache, log)
+        _drop_config(cache, log)
         cache = None
     while not stop.is_set():
         tick = time.monotonic()
@@ -222,7 +221,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                               lost_watch)
         if live is not None and report.snapshot is not None:  # cordoned / NotReady / leaving: drained
             live_errors += live.drain(report.snapshot.inventory, report.snapshot.nodes.values())
-        cache_error = _keep_config(cache, log, cache_error)
+        if cache is not None:
+            cache, cache_error = _keep_config(cache, log, cache_error)
         report.errors[:0] = errors
         report.errors += live_errors
         for e in errors:
