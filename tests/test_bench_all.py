@@ -616,3 +616,27 @@ def test_use_twice_for_one_bench_is_an_error(tmp_path: Path) -> None:
     assert set(bench_all.use_outcomes(bench_all.BENCHES, [f"bursty_day={day}"])) == {"bursty_day"}
     with pytest.raises(ValueError, match="bursty_day given twice"):
         bench_all.use_outcomes(bench_all.BENCHES, [f"bursty_day={day}", f"p3={day}"])
+
+
+def test_p4_rows_without_timings_say_not_measured() -> None:
+    """A queue_32k run whose sbatch / squeue / status calls all failed to time (empty lists) is a row
+    saying what was not measured, not a crash that shows the whole row as failed."""
+    doc = {"nodes": 4096, "jobs": 32768, "queued": 0, "sbatch_s": [], "sbatch_failed": 32768,
+           "squeue_s": [], "status_s": [], "reconcile_pass_mean_s": 0.0, "reconcile_passes": 0}
+    [row] = bench_all.p4_rows(doc)
+    assert row.verdict == "not met", row  # nothing queued
+    assert "sbatch p99 <= 500 ms: not met" in row.note  # every sbatch failed
+    assert "squeue p99 <= 2 s: not measured (no squeue call timed)" in row.note
+    assert "status <= 3 s: not measured (no status call timed)" in row.note
+    assert "squeue p99 —" in row.result and "status max —" in row.result
+
+
+def test_p4b_rows_at_4096_nodes_check_the_20_s_creation_goal() -> None:
+    [row] = bench_all.p4b_rows({**p4b_doc(109.3, nodes=4096), "created_s": 54.7,
+                                "floor_created_s": 60.2, "floor_running_s": 125.3})
+    assert "every pod created <= 20 s (4,096 nodes): not met" in row.note, row
+    [fast] = bench_all.p4b_rows({**p4b_doc(40.0, nodes=4096), "created_s": 18.0,
+                                 "floor_created_s": 30.0, "floor_running_s": 40.0})
+    assert "every pod created <= 20 s (4,096 nodes)" not in fast.note and fast.verdict == "not measured", fast
+    [small] = bench_all.p4b_rows(p4b_doc(4.1))
+    assert "4,096" not in small.note
