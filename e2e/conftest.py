@@ -8,6 +8,7 @@ On a failure, the pod logs of the cluster's namespace are attached to the report
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import time
@@ -87,6 +88,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items[:] = rest + last + destroys
 
 
+# sshd's lines for each SSH session of a test (accepted, disconnected): noise in a failure report
+SSH_SESSION = re.compile(r"^(Accepted publickey for|Received disconnect from|Disconnected from user) ")
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield
@@ -94,15 +99,22 @@ def pytest_runtest_makereport(item, call):
     if report.when == "call" and report.failed and "e2e" in item.keywords:
         try:
             ns = getattr(item.module, "NAMESPACE", NAMESPACE)  # a test module with its own namespace names it
-            pods = kjson("get", "pods", "-n", ns)["items"]
-            sections = []
+            # the controller first, the login pod last: a CI summary that shows only the head of a long
+            # report should show slurmctld and the programs, not sshd's lines of every test's session
+            pods = sorted(kjson("get", "pods", "-n", ns)["items"],
+                          key=lambda p: {"slurmctld-0": 0}.get(p["metadata"]["name"],
+                                                              2 if p["metadata"]["name"].startswith("login") else 1))
+            programs = kubectl("exec", "-n", ns, "slurmctld-0", "-c", "slurmctld", "--", "sh", "-c",
+                               "tail -n 40 /var/log/slurmk8s/*.log", check=False)
+            sections = [f"--- slurmk8s programs (resume / suspend / reconcile):\n{programs.stdout}{programs.stderr}"]
             for pod in pods:
                 name = pod["metadata"]["name"]
                 logs = kubectl("logs", "-n", ns, name, "--all-containers", "--tail=60", check=False)
-                sections.append(f"--- pod {name} ({pod['status'].get('phase')}):\n{logs.stdout}{logs.stderr}")
-            programs = kubectl("exec", "-n", ns, "slurmctld-0", "-c", "slurmctld", "--", "sh", "-c",
-                               "tail -n 40 /var/log/slurmk8s/*.log", check=False)
-            sections.append(f"--- slurmk8s programs (resume / suspend / reconcile):\n{programs.stdout}{programs.stderr}")
+                lines = logs.stdout.splitlines()
+                kept = [ln for ln in lines if not SSH_SESSION.search(ln)]
+                dropped = f"({len(lines) - len(kept)} lines of SSH sessions left out)\n" if len(kept) < len(lines) else ""
+                sections.append(f"--- pod {name} ({pod['status'].get('phase')}):\n{dropped}"
+                                + "".join(ln + "\n" for ln in kept) + logs.stderr)
             events = kubectl("get", "events", "-n", ns, "--sort-by=.lastTimestamp", check=False)
             sections.append(f"--- events:\n{events.stdout[-4000:]}")
             report.sections.append(("pod logs", "\n".join(sections)))

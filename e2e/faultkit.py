@@ -7,10 +7,8 @@ import re
 import time
 from typing import Any, Iterable
 
-from helpers import NAMESPACE, SUSPEND_TIME, kjson, kubectl, wait_for, worker_pods
+from helpers import FINAL, NAMESPACE, SUSPEND_TIME, kjson, kubectl, wait_for, worker_pods
 
-FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL",
-         "DEADLINE"}
 CONTROLLER_POD = "slurmctld-0"
 
 

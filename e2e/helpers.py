@@ -328,9 +328,44 @@ def side_cluster(name: str, make_spec: Callable[[str], dict[str, Any]], work: Pa
 # ---------------------------------------------------------------- jobs, as the researcher sees them
 
 
+# Slurm's job states that end a job: a wait for a job to finish or to start ends on any of them (a
+# wait that knew only some would outwait a job that ended otherwise, and fail saying it never started)
+FINAL = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED",
+                   "BOOT_FAIL", "DEADLINE"})
+
+
 def job_state(login, job_id: str) -> dict:
     jobs = login.json(f"scontrol show job {job_id} --json")["jobs"]
     return jobs[0]
+
+
+def _namespace_of(login) -> str | None:
+    """The namespace whose login Service `login` connects to."""
+    for svc in kjson("get", "services", "-A", "-l", "app.kubernetes.io/component=login")["items"]:
+        if svc["spec"].get("clusterIP") == login.host:
+            return svc["metadata"]["namespace"]
+    return None
+
+
+def job_story(login, job_id: str) -> str:
+    """What a failed wait on job `job_id` needs said: the job and node states as Slurm shows them,
+    slurmctld's lines about the job and power saving, and the resume/suspend programs' log tail."""
+    parts = []
+    try:
+        shown = login.run(f"scontrol show job {job_id}; sinfo -a -N -o '%N %P %T %E'", timeout=30, check=False)
+        parts.append(f"scontrol show job {job_id}; sinfo:\n{shown.stdout}{shown.stderr}")
+        ns = _namespace_of(login)
+        if ns:
+            log = kubectl("logs", "-n", ns, "slurmctld-0", "-c", "slurmctld", "--tail=3000", check=False).stdout
+            mine = re.compile(rf"JobId={job_id}\b|power|resume|suspend|not responding|DOWN|drain", re.IGNORECASE)
+            parts.append("slurmctld about the job and power saving:\n"
+                         + "\n".join([line for line in log.splitlines() if mine.search(line)][-40:]))
+            programs = kubectl("exec", "-n", ns, "slurmctld-0", "-c", "slurmctld", "--", "sh", "-c",
+                               "tail -n 25 /var/log/slurmk8s/*.log", check=False)
+            parts.append(f"slurmk8s programs:\n{programs.stdout}{programs.stderr}")
+    except Exception as err:  # noqa: BLE001 - a diagnosis must never hide the failure it explains
+        parts.append(f"(could not collect the rest: {err!r})")
+    return "\n".join(parts)
 
 
 def wait_job(login, job_id: str, timeout: float) -> dict:
@@ -338,10 +373,10 @@ def wait_job(login, job_id: str, timeout: float) -> dict:
         job = job_state(login, job_id)
         # COMPLETED+COMPLETING: the job ended but its nodes are still cleaning up (epilog, the
         # accounting gather's last sample): wait for the final state
-        done_ = set(job["job_state"]) & {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"}
+        done_ = set(job["job_state"]) & FINAL
         return job if done_ and "COMPLETING" not in job["job_state"] else None
 
-    return wait_for(f"job {job_id} to finish", done, timeout, interval=1.0)
+    return wait_for(f"job {job_id} to finish", done, timeout, interval=1.0, show=lambda _: job_story(login, job_id))
 
 
 def submit(login, script: str) -> str:

@@ -36,7 +36,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from helpers import (NAMESPACE, SUSPEND_TIME, Cluster, Login, kjson, kubectl, side_cluster, side_spec,
+from helpers import (FINAL, NAMESPACE, SUSPEND_TIME, Cluster, Login, kjson, kubectl, side_cluster, side_spec,
                      wait_for, worker_pods)
 
 pytestmark = pytest.mark.e2e
@@ -44,7 +44,6 @@ pytestmark = pytest.mark.e2e
 HOME = "/home/alice"
 PARTITION = "cpu"  # the session cluster's slot pool: 3 Slurm nodes of 1 CPU and 1 GiB
 PROMPT = r"\$ $"  # bash waiting for input
-FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL"}
 
 # What alice installs. Pinned, so the wheel cache stays valid; the images' Python is 3.13 on x86_64.
 REQUIREMENTS = ("submitit==1.5.4", "dask-jobqueue==0.9.0", "dask==2026.8.0", "distributed==2026.8.0")

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from helpers import (ISSUED_TOKENS, NAMESPACE, SLURMK8S, TOOLCHAIN_BIN, Cluster, kjson, kubeconfig, kubectl, submit,
+from helpers import (FINAL, ISSUED_TOKENS, NAMESPACE, SLURMK8S, TOOLCHAIN_BIN, Cluster, kjson, kubeconfig, kubectl, submit,
                      wait_for, worker_pods)
 
 pytestmark = pytest.mark.e2e
@@ -132,7 +132,7 @@ def test_rest_submits_polls_and_cancels_with_a_users_token(cluster: Cluster):
     print(f"REST submit -> RUNNING {rest_start - wall:.1f}s (2 nodes from zero workers); sbatch submit -> RUNNING "
           f"{sb_doc - sb_wall:.1f}s (1 node, submitted at the same moment; both polled every 0.5 s)")
     done = wait_for(f"REST job {job} to finish", lambda: rest_job("alice", alice, job), 180, interval=1,
-                    until=lambda d: bool(set(d["job_state"]) & {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"})
+                    until=lambda d: bool(set(d["job_state"]) & FINAL)
                     and "COMPLETING" not in d["job_state"], show=lambda d: d.get("job_state"))
     assert done["job_state"] == ["COMPLETED"] and done["user_name"] == "alice", (done["job_state"], done["user_name"])
     assert _number(done["node_count"]) == 2

@@ -25,8 +25,8 @@ from typing import Any, Iterator
 
 import pytest
 
-from helpers import (LOCAL_KUBECONFIG, SLURMK8S, TOOLCHAIN_BIN, Login, kjson, kubeconfig,
-                     kubectl, side_cluster, side_spec, submit, wait_for, wait_job)
+from helpers import (FINAL, LOCAL_KUBECONFIG, SLURMK8S, TOOLCHAIN_BIN, Login, kjson, kubeconfig,
+                     job_story, kubectl, side_cluster, side_spec, submit, wait_for, wait_job)
 from test_e2e_cluster import ALLREDUCE_C
 
 pytestmark = pytest.mark.e2e
@@ -123,19 +123,25 @@ def _placed(job: dict[str, Any]) -> dict[str, str]:
 
 
 def _run_and_place(login: Login, script: str) -> tuple[dict[str, Any], dict[str, str], str]:
+    """Submit `script`; once it runs, where each of its Slurm nodes' pods is. A job that ends before
+    it is seen running (a failure within one poll) ends the wait too: the caller's check of its final
+    state then shows its output, instead of this wait outwaiting a job that is already over."""
     job = submit(login, script)
     seen: dict[str, str] = {}
 
     def running():
         doc = login.json(f"scontrol show job {job} --json")["jobs"][0]
+        state = set(doc["job_state"])
+        if state & FINAL and "COMPLETED" not in state:
+            return doc  # ended otherwise: its pods may be gone already
         # RUNNING+CONFIGURING: allocated, its nodes still powering up (no pod yet)
-        if set(doc["job_state"]) & {"RUNNING", "COMPLETING", "COMPLETED"} and "CONFIGURING" not in doc["job_state"]:
+        if state & {"RUNNING", "COMPLETING", "COMPLETED"} and "CONFIGURING" not in state:
             doc["nodes_list"] = login.run(f"scontrol show hostnames {doc['nodes']}").stdout.split()
             seen.update(_placed(doc))
             return doc
         return None
 
-    doc = wait_for(f"job {job} to start", running, 240, interval=1)
+    doc = wait_for(f"job {job} to start", running, 240, interval=1, show=lambda _: job_story(login, job))
     final = wait_job(login, job, 180)
     return {**doc, "final": final}, seen, job
 
