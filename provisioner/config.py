@@ -309,7 +309,11 @@ class Elasticity(Model):
     resume_timeout: Duration = Field(
         default=300, description="A resumed node must register within this, else DOWN and its job requeued."
     )
-    suspend_timeout: Duration = Field(default=30, description="Time allowed for a node to power down.")
+    suspend_timeout: Duration = Field(
+        default=15,
+        description="Time allowed for a node to power down (its pod deleted); a job that needs the node "
+        "waits this long before the node can be resumed. The default is the worker pods' grace period.",
+    )
     idle_teardown: Duration | None = Field(
         default=None,
         description="Scale the control tier to zero after this long with no jobs, workers or sessions.",

@@ -43,7 +43,7 @@ chart's own settings (`chart`). Use: {{- $d := include "slurmk8s.defaults" . | f
       "idle_teardown": null,
       "resume_timeout": 300,
       "suspend_time": 300,
-      "suspend_timeout": 30
+      "suspend_timeout": 15
     },
     "groups": [],
     "health": {
@@ -122,7 +122,7 @@ chart's own settings (`chart`). Use: {{- $d := include "slurmk8s.defaults" . | f
     "idle_teardown": null,
     "resume_timeout": 300,
     "suspend_time": 300,
-    "suspend_timeout": 30
+    "suspend_timeout": 15
   },
   "ExternalDatabase": {
     "database": "slurm_acct_db",
