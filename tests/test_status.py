@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import subprocess
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -188,8 +189,7 @@ class FakeReader:
 
 def answering() -> FakeReader:
     r = FakeReader()
-    r.answers = {st.SHOW_NODES_ARGV: (0, sinfo_lines(NODES), ""),
-                 st.SQUEUE_ARGV: (0, "cpu RUNNING\n", ""),
+    r.answers = {st.SLURM_ARGV: (0, f"{sinfo_lines(NODES)}{st.SLURM_MARK}\ncpu RUNNING\n", ""),
                  st.SCRAPE_ARGV: (0, exposition_with_usage(), "")}
     return r
 
@@ -197,8 +197,8 @@ def answering() -> FakeReader:
 def test_gather_awake_cluster_and_its_json():
     r = answering()
     s = st.gather(r, "slurm-t", now=NOW)
-    assert [(p, c) for p, c, _ in r.execs] == [("slurmctld-0", "slurmctld"), ("slurmctld-0", "slurmctld"),
-                                               ("slurmctld-0", "reconcile")]
+    # one exec for Slurm (sinfo and squeue), one for the loop's metrics
+    assert [(p, c) for p, c, _ in r.execs] == [("slurmctld-0", "slurmctld"), ("slurmctld-0", "reconcile")]
     doc = s.to_json()
     json.dumps(doc)  # serialisable
     assert doc["state"] == "awake" and doc["errors"] == [] and doc["namespace"] == "slurm-t"
@@ -230,13 +230,43 @@ def test_gather_asleep_execs_nothing_and_says_so():
 
 def test_gather_controller_not_answering_is_an_error_but_the_rest_is_shown():
     r = FakeReader()
-    r.answers = {st.SHOW_NODES_ARGV: (1, "", "slurm_load_node error: Unable to contact slurm controller "
-                                             "(connect failure)")}
+    r.answers = {st.SLURM_ARGV: (1, "", "slurm_load_node error: Unable to contact slurm controller "
+                                        "(connect failure)")}
     s = st.gather(r, "slurm-t", now=NOW)
     assert s.nodes is None and s.queue is None
     assert "slurmctld does not answer" in s.errors[0] and "Unable to contact slurm controller" in s.errors[0]
     assert "metrics" in s.errors[1]
     assert len(s.workers) == 2
+
+
+def test_gather_says_when_the_answer_stops_before_squeue():
+    r = answering()
+    r.answers[st.SLURM_ARGV] = (0, sinfo_lines(NODES), "")  # the mark and squeue's lines missing
+    s = st.gather(r, "slurm-t", now=NOW)
+    assert s.nodes is None and s.queue is None
+    assert "slurmctld does not answer" in s.errors[0] and "ended before squeue's lines" in s.errors[0]
+
+
+def _fake_slurm_bin(tmp_path, sinfo_exit: int = 0) -> dict[str, str]:
+    """sinfo and squeue stand-ins that print their argv, one word a line, then exit."""
+    for name, code in (("sinfo", sinfo_exit), ("squeue", 0)):
+        exe = tmp_path / name
+        exe.write_text(f"#!/bin/sh\nprintf '{name}\\n'\nprintf '%s\\n' \"$@\"\nexit {code}\n")
+        exe.chmod(0o755)
+    return {"PATH": f"{tmp_path}:/usr/bin:/bin"}
+
+
+def test_slurm_argv_runs_sinfo_then_squeue_with_their_arguments_intact(tmp_path):
+    """The one exec's shell line, run by a real /bin/sh: each command gets exactly its argv (the
+    format's '|' and '%' survive the quoting) and the mark separates their output."""
+    proc = subprocess.run(st.SLURM_ARGV, capture_output=True, text=True, env=_fake_slurm_bin(tmp_path), check=False)
+    assert proc.returncode == 0, proc.stderr
+    nodes, queue = st.split_slurm_answer(proc.stdout)
+    assert nodes.splitlines() == ["sinfo", *st.SHOW_NODES_ARGV[1:]]
+    assert queue.splitlines() == ["squeue", *st.SQUEUE_ARGV[1:]]
+    failing = subprocess.run(st.SLURM_ARGV, capture_output=True, text=True,
+                             env=_fake_slurm_bin(tmp_path, sinfo_exit=3), check=False)
+    assert failing.returncode == 3 and st.SLURM_MARK not in failing.stdout and "squeue" not in failing.stdout
 
 
 def test_gather_missing_namespace_names_the_fix():
