@@ -112,7 +112,8 @@ def pytest_runtest_makereport(item, call):
                 logs = kubectl("logs", "-n", ns, name, "--all-containers", "--tail=60", check=False)
                 lines = logs.stdout.splitlines()
                 kept = [ln for ln in lines if not SSH_SESSION.search(ln)]
-                dropped = f"({len(lines) - len(kept)} lines of SSH sessions left out)\n" if len(kept) < len(lines) else ""
+                left_out = len(lines) - len(kept)
+                dropped = f"({left_out} lines of SSH sessions left out)\n" if left_out else ""
                 sections.append(f"--- pod {name} ({pod['status'].get('phase')}):\n{dropped}"
                                 + "".join(ln + "\n" for ln in kept) + logs.stderr)
             events = kubectl("get", "events", "-n", ns, "--sort-by=.lastTimestamp", check=False)
