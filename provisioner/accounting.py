@@ -6,6 +6,15 @@ as ``slurmk8s-accounting``: every period it reads the associations with ``sacctm
 the difference (:func:`plan`, pure) and applies it with ``sacctmgr -i``. Idempotent: a spec that
 matches the database plans nothing, so re-running ``slurmk8s up`` changes nothing.
 
+slurmctld's copy: slurmdbd passes each change on to slurmctld, whose association manager charges a
+job to its user's account. After a pass that leaves the database in step, the loop asks slurmctld
+(``scontrol show assoc_mgr``) whether it has every spec user's association with the user's uid
+resolved. A slurmctld that registered with slurmdbd before this loop created the cluster can miss
+changes (seen once at a fresh cluster's start: a user's jobs charged to no account 30 s after the
+database had them); still behind after ``CONTROLLER_GRACE`` seconds, it is told ``scontrol
+reconfigure`` (24.11 re-executes slurmctld, which loads the associations from slurmdbd again and
+keeps its jobs), at most once per ``RELOAD_COOLDOWN``.
+
 What a removal means: a user dropped from the spec loses their association (``sacctmgr delete
 user``); Slurm keeps the jobs they ran, so ``sacct`` still lists them. Accounts dropped from the
 spec go the same way once no spec user is in them. The ``root`` account and ``root`` user that
@@ -17,6 +26,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import re
 import subprocess
 import sys
 import time
@@ -30,6 +40,10 @@ from .logs import Log
 DEFAULT_PERIOD = 30.0
 RETRY_PERIOD = 2.0
 SACCTMGR = "sacctmgr"
+SCONTROL = "scontrol"
+NO_VAL_UID = "4294967294"  # how slurmctld shows a uid it could not resolve
+CONTROLLER_GRACE = 10.0  # seconds slurmctld may lag behind the database before it is told to reload
+RELOAD_COOLDOWN = 300.0  # seconds between two reloads of a slurmctld that stays behind
 PROTECTED_ACCOUNTS = frozenset({"root"})
 PROTECTED_USERS = frozenset({"root"})
 
@@ -225,6 +239,77 @@ def sync(desired: Desired, db: Database) -> SyncResult:
     return SyncResult(tuple(applied), tuple(failed))
 
 
+# ---------------------------------------------------------------- slurmctld's copy of the associations
+
+
+def parse_known_users(text: str) -> set[str]:
+    """`scontrol show assoc_mgr flags=assoc` -> the users with an association whose uid slurmctld resolved."""
+    return {m.group(1) for m in re.finditer(r"UserName=([^\s(]+)\((\d+)\)", text) if m.group(2) != NO_VAL_UID}
+
+
+class Controller(Protocol):
+    def known_users(self, users: Sequence[str]) -> set[str]: ...
+
+    def reload(self) -> None: ...
+
+
+@dataclass
+class Scontrol:
+    """slurmctld, through scontrol (as SlurmUser, an administrator)."""
+
+    exe: str = SCONTROL
+    timeout: float = 30.0
+
+    def _run(self, argv: Sequence[str]) -> str:
+        try:
+            proc = subprocess.run([self.exe, *argv], capture_output=True, text=True, timeout=self.timeout, check=False)
+        except (OSError, subprocess.TimeoutExpired) as err:
+            raise SacctmgrError(f"scontrol {' '.join(argv)}: {err}") from None
+        if proc.returncode != 0:
+            msg = (proc.stderr.strip() or proc.stdout.strip()).splitlines()
+            raise SacctmgrError(f"scontrol {' '.join(argv)}: exit {proc.returncode}: {' '.join(msg[-3:])}")
+        return proc.stdout
+
+    def known_users(self, users: Sequence[str]) -> set[str]:
+        return parse_known_users(self._run(["show", "assoc_mgr", "flags=assoc", f"users={','.join(users)}"]))
+
+    def reload(self) -> None:
+        self._run(["reconfigure"])
+
+
+@dataclass
+class ControllerWatch:
+    """Whether slurmctld has every spec user's association, and when to tell it to reload them."""
+
+    grace: float = CONTROLLER_GRACE
+    cooldown: float = RELOAD_COOLDOWN
+    behind_since: float | None = None
+    reloaded_at: float | None = None
+    last_error: str = ""  # logged once, not every pass
+
+    def check(self, users: Sequence[str], ctl: Controller, now: float) -> tuple[list[str], str]:
+        """One look after a pass that left the database in step: (the users slurmctld lacks, what to
+        log: '' when nothing is new). Raises SacctmgrError when slurmctld does not answer."""
+        if not users:
+            self.behind_since = None
+            return [], ""
+        missing = sorted(set(users) - ctl.known_users(sorted(users)))
+        if not missing:
+            caught_up, self.behind_since = self.behind_since is not None, None
+            return [], "slurmctld has every user's association" if caught_up else ""
+        if self.behind_since is None:
+            self.behind_since = now
+            return missing, ""
+        behind = now - self.behind_since
+        if behind < self.grace or (self.reloaded_at is not None and now - self.reloaded_at < self.cooldown):
+            return missing, ""
+        ctl.reload()
+        self.reloaded_at = now
+        return missing, (f"slurmctld lacks the association of {', '.join(missing)} {behind:.0f}s after the database "
+                         "had it (their jobs would be charged to no account): scontrol reconfigure (slurmctld loads "
+                         "the associations from slurmdbd again)")
+
+
 # ---------------------------------------------------------------- entry point
 
 
@@ -244,13 +329,29 @@ def load_desired(spec_path: str) -> Desired:
         return Desired.from_spec(parse_spec(json.load(fh), source=spec_path))
 
 
+def _check_controller(watch: ControllerWatch, users: Sequence[str], ctl: Controller) -> list[str]:
+    """The users slurmctld lacks ([] when it does not answer: slurmctld starting or reconfiguring)."""
+    try:
+        missing, note = watch.check(users, ctl, time.monotonic())
+    except SacctmgrError as err:
+        if str(err) != watch.last_error:
+            _log(f"cannot ask slurmctld for its associations (asked again next pass): {err}")
+        watch.last_error = str(err)
+        return []
+    watch.last_error = ""
+    if note:
+        _log(note)
+    return missing
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="slurmk8s-accounting", description=__doc__.split("\n\n")[0])
     parser.add_argument("--spec", default="/etc/slurmk8s/spec/spec.json", help="the cluster spec (JSON)")
     parser.add_argument("--period", type=float, default=DEFAULT_PERIOD, help="seconds between passes")
     parser.add_argument("--once", action="store_true", help="one pass; exit 1 if slurmdbd is away or a change failed")
     args = parser.parse_args(argv)
-    db = Sacctmgr()
+    db, ctl, watch = Sacctmgr(), Scontrol(), ControllerWatch()
+    behind: list[str] = []
     waiting_since: float | None = None
     in_step = False
     synced_once = False
@@ -281,11 +382,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                      f"{len(desired.users)} user(s))")
             in_step = result.ok
             synced_once = synced_once or result.ok
+            if result.ok and not args.once:  # --once: the database only (no slurmctld need answer)
+                behind = _check_controller(watch, sorted(desired.users), ctl)
         if args.once:
             return 0 if result is not None and result.ok else 1
-        # until the database first matches the spec, try again soon: jobs submitted before a user's
-        # association exists are charged to no account
-        time.sleep(args.period if synced_once else min(args.period, RETRY_PERIOD))
+        # until the database first matches the spec, and while slurmctld lags behind it, try again
+        # soon: jobs submitted before slurmctld has a user's association are charged to no account
+        time.sleep(args.period if synced_once and not behind else min(args.period, RETRY_PERIOD))
 
 
 if __name__ == "__main__":

@@ -13,7 +13,8 @@ from factories import node
 from fakes.accounting import FakeDatabase
 
 from provisioner import manifests as m
-from provisioner.accounting import Association, Cause, Current, Desired, parse_associations, parse_clusters, plan, sync
+from provisioner.accounting import (Association, Cause, ControllerWatch, Current, Desired, SacctmgrError, Scontrol,
+                                    parse_associations, parse_clusters, parse_known_users, plan, sync)
 from provisioner.config import parse_spec
 from provisioner.deploy import preflight as pf
 from provisioner.errors import SpecError
@@ -416,3 +417,83 @@ def test_service_names_are_fully_qualified_in_the_program():
     site = m.K8sSite(cluster_domain="corp.local")
     assert m.slurmdbd_host(spec, site) == "slurmdbd.slurm-demo.svc.corp.local"
     assert "StorageHost=mariadb.slurm-demo.svc.corp.local\n" in m.slurmdbd_conf(spec, site)
+
+
+# ---------------------------------------------------------------- slurmctld's copy of the associations
+
+ASSOC_MGR = """Current Association Manager state
+
+Association Records
+
+ClusterName=local Account=root UserName= Partition= Priority=0 ID=1
+    SharesRaw/Norm/Level/Factor=1/0.00/1/0.00
+ClusterName=local Account=research UserName=alice(2001) Partition= Priority=0 ID=6
+    SharesRaw/Norm/Level/Factor=1/0.50/2/0.00
+ClusterName=local Account=teaching UserName=bob(4294967294) Partition= Priority=0 ID=7
+"""
+
+
+def test_known_users_are_those_with_a_resolved_uid():
+    assert parse_known_users(ASSOC_MGR) == {"alice"}  # bob's uid unresolved: his jobs match no association
+    assert parse_known_users(ASSOC_MGR.replace("bob(4294967294)", "bob(2002)")) == {"alice", "bob"}
+    assert parse_known_users("Current Association Manager state\n") == set()
+
+
+class FakeController:
+    def __init__(self, known: set[str]) -> None:
+        self.known, self.asked, self.reloads = set(known), [], 0
+
+    def known_users(self, users):
+        self.asked.append(tuple(users))
+        return self.known & set(users)
+
+    def reload(self):
+        self.reloads += 1
+        self.known.add("bob")  # slurmctld loads the associations from slurmdbd again
+
+
+def test_a_slurmctld_in_step_is_only_asked():
+    ctl, watch = FakeController({"alice", "bob"}), ControllerWatch()
+    assert watch.check(["alice", "bob"], ctl, 100.0) == ([], "")
+    assert ctl.asked == [("alice", "bob")] and ctl.reloads == 0
+    assert watch.check([], ctl, 101.0) == ([], "") and len(ctl.asked) == 1  # no users: nothing to ask
+
+
+def test_a_slurmctld_behind_past_the_grace_is_reloaded_once_per_cooldown():
+    ctl, watch = FakeController({"alice"}), ControllerWatch(grace=10, cooldown=300)
+    assert watch.check(["alice", "bob"], ctl, 100.0) == (["bob"], "")  # first seen behind: a push may be on its way
+    assert watch.check(["alice", "bob"], ctl, 105.0) == (["bob"], "")  # within the grace
+    assert ctl.reloads == 0
+    missing, note = watch.check(["alice", "bob"], ctl, 112.0)
+    assert missing == ["bob"] and ctl.reloads == 1
+    assert note.startswith("slurmctld lacks the association of bob 12s after the database had it")
+    assert "scontrol reconfigure" in note
+    assert watch.check(["alice", "bob"], ctl, 114.0) == ([], "slurmctld has every user's association")
+    assert watch.check(["alice", "bob"], ctl, 144.0) == ([], "")  # said once
+
+
+def test_a_slurmctld_that_stays_behind_is_not_reloaded_again_within_the_cooldown():
+    ctl, watch = FakeController({"alice"}), ControllerWatch(grace=10, cooldown=300)
+    ctl.reload = lambda: setattr(ctl, "reloads", ctl.reloads + 1)  # the reload does not help
+    for now in (0.0, 11.0, 40.0, 200.0, 310.0):
+        watch.check(["alice", "bob"], ctl, now)
+    assert ctl.reloads == 1  # at 11 s; 310 s is within 300 s of it
+    watch.check(["alice", "bob"], ctl, 312.0)
+    assert ctl.reloads == 2
+
+
+def test_scontrol_asks_for_the_spec_users_and_reconfigures(tmp_path):
+    exe = tmp_path / "scontrol"
+    calls = tmp_path / "calls"
+    exe.write_text(f"#!/bin/sh\necho \"$@\" >> {calls}\n"
+                   f"if [ \"$1\" = show ]; then cat <<'EOF'\n{ASSOC_MGR}EOF\nfi\n")
+    exe.chmod(0o755)
+    ctl = Scontrol(exe=str(exe))
+    assert ctl.known_users(["alice", "bob"]) == {"alice"}
+    ctl.reload()
+    assert calls.read_text().splitlines() == ["show assoc_mgr flags=assoc users=alice,bob", "reconfigure"]
+    failing = tmp_path / "failing"
+    failing.write_text("#!/bin/sh\necho 'slurm_load_ctl_conf error: Unable to contact slurm controller' >&2\nexit 1\n")
+    failing.chmod(0o755)
+    with pytest.raises(SacctmgrError, match="exit 1: slurm_load_ctl_conf error: Unable to contact slurm controller"):
+        Scontrol(exe=str(failing)).known_users(["alice"])
