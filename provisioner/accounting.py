@@ -186,6 +186,19 @@ class Database(Protocol):
     def apply(self, action: Action) -> str: ...
 
 
+def _run_tool(name: str, exe: str, argv: Sequence[str], timeout: float) -> str:
+    """Run a Slurm command (argv list, bounded by `timeout`): its stdout, or SacctmgrError saying
+    what failed with the last lines it printed."""
+    try:
+        proc = subprocess.run([exe, *argv], capture_output=True, text=True, timeout=timeout, check=False)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        raise SacctmgrError(f"{name} {' '.join(argv)}: {err}") from None
+    if proc.returncode != 0:
+        msg = (proc.stderr.strip() or proc.stdout.strip()).splitlines()
+        raise SacctmgrError(f"{name} {' '.join(argv)}: exit {proc.returncode}: {' '.join(msg[-3:])}")
+    return proc.stdout
+
+
 @dataclass
 class Sacctmgr:
     """The real database, through sacctmgr (argv lists, parsable output with named columns, bounded by a
@@ -195,14 +208,7 @@ class Sacctmgr:
     timeout: float = 30.0
 
     def _run(self, argv: Sequence[str]) -> str:
-        try:
-            proc = subprocess.run([self.exe, *argv], capture_output=True, text=True, timeout=self.timeout, check=False)
-        except (OSError, subprocess.TimeoutExpired) as err:
-            raise SacctmgrError(f"sacctmgr {' '.join(argv)}: {err}") from None
-        if proc.returncode != 0:
-            msg = (proc.stderr.strip() or proc.stdout.strip()).splitlines()
-            raise SacctmgrError(f"sacctmgr {' '.join(argv)}: exit {proc.returncode}: {' '.join(msg[-3:])}")
-        return proc.stdout
+        return _run_tool("sacctmgr", self.exe, argv, self.timeout)
 
     def read(self, cluster: str) -> Current:
         if cluster not in parse_clusters(self._run(["-n", "-P", "show", "clusters", "format=Cluster"])):
@@ -261,14 +267,7 @@ class Scontrol:
     timeout: float = 30.0
 
     def _run(self, argv: Sequence[str]) -> str:
-        try:
-            proc = subprocess.run([self.exe, *argv], capture_output=True, text=True, timeout=self.timeout, check=False)
-        except (OSError, subprocess.TimeoutExpired) as err:
-            raise SacctmgrError(f"scontrol {' '.join(argv)}: {err}") from None
-        if proc.returncode != 0:
-            msg = (proc.stderr.strip() or proc.stdout.strip()).splitlines()
-            raise SacctmgrError(f"scontrol {' '.join(argv)}: exit {proc.returncode}: {' '.join(msg[-3:])}")
-        return proc.stdout
+        return _run_tool("scontrol", self.exe, argv, self.timeout)
 
     def known_users(self, users: Sequence[str]) -> set[str]:
         return parse_known_users(self._run(["show", "assoc_mgr", "flags=assoc", f"users={','.join(users)}"]))

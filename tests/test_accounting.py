@@ -13,8 +13,9 @@ from factories import node
 from fakes.accounting import FakeDatabase
 
 from provisioner import manifests as m
-from provisioner.accounting import (Association, Cause, ControllerWatch, Current, Desired, SacctmgrError, Scontrol,
-                                    parse_associations, parse_clusters, parse_known_users, plan, sync)
+from provisioner.accounting import (Action, Association, Cause, ControllerWatch, Current, Desired, Sacctmgr,
+                                    SacctmgrError, Scontrol, parse_associations, parse_clusters, parse_known_users,
+                                    plan, sync)
 from provisioner.config import parse_spec
 from provisioner.deploy import preflight as pf
 from provisioner.errors import SpecError
@@ -497,3 +498,14 @@ def test_scontrol_asks_for_the_spec_users_and_reconfigures(tmp_path):
     failing.chmod(0o755)
     with pytest.raises(SacctmgrError, match="exit 1: slurm_load_ctl_conf error: Unable to contact slurm controller"):
         Scontrol(exe=str(failing)).known_users(["alice"])
+
+
+def test_sacctmgr_runs_its_argv_and_names_a_failure(tmp_path):
+    exe = tmp_path / "sacctmgr"
+    exe.write_text("#!/bin/sh\nif [ \"$1\" = -i ]; then echo \" Adding User(s)\"; exit 0; fi\n"
+                   "echo 'sacctmgr: error: Problem talking to the database: Connection refused' >&2; exit 1\n")
+    exe.chmod(0o755)
+    db = Sacctmgr(exe=str(exe))
+    assert db.apply(Action(("add", "user", "bob"), Cause.USER_MISSING, "user bob")) == "Adding User(s)"
+    with pytest.raises(SacctmgrError, match=r"^sacctmgr -n -P show clusters format=Cluster: exit 1: .*Connection refused"):
+        db.read("local")
