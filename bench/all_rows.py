@@ -115,7 +115,7 @@ def p4b_rows(doc: Mapping[str, Any]) -> list[Row]:
     result = (f"all {n} pods Running {running:.2f} s (resume program returned {doc['created_s']:.2f} s, "
               f"exit {doc['resume_exit']}, {doc['set_down']} nodes DOWN; suspend {doc['deleted_s']:.2f} s)")
     checks = [Check("<= 5 s", running <= 5.0) if n == 500 else Check("<= 5 s for 500 nodes", None, f"it ran {n}")]
-    if n >= 4096:  # P4: one resume of 4,096 nodes creates every pod within 20 s
+    if n == 4096:  # P4: one resume of 4,096 nodes creates every pod within 20 s
         checks.append(Check("every pod created <= 20 s (4,096 nodes)", doc["created_s"] <= 20.0))
     floor_running = doc.get("floor_running_s")
     if floor_running:  # measured in the same run since issue #17 item 3

@@ -357,7 +357,7 @@ def job_story(login, job_id: str) -> str:
         ns = _namespace_of(login)
         if ns:
             log = kubectl("logs", "-n", ns, "slurmctld-0", "-c", "slurmctld", "--tail=3000", check=False).stdout
-            mine = re.compile(rf"JobId={job_id}\b|power|resume|suspend|not responding|DOWN|drain", re.IGNORECASE)
+            mine = re.compile(rf"(?i:JobId={job_id}\b|power|resume|suspend|not responding|drain)|\bDOWN\b")
             parts.append("slurmctld about the job and power saving:\n"
                          + "\n".join([line for line in log.splitlines() if mine.search(line)][-40:]))
             programs = kubectl("exec", "-n", ns, "slurmctld-0", "-c", "slurmctld", "--", "sh", "-c",

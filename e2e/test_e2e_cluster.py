@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import subprocess
 import time
 
 import asyncssh
@@ -305,10 +306,21 @@ def test_second_up_finds_home_and_job_history_again(cluster: Cluster):
     finally:
         # restore the e2e spec for the tests that follow, also when a check above failed (bob is the
         # second user of the security tests: a failure here must not fail them too)
-        cluster.spec_path.write_text(original)
-        restored = slurmk8s("up", "--spec", str(cluster.spec_path), "--state", str(cluster.state), log=cluster.log)
-    assert restored.returncode == 0, cluster.log.read_text()[-4000:]
+        restored = _restore_spec(cluster, original)
+    assert restored == "", restored
     wait_for("bob to log in again", lambda: _logs_in(cluster, "bob"), 120, interval=2)
+
+
+def _restore_spec(cluster: Cluster, original: str) -> str:
+    """`up` with the e2e spec again: '' when it worked, else what went wrong (never raises, so a
+    failure of the test it cleans up after stays the one reported)."""
+    cluster.spec_path.write_text(original)
+    try:
+        proc = slurmk8s("up", "--spec", str(cluster.spec_path), "--state", str(cluster.state), log=cluster.log)
+    except (OSError, subprocess.SubprocessError) as err:
+        return f"restoring the e2e spec: {err!r}"
+    return "" if proc.returncode == 0 else f"restoring the e2e spec: exit {proc.returncode}\n" + \
+        cluster.log.read_text()[-4000:]
 
 
 def _slurmctld_knows(user: str) -> bool:

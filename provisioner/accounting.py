@@ -8,12 +8,12 @@ matches the database plans nothing, so re-running ``slurmk8s up`` changes nothin
 
 slurmctld's copy: slurmdbd passes each change on to slurmctld, whose association manager charges a
 job to its user's account. After a pass that leaves the database in step, the loop asks slurmctld
-(``scontrol show assoc_mgr``) whether it has every spec user's association with the user's uid
-resolved. A slurmctld that registered with slurmdbd before this loop created the cluster can miss
-changes (seen once at a fresh cluster's start: a user's jobs charged to no account 30 s after the
-database had them); still behind after ``CONTROLLER_GRACE`` seconds, it is told ``scontrol
-reconfigure`` (24.11 re-executes slurmctld, which loads the associations from slurmdbd again and
-keeps its jobs), at most once per ``RELOAD_COOLDOWN``.
+(``scontrol show assoc_mgr``) whether it has every spec user's association, in the spec's account,
+with the user's uid resolved. Once (at a fresh cluster's start, cause unknown) slurmctld still
+lacked a user's association 30 s after the database had it, and that user's job was charged to no
+account. A user missing for ``CONTROLLER_GRACE`` seconds gets slurmctld told ``scontrol
+reconfigure`` (24.11 re-executes slurmctld, which keeps its jobs and loads the associations from
+slurmdbd again), at most one attempt per ``RELOAD_COOLDOWN``.
 
 What a removal means: a user dropped from the spec loses their association (``sacctmgr delete
 user``); Slurm keeps the jobs they ran, so ``sacct`` still lists them. Accounts dropped from the
@@ -30,7 +30,7 @@ import re
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Mapping, Protocol, Sequence
 
@@ -248,13 +248,19 @@ def sync(desired: Desired, db: Database) -> SyncResult:
 # ---------------------------------------------------------------- slurmctld's copy of the associations
 
 
-def parse_known_users(text: str) -> set[str]:
-    """`scontrol show assoc_mgr flags=assoc` -> the users with an association whose uid slurmctld resolved."""
-    return {m.group(1) for m in re.finditer(r"UserName=([^\s(]+)\((\d+)\)", text) if m.group(2) != NO_VAL_UID}
+def parse_known_associations(text: str) -> set[tuple[str, str]]:
+    """`scontrol show assoc_mgr flags=assoc` -> (user, account) of each user association whose uid
+    slurmctld resolved (an unresolved one matches no job)."""
+    found = set()
+    for line in text.splitlines():
+        m = re.search(r"\bAccount=(\S*) UserName=([^\s(]+)\((\d+)\)", line)
+        if m and m.group(3) != NO_VAL_UID:
+            found.add((m.group(2), m.group(1)))
+    return found
 
 
 class Controller(Protocol):
-    def known_users(self, users: Sequence[str]) -> set[str]: ...
+    def known_associations(self) -> set[tuple[str, str]]: ...
 
     def reload(self) -> None: ...
 
@@ -269,8 +275,9 @@ class Scontrol:
     def _run(self, argv: Sequence[str]) -> str:
         return _run_tool("scontrol", self.exe, argv, self.timeout)
 
-    def known_users(self, users: Sequence[str]) -> set[str]:
-        return parse_known_users(self._run(["show", "assoc_mgr", "flags=assoc", f"users={','.join(users)}"]))
+    def known_associations(self) -> set[tuple[str, str]]:
+        # every association, filtered here: a users= list could outgrow the argument limit
+        return parse_known_associations(self._run(["show", "assoc_mgr", "flags=assoc"]))
 
     def reload(self) -> None:
         self._run(["reconfigure"])
@@ -278,35 +285,48 @@ class Scontrol:
 
 @dataclass
 class ControllerWatch:
-    """Whether slurmctld has every spec user's association, and when to tell it to reload them."""
+    """Whether slurmctld has every spec user's association (in the spec's account), and when to
+    tell it to reload them: a user missing for `grace` seconds (slurmdbd's push normally takes well
+    under one), at most one reload attempt per `cooldown`."""
 
     grace: float = CONTROLLER_GRACE
     cooldown: float = RELOAD_COOLDOWN
-    behind_since: float | None = None
-    reloaded_at: float | None = None
+    missing_since: dict[str, float] = field(default_factory=dict)  # user -> first seen missing
+    reloaded_at: float | None = None  # the last attempt, failed or not
     last_error: str = ""  # logged once, not every pass
 
-    def check(self, users: Sequence[str], ctl: Controller, now: float) -> tuple[list[str], str]:
-        """One look after a pass that left the database in step: (the users slurmctld lacks, what to
-        log: '' when nothing is new). Raises SacctmgrError when slurmctld does not answer."""
-        if not users:
-            self.behind_since = None
-            return [], ""
-        missing = sorted(set(users) - ctl.known_users(sorted(users)))
-        if not missing:
-            caught_up, self.behind_since = self.behind_since is not None, None
-            return [], "slurmctld has every user's association" if caught_up else ""
-        if self.behind_since is None:
-            self.behind_since = now
+    def forget(self) -> None:
+        """slurmctld did not answer (starting, reconfiguring): its lag is measured afresh."""
+        self.missing_since.clear()
+
+    def check(self, users: Mapping[str, str], ctl: Controller, now: float) -> tuple[list[str], str]:
+        """One look after a pass that left the database in step (`users`: user -> account): (the
+        users slurmctld lacks, what to log: '' when nothing is new). Raises SacctmgrError when
+        slurmctld does not answer or refuses the reload."""
+        known = ctl.known_associations() if users else set()
+        missing = sorted(u for u, account in users.items() if (u, account) not in known)
+        caught_up = bool(self.missing_since) and not missing
+        self.missing_since = {u: self.missing_since.get(u, now) for u in missing}
+        if caught_up:
+            return [], "slurmctld has every user's association"
+        late = [u for u in missing if now - self.missing_since[u] >= self.grace]
+        if not late or (self.reloaded_at is not None and now - self.reloaded_at < self.cooldown):
             return missing, ""
-        behind = now - self.behind_since
-        if behind < self.grace or (self.reloaded_at is not None and now - self.reloaded_at < self.cooldown):
-            return missing, ""
-        ctl.reload()
-        self.reloaded_at = now
-        return missing, (f"slurmctld lacks the association of {', '.join(missing)} {behind:.0f}s after the database "
+        self.reloaded_at = now  # before the call: a reload that fails waits out the cooldown too
+        behind = max(now - self.missing_since[u] for u in late)
+        try:
+            ctl.reload()
+        except SacctmgrError as err:
+            raise SacctmgrError(f"slurmctld lacks the association of {', '.join(late)}; its reload failed: {err}") \
+                from None
+        return missing, (f"slurmctld lacks the association of {', '.join(late)} {behind:.0f}s after the database "
                          "had it (their jobs would be charged to no account): scontrol reconfigure (slurmctld loads "
                          "the associations from slurmdbd again)")
+
+    def hurry(self) -> bool:
+        """Look again soon: a user is missing and no reload was tried for them yet."""
+        return bool(self.missing_since) and (self.reloaded_at is None or
+                                             self.reloaded_at < min(self.missing_since.values()))
 
 
 # ---------------------------------------------------------------- entry point
@@ -328,19 +348,18 @@ def load_desired(spec_path: str) -> Desired:
         return Desired.from_spec(parse_spec(json.load(fh), source=spec_path))
 
 
-def _check_controller(watch: ControllerWatch, users: Sequence[str], ctl: Controller) -> list[str]:
-    """The users slurmctld lacks ([] when it does not answer: slurmctld starting or reconfiguring)."""
+def _check_controller(watch: ControllerWatch, users: Mapping[str, str], ctl: Controller) -> None:
     try:
-        missing, note = watch.check(users, ctl, time.monotonic())
+        _, note = watch.check(users, ctl, time.monotonic())
     except SacctmgrError as err:
+        watch.forget()
         if str(err) != watch.last_error:
-            _log(f"cannot ask slurmctld for its associations (asked again next pass): {err}")
+            _log(f"slurmctld's associations not checked (again next pass): {err}")
         watch.last_error = str(err)
-        return []
+        return
     watch.last_error = ""
     if note:
         _log(note)
-    return missing
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -350,7 +369,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--once", action="store_true", help="one pass; exit 1 if slurmdbd is away or a change failed")
     args = parser.parse_args(argv)
     db, ctl, watch = Sacctmgr(), Scontrol(), ControllerWatch()
-    behind: list[str] = []
     waiting_since: float | None = None
     in_step = False
     synced_once = False
@@ -382,12 +400,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             in_step = result.ok
             synced_once = synced_once or result.ok
             if result.ok and not args.once:  # --once: the database only (no slurmctld need answer)
-                behind = _check_controller(watch, sorted(desired.users), ctl)
+                _check_controller(watch, desired.users, ctl)
         if args.once:
             return 0 if result is not None and result.ok else 1
         # until the database first matches the spec, and while slurmctld lags behind it, try again
         # soon: jobs submitted before slurmctld has a user's association are charged to no account
-        time.sleep(args.period if synced_once and not behind else min(args.period, RETRY_PERIOD))
+        time.sleep(args.period if synced_once and not watch.hurry() else min(args.period, RETRY_PERIOD))
 
 
 if __name__ == "__main__":

@@ -55,7 +55,7 @@ SQUEUE_ARGV = ("squeue", "--all", "--noheader", "--array", "--format", "%P %T")
 # both in one exec (each exec is a round trip through the API server and the kubelet, 0.3-0.4 s):
 # sinfo's lines, this line, squeue's lines; a failing sinfo ends it with sinfo's exit status
 SLURM_MARK = "--- slurmk8s status: squeue ---"  # no sinfo line has spaces around dashes like this
-SLURM_ARGV = ("/bin/sh", "-c", f"{shlex.join(SHOW_NODES_ARGV)} && echo {shlex.quote(SLURM_MARK)} && "
+SLURM_ARGV = ("/bin/sh", "-c", f"{shlex.join(SHOW_NODES_ARGV)} && printf '%s\\n' {shlex.quote(SLURM_MARK)} && "
               f"exec {shlex.join(SQUEUE_ARGV)}")
 HEALTH_PREFIX = "health: "
 
@@ -345,7 +345,8 @@ class ClusterReader(Protocol):
 
 def split_slurm_answer(text: str) -> tuple[str, str]:
     """SLURM_ARGV's output -> (sinfo's lines, squeue's lines)."""
-    nodes, mark, queue = text.partition(f"{SLURM_MARK}\n")
+    nodes, mark, queue = f"\n{text}".partition(f"\n{SLURM_MARK}\n")  # the mark as a whole line only
+    nodes = nodes[1:] + ("\n" if nodes[1:] else "")
     if not mark:
         raise StatusError(f"`{SLURM_ARGV[-1]}` in pod {CONTROLLER_POD} ended before squeue's lines "
                           f"({len(text)} characters)")

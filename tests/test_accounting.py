@@ -14,7 +14,7 @@ from fakes.accounting import FakeDatabase
 
 from provisioner import manifests as m
 from provisioner.accounting import (Action, Association, Cause, ControllerWatch, Current, Desired, Sacctmgr,
-                                    SacctmgrError, Scontrol, parse_associations, parse_clusters, parse_known_users,
+                                    SacctmgrError, Scontrol, parse_associations, parse_clusters, parse_known_associations,
                                     plan, sync)
 from provisioner.config import parse_spec
 from provisioner.deploy import preflight as pf
@@ -434,70 +434,104 @@ ClusterName=local Account=teaching UserName=bob(4294967294) Partition= Priority=
 """
 
 
-def test_known_users_are_those_with_a_resolved_uid():
-    assert parse_known_users(ASSOC_MGR) == {"alice"}  # bob's uid unresolved: his jobs match no association
-    assert parse_known_users(ASSOC_MGR.replace("bob(4294967294)", "bob(2002)")) == {"alice", "bob"}
-    assert parse_known_users("Current Association Manager state\n") == set()
+def test_known_associations_are_those_with_a_resolved_uid():
+    assert parse_known_associations(ASSOC_MGR) == {("alice", "research")}  # bob's uid unresolved: no job matches
+    assert parse_known_associations(ASSOC_MGR.replace("bob(4294967294)", "bob(2002)")) == {
+        ("alice", "research"), ("bob", "teaching")}
+    assert parse_known_associations("Current Association Manager state\n") == set()
+
+
+SPEC_USERS = {"alice": "research", "bob": "teaching"}
 
 
 class FakeController:
-    def __init__(self, known: set[str]) -> None:
-        self.known, self.asked, self.reloads = set(known), [], 0
+    def __init__(self, known: set[tuple[str, str]], heals: bool = True, fails: bool = False) -> None:
+        self.known, self.heals, self.fails, self.asked, self.reloads = set(known), heals, fails, 0, 0
 
-    def known_users(self, users):
-        self.asked.append(tuple(users))
-        return self.known & set(users)
+    def known_associations(self):
+        self.asked += 1
+        return set(self.known)
 
     def reload(self):
         self.reloads += 1
-        self.known.add("bob")  # slurmctld loads the associations from slurmdbd again
+        if self.fails:
+            raise SacctmgrError("scontrol reconfigure: exit 1: slurm_reconfigure error: Unable to contact slurm controller")
+        if self.heals:  # slurmctld loads the associations from slurmdbd again
+            self.known |= set(SPEC_USERS.items())
 
 
 def test_a_slurmctld_in_step_is_only_asked():
-    ctl, watch = FakeController({"alice", "bob"}), ControllerWatch()
-    assert watch.check(["alice", "bob"], ctl, 100.0) == ([], "")
-    assert ctl.asked == [("alice", "bob")] and ctl.reloads == 0
-    assert watch.check([], ctl, 101.0) == ([], "") and len(ctl.asked) == 1  # no users: nothing to ask
+    ctl, watch = FakeController(set(SPEC_USERS.items())), ControllerWatch()
+    assert watch.check(SPEC_USERS, ctl, 100.0) == ([], "")
+    assert ctl.asked == 1 and ctl.reloads == 0 and not watch.hurry()
+    assert watch.check({}, ctl, 101.0) == ([], "") and ctl.asked == 1  # no users: nothing to ask
 
 
-def test_a_slurmctld_behind_past_the_grace_is_reloaded_once_per_cooldown():
-    ctl, watch = FakeController({"alice"}), ControllerWatch(grace=10, cooldown=300)
-    assert watch.check(["alice", "bob"], ctl, 100.0) == (["bob"], "")  # first seen behind: a push may be on its way
-    assert watch.check(["alice", "bob"], ctl, 105.0) == (["bob"], "")  # within the grace
+def test_a_user_missing_past_the_grace_gets_slurmctld_reloaded_once():
+    ctl, watch = FakeController({("alice", "research")}), ControllerWatch(grace=10, cooldown=300)
+    assert watch.check(SPEC_USERS, ctl, 100.0) == (["bob"], "")  # first seen missing: a push may be on its way
+    assert watch.hurry()  # look again soon
+    assert watch.check(SPEC_USERS, ctl, 105.0) == (["bob"], "")  # within the grace
     assert ctl.reloads == 0
-    missing, note = watch.check(["alice", "bob"], ctl, 112.0)
+    missing, note = watch.check(SPEC_USERS, ctl, 112.0)
     assert missing == ["bob"] and ctl.reloads == 1
     assert note.startswith("slurmctld lacks the association of bob 12s after the database had it")
     assert "scontrol reconfigure" in note
-    assert watch.check(["alice", "bob"], ctl, 114.0) == ([], "slurmctld has every user's association")
-    assert watch.check(["alice", "bob"], ctl, 144.0) == ([], "")  # said once
+    assert watch.check(SPEC_USERS, ctl, 114.0) == ([], "slurmctld has every user's association")
+    assert watch.check(SPEC_USERS, ctl, 144.0) == ([], "") and not watch.hurry()  # said once
 
 
-def test_a_slurmctld_that_stays_behind_is_not_reloaded_again_within_the_cooldown():
-    ctl, watch = FakeController({"alice"}), ControllerWatch(grace=10, cooldown=300)
-    ctl.reload = lambda: setattr(ctl, "reloads", ctl.reloads + 1)  # the reload does not help
+def test_the_grace_is_per_user_and_counts_the_account():
+    ctl, watch = FakeController({("alice", "research"), ("bob", "research")}), ControllerWatch(grace=10)
+    moved = {"alice": "research", "bob": "teaching"}  # bob moved: slurmctld has only his old association
+    assert watch.check(moved, ctl, 0.0) == (["bob"], "")
+    ctl.known.discard(("alice", "research"))  # alice goes missing later
+    assert watch.check(moved, ctl, 8.0) == (["alice", "bob"], "")
+    _, note = watch.check(moved, ctl, 11.0)  # bob is 11 s late, alice 3 s: the reload names bob
+    assert ctl.reloads == 1 and note.startswith("slurmctld lacks the association of bob 11s")
+
+
+def test_a_slurmctld_that_stays_behind_is_reloaded_once_per_cooldown_and_not_hurried():
+    ctl, watch = FakeController({("alice", "research")}, heals=False), ControllerWatch(grace=10, cooldown=300)
     for now in (0.0, 11.0, 40.0, 200.0, 310.0):
-        watch.check(["alice", "bob"], ctl, now)
+        watch.check(SPEC_USERS, ctl, now)
     assert ctl.reloads == 1  # at 11 s; 310 s is within 300 s of it
-    watch.check(["alice", "bob"], ctl, 312.0)
+    assert not watch.hurry()  # tried: back to the normal period, not every 2 s forever
+    watch.check(SPEC_USERS, ctl, 312.0)
     assert ctl.reloads == 2
 
 
-def test_scontrol_asks_for_the_spec_users_and_reconfigures(tmp_path):
+def test_a_failed_reload_waits_out_the_cooldown_and_an_outage_restarts_the_grace():
+    ctl, watch = FakeController({("alice", "research")}, fails=True), ControllerWatch(grace=10, cooldown=300)
+    watch.check(SPEC_USERS, ctl, 0.0)
+    with pytest.raises(SacctmgrError, match="lacks the association of bob; its reload failed: .*Unable to contact"):
+        watch.check(SPEC_USERS, ctl, 11.0)
+    watch.forget()  # what the loop does on any error
+    for now in (12.0, 30.0, 60.0):
+        watch.check(SPEC_USERS, ctl, now)  # within the cooldown of the failed attempt
+    assert ctl.reloads == 1
+    ctl2, watch2 = FakeController({("alice", "research")}), ControllerWatch(grace=10)
+    watch2.check(SPEC_USERS, ctl2, 0.0)
+    watch2.forget()  # slurmctld did not answer at 5 s (restarting)
+    assert watch2.check(SPEC_USERS, ctl2, 20.0) == (["bob"], "")  # measured afresh: not 20 s late
+    assert ctl2.reloads == 0
+
+
+def test_scontrol_reads_every_association_and_reconfigures(tmp_path):
     exe = tmp_path / "scontrol"
     calls = tmp_path / "calls"
     exe.write_text(f"#!/bin/sh\necho \"$@\" >> {calls}\n"
                    f"if [ \"$1\" = show ]; then cat <<'EOF'\n{ASSOC_MGR}EOF\nfi\n")
     exe.chmod(0o755)
     ctl = Scontrol(exe=str(exe))
-    assert ctl.known_users(["alice", "bob"]) == {"alice"}
+    assert ctl.known_associations() == {("alice", "research")}
     ctl.reload()
-    assert calls.read_text().splitlines() == ["show assoc_mgr flags=assoc users=alice,bob", "reconfigure"]
+    assert calls.read_text().splitlines() == ["show assoc_mgr flags=assoc", "reconfigure"]
     failing = tmp_path / "failing"
     failing.write_text("#!/bin/sh\necho 'slurm_load_ctl_conf error: Unable to contact slurm controller' >&2\nexit 1\n")
     failing.chmod(0o755)
     with pytest.raises(SacctmgrError, match="exit 1: slurm_load_ctl_conf error: Unable to contact slurm controller"):
-        Scontrol(exe=str(failing)).known_users(["alice"])
+        Scontrol(exe=str(failing)).known_associations()
 
 
 def test_sacctmgr_runs_its_argv_and_names_a_failure(tmp_path):

@@ -247,6 +247,12 @@ def test_gather_says_when_the_answer_stops_before_squeue():
     assert "slurmctld does not answer" in s.errors[0] and "ended before squeue's lines" in s.errors[0]
 
 
+def test_the_mark_splits_only_as_a_whole_line():
+    reason = f"q-1|idle+drain|q|operator: see {st.SLURM_MARK}\n"  # a reason that ends in the mark's text
+    assert st.split_slurm_answer(f"{reason}{st.SLURM_MARK}\ncpu PENDING\n") == (reason, "cpu PENDING\n")
+    assert st.split_slurm_answer(f"{st.SLURM_MARK}\n") == ("", "")  # no nodes, no jobs
+
+
 def _fake_slurm_bin(tmp_path, sinfo_exit: int = 0) -> dict[str, str]:
     """sinfo and squeue stand-ins that print their argv, one word a line, then exit."""
     for name, code in (("sinfo", sinfo_exit), ("squeue", 0)):
