@@ -239,7 +239,16 @@ def test_failing_health_check_drains_the_node_and_the_next_resume_gets_a_fresh_p
     assert "DRAIN" not in n["state"], n["state"]
 
 
-def test_every_dashboard_query_runs_on_prometheus(prometheus: Prometheus):
+def test_every_dashboard_query_runs_on_prometheus(cluster: Cluster, prometheus: Prometheus):
+    # a job pending while Prometheus scrapes, so the pending-jobs panel has data whatever ran before
+    # this test (run after the cluster tests alone, no job happened to be pending at a scrape)
+    login = cluster.login()
+    held = submit(login, "#!/bin/bash\n#SBATCH -N1 -H -o held-%j.out\nhostname")
+    try:
+        wait_for("Prometheus to see a pending job", lambda: prometheus.query('sum(slurmk8s_jobs{state="pending"})'),
+                 90, interval=2)
+    finally:
+        login.run(f"scancel {held}", check=False)
     exprs = dashboard_queries(json.loads(DASHBOARD.read_text()))
     names = set(prometheus.api("label/__name__/values"))
     empty = []
