@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from helpers import (LOCAL_KUBECONFIG, LOCAL_VOLUMES, NAMESPACE, ROOT, Cluster, NotOurs, clear_leftover, e2e_spec,
-                     kjson, kubeconfig, kubectl, mark_made_by, slurmk8s)
+                     kjson, kubeconfig, kubectl, mark_made_by, programs_log, slurmk8s)
 
 MADE_BY = "e2e"  # the label the suite puts on the namespaces it deploys (helpers.MADE_BY)
 
@@ -104,9 +104,7 @@ def pytest_runtest_makereport(item, call):
             pods = sorted(kjson("get", "pods", "-n", ns)["items"],
                           key=lambda p: {"slurmctld-0": 0}.get(p["metadata"]["name"],
                                                               2 if p["metadata"]["name"].startswith("login") else 1))
-            programs = kubectl("exec", "-n", ns, "slurmctld-0", "-c", "slurmctld", "--", "sh", "-c",
-                               "tail -n 40 /var/log/slurmk8s/*.log", check=False)
-            sections = [f"--- slurmk8s programs (resume / suspend / reconcile):\n{programs.stdout}{programs.stderr}"]
+            sections = [f"--- slurmk8s programs (resume / suspend / reconcile):\n{programs_log(ns, 40)}"]
             for pod in pods:
                 name = pod["metadata"]["name"]
                 logs = kubectl("logs", "-n", ns, name, "--all-containers", "--tail=60", check=False)

@@ -339,6 +339,14 @@ def job_state(login, job_id: str) -> dict:
     return jobs[0]
 
 
+def programs_log(ns: str, lines: int) -> str:
+    """The last `lines` of each slurmk8s program log in the slurmctld pod of `ns` (resume, suspend,
+    reconcile), or why they could not be read."""
+    tail = kubectl("exec", "-n", ns, "slurmctld-0", "-c", "slurmctld", "--", "sh", "-c",
+                   f"tail -n {lines} /var/log/slurmk8s/*.log", check=False)
+    return tail.stdout + tail.stderr
+
+
 def _namespace_of(login) -> str | None:
     """The namespace whose login Service `login` connects to."""
     for svc in kjson("get", "services", "-A", "-l", "app.kubernetes.io/component=login")["items"]:
@@ -360,9 +368,7 @@ def job_story(login, job_id: str) -> str:
             mine = re.compile(rf"(?i:JobId={job_id}\b|power|resume|suspend|not responding|drain)|\bDOWN\b")
             parts.append("slurmctld about the job and power saving:\n"
                          + "\n".join([line for line in log.splitlines() if mine.search(line)][-40:]))
-            programs = kubectl("exec", "-n", ns, "slurmctld-0", "-c", "slurmctld", "--", "sh", "-c",
-                               "tail -n 25 /var/log/slurmk8s/*.log", check=False)
-            parts.append(f"slurmk8s programs:\n{programs.stdout}{programs.stderr}")
+            parts.append(f"slurmk8s programs:\n{programs_log(ns, 25)}")
     except Exception as err:  # noqa: BLE001 - a diagnosis must never hide the failure it explains
         parts.append(f"(could not collect the rest: {err!r})")
     return "\n".join(parts)

@@ -5,7 +5,6 @@ history kept. Tests run in file order and share one cluster."""
 from __future__ import annotations
 
 import asyncio
-import re
 import subprocess
 import time
 
@@ -16,6 +15,7 @@ import yaml
 
 from helpers import (NAMESPACE, NCCL_ENV, SUSPEND_TIME, Cluster, accounting_log, job_state, kjson, kubectl, sacct_jobs,
                      slurmk8s, submit, wait_for, wait_job, worker_pods)
+from provisioner.accounting import parse_known_associations
 
 pytestmark = pytest.mark.e2e
 
@@ -149,7 +149,7 @@ def test_jobs_are_charged_to_each_users_account_with_fair_share(cluster: Cluster
              lambda: "database matches the spec" in accounting_log(), 120, interval=2)
     # slurmdbd sends the associations on to slurmctld a moment later; a job submitted before
     # slurmctld has bob's runs charged to no account (seen once in CI: account "")
-    wait_for("slurmctld to know bob's association", lambda: _slurmctld_knows("bob"), 60, interval=1)
+    wait_for("slurmctld to know bob's association", lambda: _slurmctld_knows("bob", "teaching"), 60, interval=1)
     bob = cluster.login(user="bob")
     job = submit(bob, "#!/bin/bash\n#SBATCH -N1 -o bob-%j.out\nhostname")
     final = wait_job(bob, job, 120)
@@ -323,12 +323,12 @@ def _restore_spec(cluster: Cluster, original: str) -> str:
         cluster.log.read_text()[-4000:]
 
 
-def _slurmctld_knows(user: str) -> bool:
-    """slurmctld's association manager has an association of `user`, with the user's uid resolved
-    (what a job is charged by; an unresolved uid shows as NO_VAL, 4294967294)."""
+def _slurmctld_knows(user: str, account: str) -> bool:
+    """slurmctld's association manager has `user`'s association in `account`, with the user's uid
+    resolved (what a job is charged by), read as the accounting loop reads it."""
     shown = kubectl("exec", "-n", NAMESPACE, "slurmctld-0", "-c", "slurmctld", "--", "scontrol", "show", "assoc_mgr",
                     f"users={user}", "flags=assoc", check=False).stdout
-    return any(uid != "4294967294" for uid in re.findall(rf"UserName={re.escape(user)}\((\d+)\)", shown))
+    return (user, account) in parse_known_associations(shown)
 
 
 def _logs_in(cluster: Cluster, user: str) -> bool:
