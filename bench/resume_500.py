@@ -57,17 +57,22 @@ def limit_s(nodes: int) -> float:
     return max(120.0, nodes * 0.1)
 
 
-def reconcile_passes(backend, inventory, passes: int) -> tuple[list[float], int, int]:
-    """The reconcile loop's pass (provisioner.reconcile.act.run_once) at this many worker pods: the
-    Kubernetes side is the real API server (the backend's listing of every worker pod, each pod
-    classified against its Slurm node); Slurm's side is canned (every node ALLOCATED and booted,
-    no jobs: slurmctld's own cost with a deep queue is bench/queue_32k.py). Returns each pass's
-    seconds, the peak Python memory of a pass (tracemalloc, bytes) and how many findings of the last
-    were other than ok (0 expected: every pod Running for an allocated node)."""
+def reconcile_passes(backend, inventory, passes: int) -> tuple[list[float], int, int, float, float]:
+    """The reconcile loop's pass (provisioner.reconcile.act.run_once) at this many worker pods, with
+    the backend the loop runs with (elastic/podwatch.py: the pods listed once, then watched): the
+    Kubernetes side is the real API server (the watch's first list of every worker pod, then each
+    pass's one-pod list, each pod classified against its Slurm node); Slurm's side is canned (every
+    node ALLOCATED and booted, no jobs: slurmctld's own cost with a deep queue is
+    bench/queue_32k.py). Returns each pass's seconds, the peak Python memory of a pass (tracemalloc,
+    bytes), how many findings of the last were other than ok (0 expected: every pod Running for an
+    allocated node), the seconds the watch took to list every pod (once per loop start) and one
+    pass with a direct list of every pod instead (what each pass cost before the watch)."""
+    import io
     import tracemalloc
 
     from fakes.slurm import FakeSlurmClient
     from provisioner.elastic.ledger import FileLedger
+    from provisioner.elastic.podwatch import PodWatch, WatchedBackend
     from provisioner.reconcile.act import run_once
 
     booted = int(time.time()) - 600
@@ -79,6 +84,18 @@ def reconcile_passes(backend, inventory, passes: int) -> tuple[list[float], int,
     with tempfile.TemporaryDirectory() as tmp:
         ledger = FileLedger(str(Path(tmp) / "ledger.json"))
         log = Log("reconcile", str(Path(tmp) / "reconcile.log"))
+        t0 = time.monotonic()
+        report = run_once(slurm, backend, inventory, ledger, time.time(), log)
+        listed_pass = time.monotonic() - t0
+        t0 = time.monotonic()
+        watch = PodWatch(backend.api, backend.namespace, backend.selector,  # short watches: stop() ends it soon
+                         Log("reconcile", stream=io.StringIO()), timeout_s=5).start()
+        if not watch.wait_synced(120):
+            sys.exit("the pod watch did not list the pods within 120 s")
+        sync_s = time.monotonic() - t0
+        if len(watch.workers() or ()) != len(inventory.names):
+            sys.exit(f"the pod watch holds {len(watch.workers() or ())} pods, not {len(inventory.names)}")
+        backend = WatchedBackend(backend, watch)
         for _ in range(passes):  # timed without tracemalloc, which slows every allocation
             t0 = time.monotonic()
             report = run_once(slurm, backend, inventory, ledger, time.time(), log)
@@ -90,7 +107,8 @@ def reconcile_passes(backend, inventory, passes: int) -> tuple[list[float], int,
         run_once(slurm, backend, inventory, ledger, time.time(), log)
         peak = tracemalloc.get_traced_memory()[1]
         tracemalloc.stop()
-    return times, peak, findings
+        watch.stop()
+    return times, peak, findings, sync_s, listed_pass
 
 
 def floor(backend, inventory, ns: str, nodes: int, parallel: int) -> tuple[float, float]:
@@ -194,7 +212,8 @@ def main() -> None:
                          f"see {log_path}")
             time.sleep(0.1)
         t_running = time.monotonic() - t0
-        pass_s, pass_peak, pass_findings = reconcile_passes(from_env(env), inventory, args.passes)
+        pass_s, pass_peak, pass_findings, sync_s, listed_pass_s = reconcile_passes(from_env(env), inventory,
+                                                                                  args.passes)
         t1 = time.monotonic()
         ctx = Context(env, Log("suspend", str(log_path)), backend=from_env(env), slurm=FakeSlurm(),
                       inventory=inventory)
@@ -209,7 +228,8 @@ def main() -> None:
         print(f"  all {args.nodes} worker pods Running: {t_running:.2f} s (target <= 5 s)")
         print(f"  reconcile pass at {args.nodes} worker pods (Slurm's side canned): "
               f"{' / '.join(f'{t:.2f}' for t in pass_s)} s (target <= 2 s), peak Python memory of a pass "
-              f"{pass_peak / 2**20:.1f} MiB, {pass_findings} findings other than ok")
+              f"{pass_peak / 2**20:.1f} MiB, {pass_findings} findings other than ok; the watch's first list "
+              f"{sync_s:.2f} s (once per loop start); a pass listing every pod instead {listed_pass_s:.2f} s")
         print(f"  suspend program deleted them: {t_deleted:.2f} s")
         print(f"  floor, the same pods created straight through the API ({args.parallel} in flight): created "
               f"{f_created:.2f} s, all Running {f_running:.2f} s -> resume / floor {t_running / f_running:.2f}x "
@@ -222,7 +242,8 @@ def main() -> None:
             "hostlist": hostlist, "resume_exit": result.code, "set_down": len(result.down),
             "created_s": round(t_created, 6), "running_s": round(t_running, 6), "deleted_s": round(t_deleted, 6),
             "reconcile_pass_s": [round(t, 6) for t in pass_s], "reconcile_pass_peak_bytes": pass_peak,
-            "reconcile_findings": pass_findings,
+            "reconcile_findings": pass_findings, "reconcile_watch_sync_s": round(sync_s, 6),
+            "reconcile_listed_pass_s": round(listed_pass_s, 6),
             "floor_created_s": round(f_created, 6), "floor_running_s": round(f_running, 6),
         }, indent=2) + "\n")
     kubectl("delete", "namespace", NS, "--wait=false", check=False)

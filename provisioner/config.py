@@ -7,6 +7,7 @@ Load with :func:`load_spec` / :func:`parse_spec`; export the JSON schema with :f
 
 from __future__ import annotations
 
+import functools
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, Mapping, Union
@@ -87,10 +88,17 @@ def parse_quantity(value: Any) -> float:
     if isinstance(value, (int, float)):
         return float(value)
     if isinstance(value, str):
-        m = _QUANTITY.match(value)
-        if m:
-            return float(m.group(1)) * _QUANTITY_FACTOR[m.group(2)]
+        number = _quantity_text(value)
+        if number is not None:
+            return number
     raise ValueError(f"{value!r} is not a Kubernetes quantity (e.g. '16Gi', '512Mi', '500m', 4)")
+
+
+@functools.lru_cache(maxsize=4096)
+def _quantity_text(value: str) -> float | None:
+    """parse_quantity of a string, kept: a fleet's nodes repeat the same few quantities."""
+    m = _QUANTITY.match(value)
+    return float(m.group(1)) * _QUANTITY_FACTOR[m.group(2)] if m else None
 
 
 def mib(value: Any) -> int:

@@ -8,7 +8,8 @@ gets its client from :func:`api_client` and sees failures as :class:`ApiError`.
   environment, so inside a pod the API is reached as ``kubernetes.default.svc`` when
   ``KUBERNETES_SERVICE_HOST`` is missing.
 - :func:`raw_call`: a call of the official client for its raw JSON (no model objects), with a
-  request timeout; refusals become :class:`ApiError` with the API's own words.
+  request timeout; refusals become :class:`ApiError` with the API's own words. :func:`raw_watch`:
+  a watch the same way, as raw events.
 - :func:`pod_exec`: a command in a pod's container (`kubectl exec`), as (exit code, stdout, stderr).
 """
 
@@ -19,7 +20,7 @@ import os
 import re
 import time
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from .errors import SlurmK8sError
 
@@ -89,6 +90,38 @@ def raw_call(fn: Callable[..., Any], timeout: tuple[float, float], *args: Any, *
         raise transport_error(exc) from None
     data = resp.data
     return json.loads(data) if data else {}
+
+
+def raw_watch(fn: Callable[..., Any], timeout: tuple[float, float], *args: Any,
+              **kwargs: Any) -> Iterator[dict[str, Any]]:
+    """A watch through a kubernetes-client list method (``watch=True``) as raw events, one JSON
+    object per line, without the client's model objects. The read timeout (`timeout`'s second)
+    should outlast the watch's own ``timeout_seconds``: it catches a connection that went silent.
+    Refusals and a broken stream raise ApiError, as :func:`raw_call` does."""
+    from kubernetes.client.exceptions import ApiException
+    from urllib3.exceptions import HTTPError
+
+    try:
+        resp = fn(*args, watch=True, _preload_content=False, _request_timeout=timeout, **kwargs)
+    except ApiException as exc:
+        raise api_error_from(exc) from None
+    except (HTTPError, OSError) as exc:
+        raise transport_error(exc) from None
+    try:
+        rest = b""
+        for chunk in resp.stream(1 << 16):
+            lines = (rest + chunk).split(b"\n")
+            rest = lines.pop()
+            for line in lines:
+                if line.strip():
+                    yield json.loads(line)
+        if rest.strip():
+            yield json.loads(rest)
+    except (HTTPError, OSError) as exc:
+        raise transport_error(exc) from None
+    finally:
+        resp.close()  # a consumer that stopped early leaves the rest unread: the connection is not reused
+        resp.release_conn()
 
 
 class RawClient:

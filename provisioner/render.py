@@ -237,9 +237,10 @@ def render_group(spec: ClusterSpec) -> str:
 def inventory_json(inventory: Inventory) -> str:
     """The inventory for the in-cluster programs: JSON, one node per line (diffable, and fast to write)."""
     data = inventory.to_json()
+    encode = json.JSONEncoder(sort_keys=True).encode  # one encoder for every line (json.dumps makes one per call)
     parts = []
     for key in sorted(data):
-        items = ",\n  ".join(json.dumps(item, sort_keys=True) for item in data[key])
+        items = ",\n  ".join(encode(item) for item in data[key])
         parts.append(f"{json.dumps(key)}: [\n  {items}\n]" if items else f"{json.dumps(key)}: []")
     return "{\n" + ",\n".join(parts) + "\n}\n"
 

@@ -147,6 +147,22 @@ def _scheme_notices(current: str, older: tuple[str, ...], both: list[str], older
     return tuple(out)
 
 
+_Step = tuple[str, int, str, str]  # a switch on a node's path: label key, level, switch name, identity
+
+
+def _steps(rules: Rules, hops: Hops) -> tuple[_Step, ...]:
+    """The switches of a placement, from the top: the label key, the level (0 = leaf), the
+    switch's name and what identifies it (the raw value, or the raw path with switch_names: path)."""
+    out: list[_Step] = []
+    path: list[str] = []
+    for j, (key, raw) in enumerate(hops):
+        path.append(_name(raw))
+        name = "_".join(path) if rules.switch_names == "path" else path[-1]
+        ident = "/".join(v for _, v in hops[: j + 1]) if rules.switch_names == "path" else raw
+        out.append((key, len(hops) - 1 - j, name, ident))
+    return tuple(out)
+
+
 def _tree(spec: ClusterSpec, inventory: Inventory) -> Topology:
     rules = spec.topology
     issues: list[Issue] = []
@@ -159,10 +175,20 @@ def _tree(spec: ClusterSpec, inventory: Inventory) -> Topology:
     raw_of: dict[int, dict[str, str]] = defaultdict(dict)
     leaf_nodes: dict[str, list[str]] = defaultdict(list)
 
+    # a node's topology labels -> its placement, what it lacks, whether it carries `levels` labels,
+    # and its switches from the top (_steps): worked out once per distinct set of labels (the nodes
+    # under one leaf share theirs)
+    placed: dict[tuple[tuple[str, str], ...], tuple[_Placement | None, str, bool, tuple[_Step, ...]]] = {}
     for node in inventory.nodes:
         who = node.k8s_node or node.name
-        labels = node.labels
-        placement, missing = _place(rules, labels)
+        memo = placed.get(node.topology_labels)
+        if memo is None:
+            labels = node.labels
+            placement, missing = _place(rules, labels)
+            memo = placed[node.topology_labels] = (
+                placement, missing, any(labels.get(k) for k in rules.levels),
+                _steps(rules, placement.hops) if placement is not None else ())
+        placement, missing, carries_levels, steps = memo
         if placement is None:
             if rules.unlabeled == "error":
                 issues.append(Issue(f"nodes.{who}", f"lacks topology label(s) {missing}",
@@ -173,16 +199,10 @@ def _tree(spec: ClusterSpec, inventory: Inventory) -> Topology:
             older_only.append(who)
         elif rules.tier_prefix:
             current_count += 1
-            if any(labels.get(k) for k in rules.levels):
+            if carries_levels:
                 both.append(who)
-        hops = placement.hops
         parent: str | None = None
-        path: list[str] = []
-        for j, (key, raw) in enumerate(hops):
-            level = len(hops) - 1 - j
-            path.append(_name(raw))
-            name = "_".join(path) if rules.switch_names == "path" else path[-1]
-            ident = "/".join(v for _, v in hops[: j + 1]) if rules.switch_names == "path" else raw
+        for key, level, name, ident in steps:
             seen_raw = raw_of[level].setdefault(name, ident)
             if seen_raw != ident:
                 issues.append(Issue(f"nodes.{who}",

@@ -243,6 +243,19 @@ def test_p4b_rows_with_the_floor_of_the_same_run() -> None:
     assert slow.verdict == "not met" and "<= 1.3x the floor: not met" in slow.note
 
 
+def test_p4b_rows_at_4096_nodes_judge_creation_and_the_reconcile_pass() -> None:
+    doc = {**p4b_doc(60.0, nodes=4096), "created_s": 18.0, "floor_created_s": 50.0, "floor_running_s": 58.0,
+           "reconcile_pass_s": [0.4, 0.6], "reconcile_watch_sync_s": 2.7, "reconcile_listed_pass_s": 2.9}
+    [row] = bench_all.p4b_rows(doc)
+    assert ("reconcile pass at 4096 pods mean 0.50 s (2 passes; the pod watch's first list 2.70 s, a pass "
+            "listing every pod 2.90 s)") in row.result
+    assert row.note == "<= 5 s for 500 nodes: not measured (it ran 4096)", row  # the met checks are not noted
+    [slow] = bench_all.p4b_rows({**doc, "reconcile_pass_s": [2.5]})
+    assert "reconcile pass <= 2 s (4,096 pods): not met" in slow.note, slow
+    [old] = bench_all.p4b_rows(p4b_doc(4.2))  # written before the reconcile figures: none shown
+    assert "reconcile" not in old.result
+
+
 def test_p6_rows_host_network_not_run_on_the_local_cluster() -> None:
     doc = p6_doc(pod=0.7)
     assert doc["goal"] == {"met": None, "reason": "the nodes share one network namespace"}  # mpi_p6's own verdict

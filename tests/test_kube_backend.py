@@ -411,6 +411,47 @@ def test_e2e_rbac_allows_pods_only_in_the_own_namespace(live):
 
 
 @pytest.mark.e2e
+def test_e2e_the_reconcile_watch_follows_real_pods(live):
+    """The reconcile loop's pod watch (elastic/podwatch.py) against the real API server, with the
+    ServiceAccount's own rights: listed, then a created pod, its progress and its deletion arrive
+    as events; each view equals a fresh list; the watch is resumed across the server's end of it."""
+    import io
+
+    from provisioner.elastic.podwatch import PodWatch, WatchedBackend
+    from provisioner.logs import Log
+
+    spec, inv, api, _, ns = live
+    backend = KubernetesBackend(spec, api, namespace=ns)
+    out = io.StringIO()
+    watch = PodWatch(api, ns, backend.selector, Log("reconcile", stream=out), timeout_s=2).start()
+    try:
+        assert watch.wait_synced(10), out.getvalue()
+        assert watch.workers() == {}
+        n = inv.nodes[0]
+        backend.create(n)
+
+        def until(check, what):
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                if check(watch.workers() or {}):
+                    return
+                time.sleep(0.1)
+            pytest.fail(f"the watch never saw {what}: {watch.workers()} {out.getvalue()}")
+
+        until(lambda w: n.name in w, "the pod created")
+        time.sleep(3)  # past one end of the watch (timeout 2 s): resumed, nothing lost or doubled
+        # the pod may still be starting: the view equals a fresh list within the events' delay
+        until(lambda w: w == backend.list(), "the same pods as a fresh list")
+        until(lambda w: WatchedBackend(backend, watch).list() == w, "its backend's list being the view")
+        backend.delete(n.name, force=True)
+        until(lambda w: n.name not in w, "the pod deleted")
+        assert watch.lists == 1, out.getvalue()  # never had to list again
+        assert watch.events >= 2
+    finally:
+        watch.stop()
+
+
+@pytest.mark.e2e
 def test_e2e_invalid_pod_is_a_readable_error(live):
     spec, _, api, _, ns = live
     bad = SlurmNode(name="Bad_Name", pool="cpu", partition="cpu", cpus=1, real_memory=256, k8s_node="x")

@@ -349,8 +349,8 @@ def test_run_once_missing_worker_sets_down_naming_the_pod_then_powers_down():
 class AppearingBackend(FakeBackend):
     """The worker shows up between the first and the second list (a resume racing the pass)."""
 
-    def list(self):
-        listed = dict(self.workers)
+    def list(self, names=None):
+        listed = {n: w for n, w in self.workers.items() if names is None or n in names}
         self.workers.setdefault("cpu-1", Worker("cpu-1", "Pending", created_at=NOW))
         return listed
 

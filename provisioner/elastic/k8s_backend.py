@@ -14,7 +14,7 @@ no-op. Kubernetes API errors become :class:`~provisioner.elastic.backend.Backend
 reason (it becomes the Slurm node's DOWN reason) and ``retryable`` set for transient ones, so a
 failing API never turns into a crash loop.
 
-The API is reached through :class:`PodApi` (four calls, dicts in and out); :class:`ClientPodApi`
+The API is reached through :class:`PodApi` (a few calls, dicts in and out); :class:`ClientPodApi`
 implements it over :mod:`provisioner.kubeapi` (the one seam to the API); the unit tests use an
 in-memory fake with the API server's semantics (tests/fakes/kube.py).
 """
@@ -27,13 +27,13 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Mapping, Protocol, Sequence
+from typing import Any, Callable, Iterator, Mapping, Protocol, Sequence
 
 from .. import manifests as m
 from ..config import ClusterSpec, parse_spec
 from ..errors import SlurmK8sError
 from ..inventory import SlurmNode
-from ..kubeapi import MAX_REASON, ApiError, KubeConfigError, RawClient, api_client
+from ..kubeapi import MAX_REASON, ApiError, KubeConfigError, RawClient, api_client, raw_watch
 from ..manifests.admission import PREFIX as ADMISSION_PREFIX
 from .backend import BackendError, Worker, WorkerReplaced
 
@@ -45,6 +45,21 @@ TERMINAL_PHASES = frozenset({"Failed", "Succeeded"})
 LIST_BY_NAME_MAX = 200
 
 
+def list_all(api: Any, namespace: str, selector: str, page: int = 500) -> tuple[list[Any], str]:
+    """Every pod matching `selector` through ``api.list_page``, `page` at a time, and the list's
+    resourceVersion (the pages are one snapshot: the API server serves each continuation at the
+    first page's version). Pages bound what one response holds; the pods are all read anyway."""
+    items: list[Any] = []
+    cont = ""
+    while True:
+        doc = api.list_page(namespace, selector, page, cont)
+        items.extend(doc.get("items") or ())
+        meta = doc.get("metadata") or {}
+        cont = str(meta.get("continue") or "")
+        if not cont:
+            return items, str(meta.get("resourceVersion") or "")
+
+
 class PodApi(Protocol):
     def create(self, namespace: str, body: Mapping[str, Any]) -> dict[str, Any]: ...
 
@@ -54,6 +69,8 @@ class PodApi(Protocol):
                uid: str | None = None) -> None: ...
 
     def list(self, namespace: str, label_selector: str) -> list[dict[str, Any]]: ...
+
+    def list_page(self, namespace: str, label_selector: str, limit: int, cont: str = "") -> dict[str, Any]: ...
 
     def get_statefulset(self, namespace: str, name: str) -> dict[str, Any]: ...
 
@@ -77,7 +94,24 @@ class ClientPodApi(RawClient):
         self._call(self._core.delete_namespaced_pod, name, namespace, body=body)
 
     def list(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
-        return self._call(self._core.list_namespaced_pod, namespace, label_selector=label_selector).get("items", [])
+        return list_all(self, namespace, label_selector)[0]
+
+    def list_page(self, namespace: str, label_selector: str, limit: int, cont: str = "") -> dict[str, Any]:
+        """One page of a list (`limit` pods from continue token `cont`), as the API's PodList."""
+        kwargs: dict[str, Any] = {"label_selector": label_selector, "limit": limit}
+        if cont:
+            kwargs["_continue"] = cont
+        return self._call(self._core.list_namespaced_pod, namespace, **kwargs)
+
+    def watch(self, namespace: str, label_selector: str, resource_version: str,
+              timeout_s: int) -> Iterator[dict[str, Any]]:
+        """The pods' changes after `resource_version`, as the API's watch events ({"type",
+        "object"}; bookmarks on), until the API server ends the watch after `timeout_s` seconds.
+        A refusal raises ApiError (410 when the version is too old), as does a broken stream; an
+        expiry found later comes as an ERROR event whose object is the Status (code 410)."""
+        return raw_watch(self._core.list_namespaced_pod, (self._timeout[0], timeout_s + 30.0), namespace,
+                         label_selector=label_selector, resource_version=resource_version,
+                         allow_watch_bookmarks=True, timeout_seconds=timeout_s)
 
     def get_statefulset(self, namespace: str, name: str) -> dict[str, Any]:
         return self._call(self._apps.read_namespaced_stateful_set, name, namespace)
@@ -344,6 +378,18 @@ class KubernetesBackend:
         if not self._ours(pod, name):
             raise BackendError(name, f"pod {name} in {self.namespace} is not this cluster's worker; not deleting it")
         self._delete(name, (pod.get("metadata") or {}).get("uid"), grace=grace)
+
+    @property
+    def selector(self) -> str:
+        """The label selector of this cluster's worker pods."""
+        return self._selector
+
+    def ping(self) -> None:
+        """One worker pod listed (``limit=1``): raises BackendError when the API does not answer."""
+        try:
+            self.api.list_page(self.namespace, self._selector, 1)
+        except ApiError as err:
+            raise self._error("*", "list", err) from None
 
     def owner_uid(self, pod_name: str) -> str:
         """uid of the StatefulSet owning pod `pod_name` ('' if none): tells one deployment (`up`) from

@@ -25,7 +25,10 @@ How it is run (second container of the slurmctld pod)
   key secret, and the ServiceAccount token.
 - port: 9410/TCP, name ``metrics``, path ``/metrics`` (Prometheus text format).
 - RBAC: the slurmctld ServiceAccount's pod rights in its own namespace; the loop itself uses only
-  pods list (backend.list) and delete (backend.delete, which gets the pod first), and get of its own
+  pods list and watch (the workers are listed once, then followed by a watch:
+  :mod:`provisioner.elastic.podwatch`; each pass lists one pod to see the API answer, and the
+  nodes about to be set DOWN for a missing worker are asked of the API itself), delete
+  (backend.delete, which gets the pod first), and get of its own
   pod once at start (the owning StatefulSet's uid keys the node-seconds tally to this `up`).
 - probes: ``/metrics`` answers while the loop runs; ``slurmk8s_reconcile_last_run_timestamp_seconds``
   tells whether passes still complete.

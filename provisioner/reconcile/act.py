@@ -98,7 +98,9 @@ def run_once(slurm: SlurmClient, backend: NodeBackend, inventory: "Inventory", l
     A pass that cannot read the queue leaves it as it was."""
     report = Report()
     try:
-        workers = backend.list()  # first: a worker missing here was missing before Slurm's answer too
+        # first: a worker missing here was missing before Slurm's answer too (in the loop a watch's
+        # view, which trails the API by the time an event takes to arrive; the DOWN re-check below asks the API)
+        workers = backend.list()
     except BackendError as err:
         report.errors.append(f"cannot list workers: {err.reason}")
         log.write(f"pass skipped: {report.errors[-1]}")
@@ -141,8 +143,9 @@ def run_once(slurm: SlurmClient, backend: NodeBackend, inventory: "Inventory", l
     todo = report.acted
     if any(f.kind is Kind.MISSING_WORKER for f in todo):
         # DOWN kills the node's jobs: look once more, a resume may have created the worker meanwhile
+        # (asked of the API for these nodes: never a cached view)
         try:
-            again = backend.list()
+            again = backend.list(sorted({f.node for f in todo if f.kind is Kind.MISSING_WORKER}))
         except BackendError as err:
             again = workers
             log.write(f"could not re-list workers before setting nodes DOWN: {err.reason}")

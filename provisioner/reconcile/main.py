@@ -124,6 +124,7 @@ def _stop_on_sigterm(log: "Log") -> threading.Event:
 
 def main(argv: Sequence[str] | None = None) -> int:
     from ..elastic.backend import backend_from_env
+    from ..elastic.podwatch import watched
     from ..elastic.programs import DEFAULT_INVENTORY, DEFAULT_LOG, program_env
     from ..elastic.warm import serve as serve_programs
     from ..livenodes.cache import ConfigCache, cache_from_env
@@ -170,8 +171,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     lost_watch: dict[str, tuple[str, float]] = {}  # see classify.watch_lost
 
     def get_backend() -> NodeBackend:
+        """Made once; on Kubernetes a long-running loop follows the worker pods with a watch
+        instead of listing them all each pass (elastic/podwatch.py); --once just lists."""
         nonlocal backend
-        backend = backend or backend_from_env(env)
+        if backend is None:
+            made = backend_from_env(env)
+            backend = made if args.once else watched(made, log)
         return backend
 
     # SIGTERM only sets `stop` (below): a sleep of the control tier under way (slurmctld's own pod
@@ -202,7 +207,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             inventory = None
         if inventory is not None:
             try:
-                backend = backend or backend_from_env(env)
+                get_backend()
             except BackendError as err:
                 errors.append(f"backend unavailable: {err.reason}")
         if metrics is not None and backend is not None and usage_file is not None and not usage_restored:

@@ -48,6 +48,7 @@ class FakePodApi:
     fail_next: list[ApiError] = field(default_factory=list)
     calls: list[tuple[str, str]] = field(default_factory=list)
     selectors: list[str] = field(default_factory=list)  # the label selector of each list
+    limits: list[int] = field(default_factory=list)  # the limit of each list_page
     _gone_at: dict[tuple[str, str], float] = field(default_factory=dict)
     statefulsets: dict[tuple[str, str], dict[str, Any]] | None = None
     statefulset_error: ApiError | None = None
@@ -153,6 +154,14 @@ class FakePodApi:
                 out.append(json.loads(json.dumps(pod)))
         return out
 
+    def list_page(self, namespace: str, label_selector: str, limit: int, cont: str = "") -> dict[str, Any]:
+        """A page of :meth:`list` (the continue token is the offset), with a resourceVersion."""
+        items = self.list(namespace, label_selector)
+        self.limits.append(limit)
+        start = int(cont or 0)
+        more = start + limit < len(items)
+        return {"items": items[start:start + limit],
+                "metadata": {"resourceVersion": str(len(self.calls)), "continue": str(start + limit) if more else ""}}
 
     def get_statefulset(self, namespace: str, name: str) -> dict[str, Any]:
         self.calls.append(("get-statefulset", namespace))
