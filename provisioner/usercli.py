@@ -1,8 +1,11 @@
 """`slurmk8s submit SCRIPT`, `slurmk8s ssh` and `slurmk8s token`: for a researcher or platform
-engineer with a kubeconfig. Both wake a sleeping control tier first (provisioner.controltier: scale up in order,
-wait for readiness), then reach the login pod over SSH as the user: `submit` waits until the
-controller answers `scontrol ping`, then runs plain `sbatch` with the script on stdin and prints the
-job id; `ssh` runs the system `ssh` client (interactive, or one command).
+engineer with a kubeconfig. All wake a sleeping control tier (provisioner.controltier: everything
+scaled up at once). `ssh` waits for the tier's readiness, then runs the system `ssh` client
+(interactive, or one command) to the login pod as the user. `submit` does not wait for readiness:
+the wake goes on in a thread while it logs in over SSH and polls `scontrol ping` until the
+controller answers (and the wake has scaled everything up, so no sleep under way can take the job),
+then runs plain `sbatch` with the script on stdin and prints the job id; a failed wake is reported
+as soon as it is known.
 
 `token --user NAME` prints a JWT for the REST API (``rest.enabled``): it wakes the tier, then runs
 ``scontrol token username=NAME lifespan=SECONDS`` in the slurmctld container (the Kubernetes exec
@@ -119,16 +122,46 @@ def progress(line: str) -> None:
     typer.echo(f"[{time.monotonic() - _T0:5.1f}s] {line}", err=True)
 
 
-def wake(api_client: Any, namespace: str, why: str, timeout: float) -> bool:
+def wake(api_client: Any, namespace: str, why: str, timeout: float, scaled: Any = lambda: None) -> bool:
     from .controltier.api import ClientTierApi
     from .controltier.decision import TierError
     from .controltier.tier import Tier
 
     tier = Tier(ClientTierApi(api_client), namespace, "slurmk8s-cli", log=lambda line: typer.echo(line, err=True))
     try:
-        return tier.wake(why, progress=progress, timeout=timeout)
+        return tier.wake(why, progress=progress, timeout=timeout, scaled=scaled)
     except TierError as err:
         raise UserError(str(err)) from None
+
+
+class Waking:
+    """A wake in a thread of its own, so that `submit` logs in and asks slurmctld while the tier
+    starts, instead of after the StatefulSets report ready (the pod's readiness waits for its slowest
+    container and a probe period; slurmctld answers before that). :attr:`scaled` is set once no
+    sleep is under way and everything is scaled up (a job submitted from then on is not lost to a
+    sleep); :meth:`check` raises the wake's failure (a workload not ready in time, an API refusal),
+    which then explains a slurmctld that does not answer better than the ping does."""
+
+    def __init__(self, api_client: Any, namespace: str, why: str, timeout: float) -> None:
+        import threading
+
+        self.error: BaseException | None = None
+        self.scaled = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(api_client, namespace, why, timeout),
+                                        name="wake", daemon=True)
+        self._thread.start()
+
+    def _run(self, api_client: Any, namespace: str, why: str, timeout: float) -> None:
+        try:
+            wake(api_client, namespace, why, timeout, scaled=self.scaled.set)
+        except BaseException as err:  # noqa: BLE001 - handed to the main thread by check()
+            self.error = err
+        finally:
+            self.scaled.set()  # a failed wake lets the caller go on to check() it
+
+    def check(self) -> None:
+        if self.error is not None:
+            raise self.error
 
 
 @dataclass
@@ -155,7 +188,7 @@ class Ssh:
             opts["known_hosts"] = str(self.known_hosts)
         return opts
 
-    async def _run(self, steps: Any, timeout: float) -> Any:
+    async def _run(self, steps: Any, timeout: float, check: Any = lambda: None) -> Any:
         import asyncssh
 
         deadline = time.monotonic() + timeout
@@ -172,16 +205,22 @@ class Ssh:
                                 "known_hosts (the stack output ssh_host_public_keys) or pass --insecure-host-key") from None
             except (OSError, asyncssh.ConnectionLost, asyncio.TimeoutError) as err:
                 last = str(err) or type(err).__name__
+            check()  # a wake that failed says why better than the connection does
             if time.monotonic() > deadline:
                 raise UserError(f"cannot reach sshd at {self.host}:{self.port} after {timeout:.0f}s: {last}")
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(0.5)
 
     def submit(self, script: str, sbatch_args: list[str], timeout: float,
-               progress: Any = lambda _line: None) -> str:
+               progress: Any = lambda _line: None, waking: Waking | None = None) -> str:
+        """`sbatch` of `script` as the user, once slurmctld answers; with `waking` (a wake under way),
+        not before it has scaled everything up, and its failure is raised as soon as it is known."""
+        check = waking.check if waking is not None else (lambda: None)
+
         async def steps(conn: Any) -> str:
             t0 = time.monotonic()
             progress(f"logged in as {self.user} at {self.host}:{self.port}")
             while True:  # the controller answers (its port is open once ready; state recovery may lag)
+                check()
                 ping = await conn.run("scontrol ping", check=False)
                 if ping.exit_status == 0 and " UP" in str(ping.stdout):
                     progress("slurmctld answers")
@@ -189,7 +228,10 @@ class Ssh:
                 if time.monotonic() - t0 > timeout:
                     raise UserError(f"slurmctld does not answer `scontrol ping` after {timeout:.0f}s: "
                                     f"{str(ping.stdout).strip()} {str(ping.stderr).strip()}")
-                await asyncio.sleep(0.5)
+                await asyncio.sleep(0.2)
+            while waking is not None and not waking.scaled.is_set():  # a sleep under way is undone first
+                await asyncio.sleep(0.05)
+            check()
             cmd = " ".join(["sbatch", "--parsable", *(shlex.quote(a) for a in sbatch_args)])
             res = await conn.run(cmd, input=script, check=False)
             out = str(res.stdout).strip()
@@ -197,7 +239,7 @@ class Ssh:
                 raise UserError(f"sbatch failed (exit {res.exit_status}): {str(res.stderr).strip() or out}")
             return out.split(";")[0]
 
-        return asyncio.run(self._run(steps, timeout))
+        return asyncio.run(self._run(steps, timeout, check))
 
     def ssh_argv(self, command: list[str]) -> list[str]:
         argv = ["ssh", "-p", str(self.port)]
@@ -212,17 +254,23 @@ class Ssh:
 
 
 def _prepare(spec: Path | None, namespace: str | None, kubeconfig: str | None, user: str | None, key: Path | None,
-             address: str | None, known_hosts: Path | None, insecure: bool, why: str, timeout: float) -> Ssh:
+             address: str | None, known_hosts: Path | None, insecure: bool, why: str, timeout: float,
+             wait: bool = True) -> tuple[Ssh, Waking | None]:
+    """Where to SSH, after waking the tier; with `wait` False the wake goes on in a thread (returned)."""
     from kubernetes import client
 
     ns = namespace_of(spec, namespace)
-    api = _api_client(kubeconfig)
-    wake(api, ns, why, timeout)
-    host, port = login_endpoint(client.CoreV1Api(api), ns, address)
     who = user or os.environ.get("USER") or ""
     if not who:
         raise UserError("no user: pass --user NAME (a user of the cluster spec)")
-    return Ssh(host, port, who, key, known_hosts, insecure)
+    api = _api_client(kubeconfig)
+    waking = None
+    if wait:
+        wake(api, ns, why, timeout)
+    else:
+        waking = Waking(api, ns, why, timeout)
+    host, port = login_endpoint(client.CoreV1Api(api), ns, address)
+    return Ssh(host, port, who, key, known_hosts, insecure), waking
 
 
 def submit(
@@ -244,9 +292,10 @@ def submit(
         _fail(f"cannot read {script}: {err}")
     try:
         who = user or os.environ.get("USER") or "?"
-        ssh = _prepare(spec, namespace, kubeconfig, user, key, address, known_hosts, insecure_host_key,
-                       f"slurmk8s submit {script.name} by {who}", timeout)
-        job = ssh.submit(text, list(sbatch_args or []), timeout, progress)
+        # the wake goes on while the login pod is reached and slurmctld asked (Waking)
+        ssh, waking = _prepare(spec, namespace, kubeconfig, user, key, address, known_hosts, insecure_host_key,
+                               f"slurmk8s submit {script.name} by {who}", timeout, wait=False)
+        job = ssh.submit(text, list(sbatch_args or []), timeout, progress, waking)
     except (UserError, SlurmK8sError) as err:
         _fail(str(err))
     typer.echo(job)
@@ -268,8 +317,8 @@ def ssh(
         _fail("no ssh client on PATH (install openssh-client)")
     try:
         who = user or os.environ.get("USER") or "?"
-        target = _prepare(spec, namespace, kubeconfig, user, key, address, known_hosts, insecure_host_key,
-                          f"slurmk8s ssh by {who}", timeout)
+        target, _ = _prepare(spec, namespace, kubeconfig, user, key, address, known_hosts, insecure_host_key,
+                             f"slurmk8s ssh by {who}", timeout)
     except (UserError, SlurmK8sError) as err:
         _fail(str(err))
     argv = target.ssh_argv(list(command or []))

@@ -137,6 +137,42 @@ def test_wake_scales_everything_at_once_and_waits_for_slurmctld_and_login_only()
     assert tier.wake("again") is False and [c for c in api.calls if c[0] != "ready?"] == []
 
 
+def test_wake_says_when_everything_is_scaled_before_waiting_for_readiness():
+    """`slurmk8s submit` goes on (logs in, asks slurmctld) once the wake has scaled, not after readiness."""
+    api = _full_tier(ready_after=3)
+    for key in list(api.workloads):
+        if key[1] != "other":
+            api.workloads[key]["spec"]["replicas"] = 0
+            api.workloads[key]["status"]["readyReplicas"] = 0
+    tier, _ = _tier(api)
+    get = api.get_workload
+    api.get_workload = lambda ns, kind, name: (api.calls.append(("ready?", name)), get(ns, kind, name))[1]
+    marks = []
+    assert tier.wake("submit", scaled=lambda: marks.append(len(api.calls))) is True
+    scales = [i for i, c in enumerate(api.calls) if c[0] == "scale"]
+    looks = [i for i, c in enumerate(api.calls) if c[0] == "ready?"]
+    assert marks == [max(scales) + 1] and marks[0] <= min(looks), (marks, api.calls)
+    assert tier.wake("again", scaled=lambda: marks.append("awake")) is False and marks[-1] == "awake"
+
+
+def test_submit_wakes_in_a_thread_and_hands_its_failure_over(monkeypatch):
+    from provisioner import usercli
+
+    def failing(api, ns, why, timeout, scaled):
+        raise usercli.UserError("statefulset/slurmctld not ready after 300s: ImagePullBackOff")
+
+    monkeypatch.setattr(usercli, "wake", failing)
+    waking = usercli.Waking(None, "slurm-x", "submit", 300)
+    assert waking.scaled.wait(5)  # set on failure too: the caller goes on to check()
+    with pytest.raises(usercli.UserError, match="ImagePullBackOff"):
+        waking.check()
+    calls = []
+    monkeypatch.setattr(usercli, "wake", lambda api, ns, why, timeout, scaled: (calls.append(ns), scaled()))
+    ok = usercli.Waking(None, "slurm-y", "submit", 300)
+    assert ok.scaled.wait(5) and calls == ["slurm-y"]
+    ok.check()
+
+
 def test_wake_errors_name_the_workload_and_the_fix():
     api = FakeTierApi(ready_after=10**6)
     api.add("StatefulSet", "slurmctld", "slurmctld", replicas=0)

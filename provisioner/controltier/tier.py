@@ -133,7 +133,8 @@ class Tier:
     # -- wake
 
     def wake(self, reason: str, progress: Callable[[str], None] = lambda _l: None,
-             timeout: float = DEFAULT_WAKE_TIMEOUT, running_in: str = "") -> bool:
+             timeout: float = DEFAULT_WAKE_TIMEOUT, running_in: str = "",
+             scaled: Callable[[], None] = lambda: None) -> bool:
         """Scale every tier workload at zero back to one, all at once, and wait until slurmctld (and
         the login pod, when it sleeps with the tier) is ready; accounting (slurmdbd, its database)
         finishes starting on its own. Idempotent; True when something was asleep or still starting
@@ -142,7 +143,10 @@ class Tier:
         at the queue, and a job saved in that window must not wait for the next wake. Leaves a WakeRequested Event naming who and
         why when it scales (the woken reconcile loop records the awake state with it).
         `running_in`: the component the caller itself runs in (the login agent: login), which is
-        evidently up and must not be waited for (its readiness may wait for this very wake)."""
+        evidently up and must not be waited for (its readiness may wait for this very wake).
+        `scaled` is called once no sleep is under way any more and every workload is scaled to
+        one (or was up): from then on a command that reaches slurmctld is not lost to a sleep, so
+        a caller may go on before the readiness this call still waits for."""
         ws = [w for w in self.workloads() if not running_in or w.component != running_in]
         if not any(w.component == m.CONTROLLER for w in ws):
             raise TierError(f"no statefulset/{m.CONTROLLER} labelled {TIER_SELECTOR} in namespace {self.namespace}: "
@@ -153,6 +157,7 @@ class Tier:
             ws = self._await_sleep(ws, running_in, progress, deadline)
         asleep = [w for w in ws if w.replicas < 1]
         if not asleep and all(w.ready >= 1 for w in ws if w.component in WAKE_WAITS_FOR):
+            scaled()
             return False
         if asleep:
             problem = self.event(EV_WAKE_REQUEST, reason)
@@ -166,6 +171,7 @@ class Tier:
             if w.replicas < 1:
                 progress(f"scaling {w.ref} to 1")
                 self._scale(w, 1)
+        scaled()
         later = [w for w in ws if w.component not in WAKE_WAITS_FOR]
         if later:
             progress("not waited for: " + ", ".join(w.ref for w in later)
