@@ -107,10 +107,8 @@ def test_active_jobs_counts_unfinished_ones():
 # ---------------------------------------------------------------- wake and sleep
 
 
-def test_wake_scales_everything_at_once_and_waits_for_slurmctld_and_login_only():
-    """slurmdbd waits for its database by itself and slurmctld (woken: it has state files) takes
-    jobs without slurmdbd: nothing is scaled only after another is ready, and the waker does not
-    wait for accounting (P7: the sequential wake took 11-12 s to RUNNING)."""
+def _asleep_tier():
+    """The whole tier at zero (but a Deployment of another component); readiness looks recorded as ('ready?', name)."""
     api = _full_tier(ready_after=3)
     for key in list(api.workloads):
         if key[1] != "other":
@@ -119,6 +117,14 @@ def test_wake_scales_everything_at_once_and_waits_for_slurmctld_and_login_only()
     tier, _ = _tier(api)
     get = api.get_workload
     api.get_workload = lambda ns, kind, name: (api.calls.append(("ready?", name)), get(ns, kind, name))[1]
+    return tier, api
+
+
+def test_wake_scales_everything_at_once_and_waits_for_slurmctld_and_login_only():
+    """slurmdbd waits for its database by itself and slurmctld (woken: it has state files) takes
+    jobs without slurmdbd: nothing is scaled only after another is ready, and the waker does not
+    wait for accounting (P7: the sequential wake took 11-12 s to RUNNING)."""
+    tier, api = _asleep_tier()
     progress = []
     assert tier.wake("slurmk8s submit by alice", progress.append) is True
     scaled = [c[2] for c in api.calls if c[0] == "scale"]
@@ -139,14 +145,7 @@ def test_wake_scales_everything_at_once_and_waits_for_slurmctld_and_login_only()
 
 def test_wake_says_when_everything_is_scaled_before_waiting_for_readiness():
     """`slurmk8s submit` goes on (logs in, asks slurmctld) once the wake has scaled, not after readiness."""
-    api = _full_tier(ready_after=3)
-    for key in list(api.workloads):
-        if key[1] != "other":
-            api.workloads[key]["spec"]["replicas"] = 0
-            api.workloads[key]["status"]["readyReplicas"] = 0
-    tier, _ = _tier(api)
-    get = api.get_workload
-    api.get_workload = lambda ns, kind, name: (api.calls.append(("ready?", name)), get(ns, kind, name))[1]
+    tier, api = _asleep_tier()
     marks = []
     assert tier.wake("submit", scaled=lambda: marks.append(len(api.calls))) is True
     scales = [i for i, c in enumerate(api.calls) if c[0] == "scale"]
