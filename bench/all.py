@@ -41,8 +41,10 @@ results.json (every row).
 
 --markdown OUT writes the same table as Markdown, with the date (UTC), the machine (CPUs and their
 model, memory, kernel, Kubernetes and Slurm versions as the benches report them, load average) and
-the command above it: `python bench/all.py --markdown docs/benchmarks-table.md` makes the table
-docs/benchmarks.md points to. The rows are built from the JSON by pure functions in
+the command above it; given again, to more files; a file holding the BEGIN and END marker lines
+gets the table between them, the rest of it kept: `python bench/all.py --markdown
+docs/benchmarks-table.md --markdown README.md` makes the table docs/benchmarks.md points to and the
+README's Benchmarks section. The rows are built from the JSON by pure functions in
 bench/all_rows.py (tests/test_bench_all.py).
 """
 
@@ -290,6 +292,22 @@ def markdown(rows: Sequence[Row], header: str) -> str:
     return "\n".join(out).rstrip("\n") + "\n"
 
 
+BEGIN = "<!-- bench/all.py table: begin -->"
+END = "<!-- bench/all.py table: end -->"
+
+
+def write_markdown(path: Path, table: str) -> None:
+    """The table into `path`: between its BEGIN and END lines where it has them (the README's
+    Benchmarks section), else as the whole file."""
+    text = path.read_text() if path.exists() else ""
+    if BEGIN in text and END in text.partition(BEGIN)[2]:
+        head, _, rest = text.partition(BEGIN)
+        tail = rest.partition(END)[2]
+        path.write_text(f"{head}{BEGIN}\n{table}{END}{tail}")
+    else:
+        path.write_text(table)
+
+
 def cpu_model(cpuinfo: str) -> str:
     for line in cpuinfo.splitlines():
         key, _, value = line.partition(":")
@@ -447,7 +465,9 @@ def main(argv: Sequence[str] | None = None, benches: Sequence[Bench] = BENCHES) 
     parser.add_argument("--skip", default="", metavar="NAME,...", help="do not run these")
     parser.add_argument("--timeout", action="append", default=[], metavar="[NAME=]SECONDS",
                         help="per-bench timeout, for all or one bench (repeatable)")
-    parser.add_argument("--markdown", type=Path, metavar="OUT", help="also write the table as Markdown to OUT")
+    parser.add_argument("--markdown", type=Path, metavar="OUT", action="append", default=[],
+                        help="also write the table as Markdown to OUT (again for more files; into a file with "
+                             "the begin / end marker lines, between them)")
     parser.add_argument("--out", type=Path, metavar="DIR", help="where each bench's output and JSON go")
     parser.add_argument("--list", action="store_true", help="list the benches, their arguments and timeouts")
     parser.add_argument("--slow", action="store_true", help="also run the slow benches (bursty_day: ~20 min)")
@@ -496,9 +516,9 @@ def main(argv: Sequence[str] | None = None, benches: Sequence[Bench] = BENCHES) 
         "header": header, "command": command,
         "outcomes": {k: {kk: vv for kk, vv in asdict(o).items() if kk != "doc"} for k, o in outcomes.items()},
         "rows": [asdict(r) for r in rows]}, indent=2) + "\n")
-    if args.markdown:
-        args.markdown.write_text(markdown(rows, header))
-        print(f"\nwrote {args.markdown}")
+    for path in args.markdown:
+        write_markdown(path, markdown(rows, header))
+        print(f"\nwrote {path}")
     print(f"each bench's output and JSON: {out_dir}")
     failed = [b.name for b in benches if any(r.verdict == "failed" for r in rows_for(b, outcomes.get(b.name)))]
     if failed:

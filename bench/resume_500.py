@@ -52,6 +52,26 @@ def running(ns: str) -> int:
     return len(out.split())
 
 
+def wait_nodes_schedulable(selector: str, count: int, timeout: float = 120.0) -> float:
+    """Wait until `count` nodes matching `selector` are Ready without the node controller's
+    not-ready / unreachable taints: kwok marks a new node Ready a moment after it is created, and a
+    pod the scheduler tried before that waits out its backoff (up to 10 s), which would be charged
+    to whichever of the resume and the floor comes first. Returns the seconds waited."""
+    t0 = time.monotonic()
+    while True:
+        nodes = json.loads(kubectl("get", "nodes", "-l", selector, "-o", "json", timeout=60).stdout)["items"]
+        ready = [n for n in nodes
+                 if any(c.get("type") == "Ready" and c.get("status") == "True"
+                        for c in (n.get("status") or {}).get("conditions") or ())
+                 and not any(t.get("key", "").startswith("node.kubernetes.io/")
+                             for t in (n.get("spec") or {}).get("taints") or ())]
+        if len(ready) >= count:
+            return time.monotonic() - t0
+        if time.monotonic() - t0 > timeout:
+            sys.exit(f"only {len(ready)} of {count} kwok nodes ({selector}) Ready and untainted after {timeout:.0f} s")
+        time.sleep(0.2)
+
+
 def limit_s(nodes: int) -> float:
     """How long to wait for every pod Running before giving up: 120 s, more above 1,000 nodes."""
     return max(120.0, nodes * 0.1)
@@ -168,6 +188,8 @@ def main() -> None:
     subprocess.run([str(Path(sys.executable).with_name("slurmk8s")), "cluster", "kwok-node", "p4b",
                     "--count", str(kwok_nodes), "-l", f"{ZONE}=p4b", "--pods", str(per_node), "--cpu", "1000",
                     "--memory", "4Ti"], check=True, capture_output=True)
+    waited = wait_nodes_schedulable(f"{ZONE}=p4b", kwok_nodes)
+    print(f"{kwok_nodes} kwok nodes Ready and untainted after {waited:.1f} s", flush=True)
     try:  # a slurm-p4b namespace this benchmark did not make is never touched; one an earlier run left
         clear_leftover(NS, "bench")  # (or is still deleting) is waited out: creating in it would fail
     except NotOurs as err:

@@ -4,7 +4,8 @@ images cached).
 Deploys the small `sleepy` cluster of e2e/sleepy.py (namespace slurm-sleepy, idle_teardown 20 s,
 SuspendTime 10 s, its own static volumes) beside whatever else runs, then per run: wait until the
 tier has fallen asleep on its own (0 replicas), run `slurmk8s submit` as a researcher does
-(wake in order, wait for readiness, SSH to the login pod, `scontrol ping`, `sbatch`), and time
+(the wake scales the tier up while the CLI logs in over SSH and polls `scontrol ping`; then
+`sbatch`), and time
 submit start -> job id and submit start -> job RUNNING (Slurm's start_time, 1 s resolution, and
 the first time a poll over one SSH connection saw it RUNNING). Removes the cluster at the end
 (--keep: leave it). Refuses to run over a slurm-sleepy namespace it did not make (the e2e suite's).

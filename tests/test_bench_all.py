@@ -653,3 +653,16 @@ def test_p4b_rows_at_4096_nodes_check_the_20_s_creation_goal() -> None:
     assert "every pod created <= 20 s (4,096 nodes)" not in fast.note and fast.verdict == "not measured", fast
     [small] = bench_all.p4b_rows(p4b_doc(4.1))
     assert "4,096" not in small.note
+
+
+def test_markdown_goes_between_the_markers_of_a_file_that_has_them(tmp_path: Path) -> None:
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# x\n\n## Benchmarks\n\n{bench_all.BEGIN}\nold table\n{bench_all.END}\n\n## Next\n")
+    bench_all.write_markdown(readme, "| new |\n")
+    assert readme.read_text() == f"# x\n\n## Benchmarks\n\n{bench_all.BEGIN}\n| new |\n{bench_all.END}\n\n## Next\n"
+    bench_all.write_markdown(readme, "| newer |\n")  # again: replaced, not added
+    assert readme.read_text().count("| new") == 1 and "| newer |" in readme.read_text()
+    plain = tmp_path / "table.md"
+    plain.write_text("anything\n")
+    bench_all.write_markdown(plain, "| t |\n")
+    assert plain.read_text() == "| t |\n"
