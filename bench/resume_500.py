@@ -208,6 +208,10 @@ def main() -> None:
                   "resources": {"requests": {"storage": "1Gi"}}}}]}
     subprocess.run([kubectl_exe(), "--kubeconfig", kubeconfig(), "apply", "-f", "-"], input=json.dumps(volume),
                    text=True, check=True, capture_output=True)
+    # as in a deployed cluster, /home is bound before any resume: a pod whose claim is not Bound yet
+    # is unschedulable and waits out the scheduler's backoff (the first batch of a run took 19-20 s
+    # to all Running against 9.4-9.6 s for the same pods a minute later, whichever came first)
+    kubectl("wait", "-n", NS, "pvc/home", "--for=jsonpath={.status.phase}=Bound", "--timeout=60s", timeout=90)
     # every worker pod names the slurmctld StatefulSet as its owner, and the backend creates none
     # without it: a StatefulSet of that name with no replicas stands in for the controller here
     owner = {"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": {"name": "slurmctld", "namespace": NS},
