@@ -91,11 +91,17 @@ def login_endpoint(core: Any, namespace: str, address: str | None) -> tuple[str,
         return _split(address)
     from kubernetes.client.exceptions import ApiException
 
+    from urllib3.exceptions import HTTPError
+
     try:
-        svc = json.loads(core.read_namespaced_service(m.LOGIN, namespace, _preload_content=False).data)
+        svc = json.loads(core.read_namespaced_service(m.LOGIN, namespace, _preload_content=False,
+                                                      _request_timeout=(5, 15)).data)
     except ApiException as err:
         raise UserError(f"cannot read service/{m.LOGIN} in {namespace}: {err.status} {err.reason} "
                         "(is the cluster deployed with a login pod? the right --namespace?)") from None
+    except (HTTPError, OSError) as err:
+        raise UserError(f"cannot read service/{m.LOGIN} in {namespace}: the Kubernetes API did not answer "
+                        f"({type(err).__name__}: {err})") from None
     spec = svc.get("spec") or {}
     kind = spec.get("type", "ClusterIP")
     if kind == "LoadBalancer":
@@ -163,6 +169,11 @@ class Waking:
         if self.error is not None:
             raise self.error
 
+    def settle(self, timeout: float = 60.0) -> None:
+        """Before the CLI exits early (a failure, Ctrl-C): let the wake finish scaling, so that no
+        part of the tier is left up with the rest at zero (readiness is not waited for)."""
+        self.scaled.wait(timeout)
+
 
 @dataclass
 class Ssh:
@@ -188,7 +199,11 @@ class Ssh:
             opts["known_hosts"] = str(self.known_hosts)
         return opts
 
-    async def _run(self, steps: Any, timeout: float, check: Any = lambda: None) -> Any:
+    async def _run(self, steps: Any, timeout: float, check: Any = lambda: None,
+                   committed: Any = lambda: False) -> Any:
+        """`steps(conn)` over a fresh connection, again after a failed connect or a lost connection
+        (sshd starting after a wake, the login pod replaced), until `timeout`; never again once
+        `committed()` (a command that must not run twice was sent: the loss is reported instead)."""
         import asyncssh
 
         deadline = time.monotonic() + timeout
@@ -203,8 +218,13 @@ class Ssh:
             except asyncssh.HostKeyNotVerifiable as err:
                 raise UserError(f"SSH host key of {self.host}:{self.port} not verifiable ({err}); add it to "
                                 "known_hosts (the stack output ssh_host_public_keys) or pass --insecure-host-key") from None
-            except (OSError, asyncssh.ConnectionLost, asyncio.TimeoutError) as err:
+            except (OSError, asyncssh.ConnectionLost, asyncssh.DisconnectError, asyncssh.ChannelOpenError,
+                    asyncio.TimeoutError) as err:
                 last = str(err) or type(err).__name__
+                if committed():
+                    raise UserError(f"the SSH connection to {self.host}:{self.port} was lost while sbatch ran "
+                                    f"({last}); the job may have been submitted: look with squeue before "
+                                    "submitting again") from None
             check()  # a wake that failed says why better than the connection does
             if time.monotonic() > deadline:
                 raise UserError(f"cannot reach sshd at {self.host}:{self.port} after {timeout:.0f}s: {last}")
@@ -215,10 +235,15 @@ class Ssh:
         """`sbatch` of `script` as the user, once slurmctld answers; with `waking` (a wake under way),
         not before it has scaled everything up, and its failure is raised as soon as it is known."""
         check = waking.check if waking is not None else (lambda: None)
+        sent: list[bool] = []
 
         async def steps(conn: Any) -> str:
             t0 = time.monotonic()
             progress(f"logged in as {self.user} at {self.host}:{self.port}")
+            # a ping before the wake has scaled could reach a slurmctld that a sleep under way is
+            # about to stop: only a controller asked after that counts
+            while waking is not None and not waking.scaled.is_set():
+                await asyncio.sleep(0.05)
             while True:  # the controller answers (its port is open once ready; state recovery may lag)
                 check()
                 ping = await conn.run("scontrol ping", check=False)
@@ -229,17 +254,15 @@ class Ssh:
                     raise UserError(f"slurmctld does not answer `scontrol ping` after {timeout:.0f}s: "
                                     f"{str(ping.stdout).strip()} {str(ping.stderr).strip()}")
                 await asyncio.sleep(0.2)
-            while waking is not None and not waking.scaled.is_set():  # a sleep under way is undone first
-                await asyncio.sleep(0.05)
-            check()
             cmd = " ".join(["sbatch", "--parsable", *(shlex.quote(a) for a in sbatch_args)])
+            sent.append(True)
             res = await conn.run(cmd, input=script, check=False)
             out = str(res.stdout).strip()
             if res.exit_status != 0 or not re.match(r"^\d+", out):
                 raise UserError(f"sbatch failed (exit {res.exit_status}): {str(res.stderr).strip() or out}")
             return out.split(";")[0]
 
-        return asyncio.run(self._run(steps, timeout, check))
+        return asyncio.run(self._run(steps, timeout, check, committed=lambda: bool(sent)))
 
     def ssh_argv(self, command: list[str]) -> list[str]:
         argv = ["ssh", "-p", str(self.port)]
@@ -269,7 +292,13 @@ def _prepare(spec: Path | None, namespace: str | None, kubeconfig: str | None, u
         wake(api, ns, why, timeout)
     else:
         waking = Waking(api, ns, why, timeout)
-    host, port = login_endpoint(client.CoreV1Api(api), ns, address)
+    try:
+        host, port = login_endpoint(client.CoreV1Api(api), ns, address)
+    except Exception:
+        if waking is not None:  # the wake's own failure (an API that does not answer) says it better
+            waking.settle()
+            waking.check()
+        raise
     return Ssh(host, port, who, key, known_hosts, insecure), waking
 
 
@@ -295,7 +324,11 @@ def submit(
         # the wake goes on while the login pod is reached and slurmctld asked (Waking)
         ssh, waking = _prepare(spec, namespace, kubeconfig, user, key, address, known_hosts, insecure_host_key,
                                f"slurmk8s submit {script.name} by {who}", timeout, wait=False)
-        job = ssh.submit(text, list(sbatch_args or []), timeout, progress, waking)
+        try:
+            job = ssh.submit(text, list(sbatch_args or []), timeout, progress, waking)
+        finally:
+            if waking is not None:
+                waking.settle()
     except (UserError, SlurmK8sError) as err:
         _fail(str(err))
     typer.echo(job)

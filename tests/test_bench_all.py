@@ -582,20 +582,22 @@ def test_use_takes_a_bench_s_rows_from_its_json(tmp_path: Path, capsys: pytest.C
                            "--out", str(tmp_path / "out")], benches)
     assert code == 0 and not ran.exists()  # neither bursty_day nor wake_submit ran
     out = capsys.readouterr().out
-    assert f"[all] bursty_day: not run: its rows from `{day}` (written 2026-12-01 09:12 UTC)" in out
-    assert f"† P3: not run by this command; from `{day}` (written 2026-12-01 09:12 UTC), given with --use" in out
+    assert f"[all] bursty_day: not run: its rows from `{day.name}` (written 2026-12-01 09:12 UTC)" in out
+    assert f"† P3: not run by this command; from `{day.name}` (written 2026-12-01 09:12 UTC), given with --use" in out
     table = md.read_text()
+    assert str(day) not in table and str(wake) not in table  # published: the --use files by name, not path
+    assert "--out" not in table
     assert "| P3 † | a bursty day" in table and "| 1.32x |" in table and "| not met (1) |" in table
     assert "| P7 † | " in table and "| render | " in table
     for id, file, hour in (("P3", day, "09"), ("P7", wake, "10")):
-        assert f"\n\n† {id}: not run by this command; from `{file}` (written 2026-12-01 {hour}:12 UTC), given with " \
+        assert f"\n\n† {id}: not run by this command; from `{file.name}` (written 2026-12-01 {hour}:12 UTC), given with " \
                "--use\n" in table
     results = json.loads((tmp_path / "out" / "results.json").read_text())
     assert [r["id"] for r in results["rows"]] == ["P3", "P7", "render"]
-    assert one([bench_all.Row(**r) for r in results["rows"]], "P3").source.startswith(f"`{day}`")
-    assert results["outcomes"]["bursty_day"]["source"] == f"`{day}` (written 2026-12-01 09:12 UTC)"
+    assert one([bench_all.Row(**r) for r in results["rows"]], "P3").source.startswith(f"`{day.name}`")
+    assert results["outcomes"]["bursty_day"]["source"] == f"`{day.name}` (written 2026-12-01 09:12 UTC)"
     assert bench_all.main(["--list", "--use", f"P3={day}"], benches) == 0
-    assert f"(from `{day}` (written" in capsys.readouterr().out
+    assert f"(from `{day.name}` (written" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(("given", "says"), [
@@ -663,6 +665,19 @@ def test_markdown_goes_between_the_markers_of_a_file_that_has_them(tmp_path: Pat
     bench_all.write_markdown(readme, "| newer |\n")  # again: replaced, not added
     assert readme.read_text().count("| new") == 1 and "| newer |" in readme.read_text()
     plain = tmp_path / "table.md"
-    plain.write_text("anything\n")
+    plain.write_text(f"{bench_all.GENERATED}\nan older table\n")
     bench_all.write_markdown(plain, "| t |\n")
     assert plain.read_text() == "| t |\n"
+    bench_all.write_markdown(tmp_path / "new.md", "| t |\n")  # a new file
+    assert (tmp_path / "new.md").read_text() == "| t |\n"
+    lost = tmp_path / "OTHER.md"
+    lost.write_text("# a document whose markers were lost\n")
+    with pytest.raises(SystemExit, match="has text of its own"):
+        bench_all.write_markdown(lost, "| t |\n")
+    assert lost.read_text() == "# a document whose markers were lost\n"
+
+
+def test_the_published_command_names_files_not_paths() -> None:
+    assert bench_all.public_args(["--use", "P3=/tmp/x/p3.json", "--out", "/tmp/o", "--markdown", "README.md",
+                                  "--use=wake_submit=/tmp/w.json", "--out=/tmp/p"]) == [
+        "--use", "P3=p3.json", "--markdown", "README.md", "--use=wake_submit=w.json"]

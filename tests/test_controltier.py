@@ -698,3 +698,103 @@ def test_idle_watch_is_off_without_idle_teardown_or_a_readable_spec(tmp_path):
     assert any("idle teardown off: cannot read the spec" in line for line in log.lines)
     spec.write_text(_json.dumps({"name": "x"}))  # invalid spec: off, said why, no crash
     assert idle_watch_from_env({"SLURMK8S_SPEC": str(spec)}, log, SlurmCli(), lambda: None) is None
+
+
+class _Result:
+    def __init__(self, code: int, out: str = "", err: str = "") -> None:
+        self.exit_status, self.stdout, self.stderr = code, out, err
+
+
+class _Login:
+    """asyncssh.connect as the login pod answers it: `script` maps a command's first word to what it
+    does on each call (a _Result, or an exception to raise); every command is recorded with when."""
+
+    def __init__(self, script: dict) -> None:
+        self.script, self.ran, self.connects = script, [], 0
+
+    def connect(self, host, **_opts):
+        login = self
+
+        class Conn:
+            async def run(self, cmd, input=None, check=False):
+                word = cmd.split()[0]
+                login.ran.append((word, time.monotonic()))
+                answers = login.script[word]
+                answer = answers.pop(0) if len(answers) > 1 else answers[0]
+                if isinstance(answer, Exception):
+                    raise answer
+                return answer
+
+        class Ctx:
+            async def __aenter__(self):
+                login.connects += 1
+                return Conn()
+
+            async def __aexit__(self, *exc):
+                return False
+
+        return Ctx()
+
+
+class _Waking:
+    def __init__(self) -> None:
+        import threading
+
+        self.scaled, self.error = threading.Event(), None
+
+    def check(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+
+def _ssh(monkeypatch, script):
+    import asyncssh
+
+    from provisioner import usercli
+
+    login = _Login(script)
+    monkeypatch.setattr(asyncssh, "connect", login.connect)
+    return usercli.Ssh("10.0.0.5", 22, "alice", None, None, insecure=True), login
+
+
+UP = _Result(0, "Slurmctld(primary) at slurmctld-0 is UP\n")
+
+
+def test_submit_asks_slurmctld_only_after_the_wake_has_scaled(monkeypatch):
+    """A ping before the scale could reach a slurmctld that a sleep under way is about to stop."""
+    import threading
+
+    ssh, login = _ssh(monkeypatch, {"scontrol": [UP], "sbatch": [_Result(0, "42\n")]})
+    waking = _Waking()
+    threading.Timer(0.3, waking.scaled.set).start()
+    t0 = time.monotonic()
+    assert ssh.submit("#!/bin/sh\n", [], 30, waking=waking) == "42"
+    assert [w for w, _ in login.ran] == ["scontrol", "sbatch"]
+    assert login.ran[0][1] - t0 >= 0.3
+
+
+def test_submit_reports_the_failed_wake_rather_than_the_silent_controller(monkeypatch):
+    from provisioner import usercli
+
+    down = _Result(1, "", "slurm_load_ctl_conf error: Unable to contact slurm controller")
+    ssh, login = _ssh(monkeypatch, {"scontrol": [down], "sbatch": [_Result(0, "42\n")]})
+    waking = _Waking()
+    waking.scaled.set()
+    waking.error = usercli.UserError("statefulset/slurmctld not ready after 300s: ImagePullBackOff")
+    with pytest.raises(usercli.UserError, match="ImagePullBackOff"):
+        ssh.submit("#!/bin/sh\n", [], 30, waking=waking)
+    assert "sbatch" not in [w for w, _ in login.ran]
+
+
+def test_a_connection_lost_before_sbatch_is_retried_but_never_after(monkeypatch):
+    import asyncssh
+
+    from provisioner import usercli
+
+    closed = asyncssh.ChannelOpenError(2, "SSH connection closed")
+    ssh, login = _ssh(monkeypatch, {"scontrol": [closed, UP], "sbatch": [_Result(0, "7\n")]})
+    assert ssh.submit("#!/bin/sh\n", [], 30) == "7" and login.connects == 2  # the login pod was replaced
+    ssh, login = _ssh(monkeypatch, {"scontrol": [UP], "sbatch": [asyncssh.ConnectionLost("reset")]})
+    with pytest.raises(usercli.UserError, match="may have been submitted: look with squeue"):
+        ssh.submit("#!/bin/sh\n", [], 30)
+    assert [w for w, _ in login.ran].count("sbatch") == 1  # never twice

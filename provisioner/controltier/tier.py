@@ -146,7 +146,9 @@ class Tier:
         evidently up and must not be waited for (its readiness may wait for this very wake).
         `scaled` is called once no sleep is under way any more and every workload is scaled to
         one (or was up): from then on a command that reaches slurmctld is not lost to a sleep, so
-        a caller may go on before the readiness this call still waits for."""
+        a caller may go on before the readiness this call still waits for. (A sleep that did not
+        finish within SLEEP_WAIT, its pod killed half-way, is not waited for longer: `scaled` then
+        follows the scale-up of what it left at zero.)"""
         ws = [w for w in self.workloads() if not running_in or w.component != running_in]
         if not any(w.component == m.CONTROLLER for w in ws):
             raise TierError(f"no statefulset/{m.CONTROLLER} labelled {TIER_SELECTOR} in namespace {self.namespace}: "
