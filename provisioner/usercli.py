@@ -89,19 +89,16 @@ def login_endpoint(core: Any, namespace: str, address: str | None) -> tuple[str,
 
     if address:
         return _split(address)
-    from kubernetes.client.exceptions import ApiException
-
-    from urllib3.exceptions import HTTPError
+    from .kubeapi import ApiError, raw_call
 
     try:
-        svc = json.loads(core.read_namespaced_service(m.LOGIN, namespace, _preload_content=False,
-                                                      _request_timeout=(5, 15)).data)
-    except ApiException as err:
+        svc = raw_call(core.read_namespaced_service, (5.0, 15.0), m.LOGIN, namespace)
+    except ApiError as err:
+        if err.status == 0:
+            raise UserError(f"cannot read service/{m.LOGIN} in {namespace}: the Kubernetes API did not answer "
+                            f"({err.message})") from None
         raise UserError(f"cannot read service/{m.LOGIN} in {namespace}: {err.status} {err.reason} "
                         "(is the cluster deployed with a login pod? the right --namespace?)") from None
-    except (HTTPError, OSError) as err:
-        raise UserError(f"cannot read service/{m.LOGIN} in {namespace}: the Kubernetes API did not answer "
-                        f"({type(err).__name__}: {err})") from None
     spec = svc.get("spec") or {}
     kind = spec.get("type", "ClusterIP")
     if kind == "LoadBalancer":

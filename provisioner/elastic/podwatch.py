@@ -155,9 +155,10 @@ class PodWatch:
         """Apply the watch's events from `version` on, resuming after each end of the watch, until
         stopped; raises Expired for a 410 (the answer to the request, or an ERROR event) and
         ApiError for any other failure."""
+        self._version = version
         while not self._stop.is_set():
-            try:
-                self._apply(self.api.watch(self.namespace, self.selector, version, self.timeout_s), version)
+            try:  # each watch from the last version seen (an event's, a bookmark's, else the list's)
+                self._apply(self.api.watch(self.namespace, self.selector, self._version, self.timeout_s))
             except ApiError as err:
                 if err.status == 410:
                     raise Expired() from None
@@ -166,10 +167,8 @@ class PodWatch:
                 self._contact = time.monotonic()  # the server ended the watch: it was there
             if not self._heard:
                 self._heard_from_watch()
-            version = self._version
 
-    def _apply(self, events: Iterator[Mapping[str, Any]], version: str) -> None:
-        self._version = version
+    def _apply(self, events: Iterator[Mapping[str, Any]]) -> None:
         for event in events:
             kind = event.get("type")
             obj = event.get("object") or {}
