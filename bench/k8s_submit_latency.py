@@ -222,8 +222,19 @@ def main() -> None:
     print(f"slurmk8s up: {up_seconds:.1f} s")
     host = kjson("get", "service", "-n", NAMESPACE, "login")["spec"]["clusterIP"]
 
+    async def connect() -> asyncssh.SSHClientConnection:
+        """The login pod's sshd; a reused cluster's login pod may be rolling after `up` (60 s)."""
+        end = time.monotonic() + 60
+        while True:
+            try:
+                return await asyncssh.connect(host, username="alice", client_keys=[key], known_hosts=None)
+            except OSError:
+                if time.monotonic() > end:
+                    raise
+                await asyncio.sleep(1)
+
     async def loop(mode: str) -> str:
-        async with asyncssh.connect(host, username="alice", client_keys=[key], known_hosts=None) as conn:
+        async with await connect() as conn:
             await conn.run(f"cat > bench-loop.sh <<'EOF'\n{LOOP}\nEOF", check=True)
             res = await conn.run(f"bash bench-loop.sh {mode} {args.runs}", check=True, timeout=1800)
             return str(res.stdout)

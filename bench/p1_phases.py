@@ -128,26 +128,30 @@ class ResumeCall:
     jobs: dict[int, list[str]] = field(default_factory=dict)  # `resume file: job J resumes a,b of a,b; ...`
     created: dict[str, float] = field(default_factory=dict)  # node -> `N create|replace ok (..s)` line time
     done: float | None = None  # `done in X.XXs: ...` line time
+    program: str = "resume"  # or early-resume: PrologSlurmctld's head start
 
 
 _RESUME_FILE_JOB = re.compile(r"job (\d+) resumes (\S+) of (\S+)")
 _RESUME_NODES = re.compile(r"^resume \d+ nodes: (\S*)$")
+_EARLY = re.compile(r"^early resume for job (\d+): (\S+)$")  # PrologSlurmctld's head start (run_early_resume)
 _CREATED = re.compile(r"^(\S+) (?:create|replace) ok \(")
 
 
 def resume_calls(lines: Iterable[str]) -> list[ResumeCall]:
-    """The resume program's calls in elastic.log, in order. Lines of one call share the pid; a call
-    ends with its `done in` line (so a pid used again later starts a new call)."""
+    """The resume program's calls in elastic.log, in order, with the early resumes PrologSlurmctld
+    asks for (program `early-resume`: they create the pods before Slurm's resume call). Lines of one
+    call share the program and pid; a call ends with its `done in` line (so a pid used again later
+    starts a new call)."""
     calls: list[ResumeCall] = []
     open_: dict[tuple[str, int], ResumeCall] = {}
     for raw in lines:
         line = parse_log_line(raw)
-        if line is None or line.program != "resume":
+        if line is None or line.program not in ("resume", "early-resume"):
             continue
         key = (line.program, line.pid)
         call = open_.get(key)
         if call is None:
-            call = open_[key] = ResumeCall(line.pid, line.at)
+            call = open_[key] = ResumeCall(line.pid, line.at, program=line.program)
             calls.append(call)
         msg = line.message
         if msg.startswith("resume file: "):
@@ -155,6 +159,9 @@ def resume_calls(lines: Iterable[str]) -> list[ResumeCall]:
                 call.jobs[int(job)] = resumes.split(",")
         elif m := _RESUME_NODES.match(msg):
             call.nodes = [n for n in m.group(1).split(",") if n]
+        elif m := _EARLY.match(msg):
+            call.nodes = [n for n in m.group(2).split(",") if n]
+            call.jobs[int(m.group(1))] = call.nodes
         elif m := _CREATED.match(msg):
             call.created.setdefault(m.group(1), line.at)
         elif msg.startswith("done in "):
@@ -362,11 +369,11 @@ def phases(run: Run, src: Sources) -> dict[str, Any]:
     calls = [c for c in src.calls if job in c.jobs and lo <= c.started <= hi]
     if not calls:  # no resume file, or it did not name the job: by node and time
         calls = [c for c in src.calls if node in c.nodes and run.t0 <= c.started <= hi]
-    # the first call that created the node's pod, else the first
+    # the first call that created the node's pod (the early resume, when it did), else the first
     call = next((c for c in calls if node in c.created), calls[0] if calls else None)
     if call is not None:
-        put("resume_started", call.started, f"elastic.log resume[{call.pid}] first line")
-        put("create_returned", call.created.get(node), f"elastic.log resume[{call.pid}] {node} create ok")
+        put("resume_started", call.started, f"elastic.log {call.program}[{call.pid}] first line")
+        put("create_returned", call.created.get(node), f"elastic.log {call.program}[{call.pid}] {node} create ok")
     pods = sorted((p for p in src.pods.values() if p.node == node and p.created is not None and lo <= p.created <= hi),
                   key=lambda p: p.created or 0.0)
     if pods:

@@ -5,6 +5,7 @@ history kept. Tests run in file order and share one cluster."""
 from __future__ import annotations
 
 import asyncio
+import re
 import subprocess
 import time
 
@@ -13,6 +14,7 @@ import pytest
 
 import yaml
 
+from faultkit import controller_log
 from helpers import (NAMESPACE, NCCL_ENV, SUSPEND_TIME, Cluster, accounting_log, job_state, kjson, kubectl, sacct_jobs,
                      slurmk8s, submit, wait_for, wait_job, worker_pods)
 from provisioner.accounting import parse_known_associations
@@ -86,6 +88,17 @@ def test_two_node_job_from_zero_workers(cluster: Cluster):
     JOBS[job] = {"user": "alice", "state": "COMPLETED", "nodes": alloc["nodes"]}
     output = login.run(f"cat ~/hosts-{job}.out").stdout.split()
     assert sorted(output) == nodes
+    # PrologSlurmctld's head start (elastic/early.py): the loop created the pods before Slurm's
+    # resume call, holding each at the boot gate (elastic/bootgate.py) until that call released it.
+    # (When Slurm's power-save pass came before the prolog read the nodes, there is no head start.)
+    elastic = controller_log("elastic.log")
+    head = re.search(rf"early resume for job {job}: (\S+)", elastic)
+    gate_lines = [line for line in elastic.splitlines() if "boot gate" in line or "resumed by Slurm already" in line]
+    print(f"head start for job {job}: {head.group(1) if head else 'none'}; " + " | ".join(gate_lines[-4:]))
+    if head:
+        for node in nodes:
+            assert re.search(rf"boot gate: released .*\b{node} \(held", elastic) or re.search(
+                rf"resumed by Slurm already: .*\b{node}\b", elastic), f"{node} held and never released"
 
 
 def test_mpi_allreduce_across_two_worker_pods(cluster: Cluster):

@@ -17,6 +17,8 @@ from fakes.backend import FakeBackend
 from fakes.slurm import FakeSlurm
 
 from provisioner.elastic import prolog
+from provisioner.elastic.bootgate import BootGate
+from provisioner.elastic.early import run_early_resume
 from provisioner.elastic.programs import Context, run_resume
 from provisioner.inventory import Inventory, SlurmNode
 from provisioner.logs import Log
@@ -356,3 +358,28 @@ def test_phase_table_and_run_table():
     assert any(line.startswith("slurmd registered") and " - " in line for line in empty)
     rows = p1.run_table(runs)
     assert len(rows) == 3 and rows[1].split()[:3] == ["12", "cpu-0", "0.048"]
+
+
+def test_an_early_resume_is_the_call_that_created_the_pod(tmp_path: Path):
+    """PrologSlurmctld's early resume (program early-resume) creates the pod before Slurm's resume
+    call, which then keeps it: the phases take the create from the early call."""
+    path = tmp_path / "elastic.log"
+    inventory = Inventory((SlurmNode("cpu-0", "cpu", "cpu", 1, 1024),))
+    backend = FakeBackend()
+    early = Log("early-resume", str(path), pid=4242)
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("HealthCheckInterval=300\n")
+    assert run_early_resume(["12", "cpu-0"], Context({"SLURMK8S_BUDGET": "5", "SLURM_CONF": str(conf)}, early,
+                                                     backend=backend, slurm=FakeSlurm(), inventory=inventory),
+                            BootGate()).code == 0
+    early.close()
+    resume_file = json.dumps({"all_nodes_resume": "cpu-0", "jobs": [
+        {"job_id": 12, "nodes_resume": "cpu-0", "nodes_alloc": "cpu-0", "partition": "cpu"}]})
+    log = Log("resume", str(path))
+    assert run_resume(["cpu-0"], Context({"SLURMK8S_BUDGET": "5"}, log, backend=backend, slurm=FakeSlurm(),
+                                         inventory=inventory), resume_file).code == 0
+    log.close()
+    first, second = p1.resume_calls(path.read_text().splitlines())
+    assert (first.program, first.pid, first.jobs, set(first.created)) == ("early-resume", 4242, {12: ["cpu-0"]},
+                                                                          {"cpu-0"})
+    assert (second.program, second.jobs, second.created) == ("resume", {12: ["cpu-0"]}, {})

@@ -20,8 +20,12 @@ from fakes.slurm import FakeSlurm
 
 from provisioner.elastic import programs, prolog
 from provisioner.elastic.backend import Worker
+from provisioner.elastic.ledger import FileLedger
 from provisioner.elastic import warm
+from provisioner.elastic.bootgate import BootGate
+from provisioner.elastic.early import run_early_resume
 from provisioner.elastic.warm import NotServed, ProgramServer, delegate, runner_for
+from provisioner.inventory import Inventory, SlurmNode
 from provisioner.logs import Log
 
 
@@ -158,18 +162,103 @@ def test_main_hands_the_call_to_the_loop_and_runs_it_itself_without_one(sock: st
 # ---------------------------------------------------------------- PrologSlurmctld's wait, in the loop
 
 
-def test_the_prolog_waits_in_the_loop_on_the_shared_states(sock: str, tmp_path: Path, monkeypatch):
-    """A prolog whose nodes are not up hands its wait to the loop, which answers once the shared
-    snapshot shows them booted and writes the prolog's line under its pid; the prolog never polls."""
+def _inventory() -> Inventory:
+    return Inventory((SlurmNode("cpu-0", "cpu", "cpu", 1, 1024), SlurmNode("cpu-1", "cpu", "cpu", 1, 1024),
+                      SlurmNode("cpu-2", "cpu", "cpu", 1, 1024, unavailable="kubernetes node k-2 is cordoned"),
+                      SlurmNode("gpu-0", "gpu", "gpu", 1, 1024)))
+
+
+def _conf(tmp_path: Path, health_interval: int = 300) -> str:
+    path = tmp_path / "slurm.conf"
+    path.write_text(f"ClusterName=box\nHealthCheckProgram=/usr/local/bin/slurmk8s-healthcheck\n"
+                    f"HealthCheckInterval={health_interval}\n")
+    return str(path)
+
+
+def test_an_early_resume_only_creates_and_leaves_every_other_decision_to_slurms_call(tmp_path: Path):
+    """Unknown, unavailable and backed-off nodes are left alone; a failed create sets nothing DOWN
+    and records no pool failure: Slurm's own resume call does all that, as always. Every node it
+    creates is held at the boot gate until that call releases it."""
+    ledger = str(tmp_path / "ledger.json")
+    for i in range(3):  # pool gpu in backoff
+        FileLedger(ledger).record_failure("gpu", "gpu-0", "ErrImagePull", time.time() - i)
+    backend = FakeBackend(fail={"cpu-1": "Kubernetes API error 500"})
+    slurm = FakeSlurm()
+    gate = BootGate()
+    log = Log("early-resume", str(tmp_path / "elastic.log"))
+    env = {"SLURMK8S_BUDGET": "5", "SLURMK8S_LEDGER": ledger, "SLURM_CONF": _conf(tmp_path)}
+    ctx = programs.Context(env, log, backend=backend, slurm=slurm, inventory=_inventory())
+    assert run_early_resume(["12", "cpu-[0-2],gpu-0,nope-0"], ctx, gate).code == 0
+    assert sorted(backend.calls) == [("create", "cpu-0"), ("create", "cpu-1")]
+    assert set(backend.workers) == {"cpu-0"}
+    assert gate.is_held("cpu-0") and gate.is_held("cpu-1") and not gate.is_held("cpu-2")
+    assert slurm.down == {} and slurm.powered_down == []
+    assert [f.node for f in FileLedger(ledger).load()["gpu"].failures] == ["gpu-0"] * 3  # nothing added
+    assert "cpu" not in FileLedger(ledger).load()
+    text = (tmp_path / "elastic.log").read_text()
+    assert "early resume for job 12: cpu-0,cpu-1,cpu-2,gpu-0,nope-0" in text
+    assert "left to Slurm's resume call: cpu-2,gpu-0,nope-0" in text
+    assert "1 created; cpu-1 left to Slurm's resume call" in text
+    # Slurm's resume call (as the loop serves it) opens the gate, keeps the pod made early and
+    # retries the failed create
+    backend.fail.clear()
+    resume_log = tmp_path / "resume.log"
+    resume = warm.runs(gate)["resume"]
+    assert resume(["cpu-[0-1]"], programs.Context({"SLURMK8S_BUDGET": "5"}, Log("resume", str(resume_log)),
+                                                  backend=backend, slurm=slurm, inventory=_inventory()),
+                  None).code == 0
+    assert not gate.is_held("cpu-0") and not gate.is_held("cpu-1")
+    assert re.search(r"boot gate: released cpu-0 \(held \d+\.\d\ds\), cpu-1 \(held", resume_log.read_text())
+    assert backend.calls[-1] == ("create", "cpu-1") and backend.calls.count(("create", "cpu-0")) == 1
+    assert backend.lists == [["cpu-0", "cpu-1"]]  # Slurm's call read only its own nodes' workers
+
+
+@pytest.mark.parametrize("why", ["no gate", "no health check at boot"])
+def test_without_a_boot_gate_nothing_is_created_early(tmp_path: Path, why: str):
+    """A worker that cannot be held (no gate served, or slurmd runs no health check before it
+    registers, where the worker asks) is left to Slurm's resume call entirely."""
+    backend = FakeBackend()
+    env = {"SLURMK8S_BUDGET": "5", "SLURM_CONF": _conf(tmp_path, 0 if why != "no gate" else 300)}
+    ctx = programs.Context(env, Log("early-resume", str(tmp_path / "elastic.log")), backend=backend,
+                           slurm=FakeSlurm(), inventory=_inventory())
+    assert run_early_resume(["12", "cpu-0"], ctx, None if why == "no gate" else BootGate()).code == 0
+    assert backend.calls == []
+    assert "no boot gate" in (tmp_path / "elastic.log").read_text()
+
+
+def test_a_node_slurm_resumed_before_the_prologs_notice_is_neither_held_nor_created(tmp_path: Path):
+    """The power-save pass can come before the prolog's notice: Slurm has the node POWERING_UP and
+    its resume call creates the pod; holding it would keep its slurmd waiting for nothing."""
+    backend = FakeBackend()
+    gate = BootGate()
+    gate.release(["cpu-1"])  # an earlier power-up of cpu-1, before the prolog read it powered down
+    read_at = time.time()
+    gate.release(["cpu-0"])  # this power-up's pass, after the read
+    ctx = programs.Context({"SLURMK8S_BUDGET": "5", "SLURM_CONF": _conf(tmp_path)},
+                           Log("early-resume", str(tmp_path / "elastic.log")), backend=backend, slurm=FakeSlurm(),
+                           inventory=_inventory())
+    assert run_early_resume(["12", "cpu-[0-1]", f"{read_at:.6f}"], ctx, gate).code == 0
+    assert backend.calls == [("create", "cpu-1")]
+    assert not gate.is_held("cpu-0") and gate.is_held("cpu-1")
+    assert "resumed by Slurm already: cpu-0" in (tmp_path / "elastic.log").read_text()
+
+
+def test_the_prolog_asks_the_loop_for_its_jobs_cold_nodes_and_waits_as_before(sock: str, tmp_path: Path,
+                                                                             monkeypatch):
+    backend = FakeBackend()
     elastic = tmp_path / "elastic.log"
 
+    conf = _conf(tmp_path)
+    gate = BootGate()
+
     def make_context(program, pid):
-        return programs.Context({"SLURMK8S_BUDGET": "5"}, Log(program, str(elastic), pid=pid))
+        return programs.Context({"SLURMK8S_BUDGET": "5", "SLURM_CONF": conf}, Log(program, str(elastic), pid=pid),
+                                backend=backend, slurm=FakeSlurm(), inventory=_inventory())
 
     # the loop's shared sinfo: cpu-0 boots (its slurmd registers) the third time it is read
     reads = iter(["allocated#", "allocated#"])
     shared = prolog.SharedStates(read=lambda: [("cpu-0", next(reads, "allocated")), ("cpu-1", "allocated")])
-    served = {**warm.runs(), "prolog": functools.partial(prolog.run_wait, states=shared)}
+    served = {**warm.runs(gate), "prolog": functools.partial(prolog.run_wait, states=shared)}
     server = serve(sock, runner_for(make_context, served), tmp_path)
     monkeypatch.setenv("SLURMK8S_LOG", str(elastic))
     monkeypatch.setenv("SLURMK8S_ENV_FILE", str(tmp_path / "none.env"))
@@ -177,17 +266,23 @@ def test_the_prolog_waits_in_the_loop_on_the_shared_states(sock: str, tmp_path: 
     monkeypatch.setenv("SLURM_JOB_ID", "12")
     monkeypatch.setenv("SLURM_JOB_NODELIST", "cpu-[0-1]")
     monkeypatch.setenv("SLURMK8S_PROLOG_TIMEOUT", "5")
-    monkeypatch.setattr(prolog, "named_states", lambda nodelist: [("cpu-0", "allocated#"), ("cpu-1", "allocated")])
+    # cpu-0 powered down (allocated~), cpu-1 already up: only cpu-0 needs a pod
+    monkeypatch.setattr(prolog, "named_states", lambda nodelist: [("cpu-0", "allocated~"), ("cpu-1", "allocated")])
+
     monkeypatch.setattr(prolog, "node_states", lambda nodelist: pytest.fail("the prolog polled sinfo itself"))
     try:
         assert prolog.prolog_main() == 0
     finally:
         server.close()
-    assert shared.reads >= 3
-    assert re.search(rf"prolog\[{os.getpid()}\] job 12 nodes cpu-\[0-1\]: booted after ", elastic.read_text())
+    assert backend.calls == [("create", "cpu-0")]
+    assert gate.is_held("cpu-0")
+    assert shared.reads >= 1
+    text = elastic.read_text()
+    assert "early resume for job 12: cpu-0" in text
+    assert re.search(r"prolog\[\d+\] job 12 nodes cpu-\[0-1\]: booted after .*; pods of cpu-0 asked for early", text)
 
 
-def test_without_a_loop_the_prolog_polls_itself(tmp_path: Path, monkeypatch):
+def test_without_a_loop_the_prolog_only_waits(tmp_path: Path, monkeypatch):
     monkeypatch.setenv("SLURMK8S_LOG", str(tmp_path / "elastic.log"))
     monkeypatch.setenv("SLURMK8S_ENV_FILE", str(tmp_path / "none.env"))
     monkeypatch.setenv("SLURMK8S_PROGRAM_SOCKET", str(tmp_path / "absent.sock"))
@@ -198,7 +293,7 @@ def test_without_a_loop_the_prolog_polls_itself(tmp_path: Path, monkeypatch):
     monkeypatch.setattr(prolog, "node_states", lambda nodelist: next(polls))
     assert prolog.prolog_main() == 0
     text = (tmp_path / "elastic.log").read_text()
-    assert "booted after" in text
+    assert "booted after" in text and "asked for early" not in text and "early resume" not in text
 
 
 def test_waiting_prologs_share_one_sinfo(tmp_path: Path):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 from ..logs import Log
 from .programs import DEFAULT_LOG, _env_float, _load_env, conf_seconds
@@ -43,6 +43,24 @@ def node_states(nodelist: str) -> list[str] | None:
     """One extended state per node of `nodelist`."""
     named = named_states(nodelist)
     return None if named is None else [state for _, state in named]
+
+
+def powered_down(named: Sequence[tuple[str, str]]) -> list[str]:
+    """The nodes whose resume call Slurm has still to make: powered down ('~'). Not those powering
+    up ('#': the call is made or under way) nor those powering down ('%': their pod is being
+    deleted; Slurm resumes them once that is done)."""
+    return [node for node, state in named if state.endswith("~")]
+
+
+def head_start(env: Mapping[str, str], job: str, nodes: Sequence[str], read_at: float) -> bool:
+    """Ask the reconcile loop (elastic/warm.py) to create these nodes' pods now, ahead of Slurm's
+    resume call (early.run_early_resume; their slurmd waits at the boot gate, bootgate.py, until
+    that call; `read_at`: when their states were read, epoch seconds: a resume call after that is
+    for this power-up); nothing is waited for. False when no loop listens:
+    the prolog never runs that work itself (it must stay light and quick)."""
+    from .warm import notify, socket_path
+
+    return notify(socket_path(env), "early-resume", [job, ",".join(nodes), f"{read_at:.3f}"])
 
 
 def booted(states: Sequence[str]) -> bool:
@@ -85,11 +103,12 @@ def wait_for_boot(
         sleep(poll)
 
 
-def wait_line(job: str, nodelist: str, result: tuple[str, float, int, list[str] | None], extra: str = "") -> str:
+def wait_line(job: str, nodelist: str, result: tuple[str, float, int, list[str] | None], early: str,
+              extra: str = "") -> str:
     """The prolog's log line, written when it had to wait (wherever the wait ran)."""
     outcome, waited, polls, states = result
     return (f"job {job} nodes {nodelist}: {outcome} after {waited:.2f}s ({polls} polls, states {states})"
-            + (f"; {extra}" if extra else ""))
+            + (f"; pods of {early} asked for early" if early else "") + (f"; {extra}" if extra else ""))
 
 
 class SharedStates:
@@ -155,14 +174,14 @@ def named_states_all() -> list[tuple[str, str]] | None:
 
 def run_wait(args: Sequence[str], ctx, states: SharedStates):
     """The prolog's wait, run by the reconcile loop for a prolog process (args: job, nodelist,
-    timeout): the same wait, the same log line, on shared states."""
+    timeout, the nodes asked for early): the same wait, the same log line, on shared states."""
     from .programs import RunResult
 
-    job, nodelist, timeout = (list(args) + ["", "", "0"])[:3]
+    job, nodelist, timeout, early = (list(args) + ["", "", "0", ""])[:4]
     result = wait_for_boot(nodelist, float(timeout) or PROLOG_DEFAULT_TIMEOUT, states.states_of,
                            sleep=lambda _s: None)  # states_of itself waits for the next snapshot
     if result[2] > 1 or result[0] != "booted":
-        ctx.log.write(wait_line(job, nodelist, result))
+        ctx.log.write(wait_line(job, nodelist, result, early))
     return RunResult(0)
 
 
@@ -182,21 +201,24 @@ def prolog_main() -> int:
             return 0
         timeout = _env_float(env, "SLURMK8S_PROLOG_TIMEOUT", 0.0) or resume_timeout_from_conf(
             env.get("SLURM_CONF", "/etc/slurm/slurm.conf")) or PROLOG_DEFAULT_TIMEOUT
+        read_at = time.time()
         named = named_states(nodelist)
         first = None if named is None else [state for _, state in named]
         if first is not None and booted(first) and not env_error:
             return 0  # nodes already up: stay quiet (runs for every job)
+        cold = powered_down(named or ())
+        early = ",".join(cold) if cold and head_start(env, job, cold, read_at) else ""
         from .warm import NotServed, delegate, socket_path
 
         try:  # the loop waits for us, one sinfo for all the jobs that wait (SharedStates)
-            delegate(socket_path(env), "prolog", [job, nodelist, str(timeout)], None)
+            delegate(socket_path(env), "prolog", [job, nodelist, str(timeout), early], None)
             return 0
         except NotServed as why:
             served = str(why)
         result = wait_for_boot(nodelist, timeout, first=first)
         if result[2] > 1 or result[0] != "booted" or env_error or served:
             log = Log("prolog", env.get("SLURMK8S_LOG", DEFAULT_LOG))
-            log.write(wait_line(job, nodelist, result, "; ".join(filter(None, (served, env_error)))))
+            log.write(wait_line(job, nodelist, result, early, "; ".join(filter(None, (served, env_error)))))
     except BaseException as err:  # noqa: BLE001 -- must never fail the job; logged, exit 0
         try:
             (log or Log("prolog", env.get("SLURMK8S_LOG", DEFAULT_LOG))).write(

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 if TYPE_CHECKING:
     from ..logs import Log
+    from .bootgate import BootGate
     from .programs import Context, RunResult
 
 DEFAULT_SOCKET = "/run/slurmk8s/programs/programs.sock"
@@ -85,6 +86,24 @@ def delegate(path: str, program: str, args: Sequence[str], resume_file: str | No
     except (ValueError, KeyError, TypeError):
         raise NotServed("the reconcile loop ended before it answered" if not reply
                         else f"the reconcile loop answered {reply[:200]!r}") from None
+
+
+def notify(path: str, program: str, args: Sequence[str]) -> bool:
+    """Hand the loop a call without waiting for it (PrologSlurmctld's early resume); False when no
+    loop takes it."""
+    if not path:
+        return False
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        conn.settimeout(CONNECT_TIMEOUT)
+        conn.connect(path)
+        conn.sendall(json.dumps({"program": program, "args": list(args), "pid": os.getpid(),
+                                 "resume_file": None}).encode() + b"\n")
+        return True
+    except OSError:
+        return False
+    finally:
+        conn.close()
 
 
 # ---------------------------------------------------------------- the loop's side
@@ -185,20 +204,38 @@ def runner_for(make_context: Callable[[str, int], "Context"],
     return run
 
 
-def runs() -> dict[str, Callable[..., "RunResult"]]:
-    """What the loop serves: the three power-saving programs and PrologSlurmctld's wait for its
-    nodes (every waiting job on one `sinfo` at a time)."""
+def runs(gate: "BootGate | None" = None) -> dict[str, Callable[..., "RunResult"]]:
+    """What the loop serves: the three power-saving programs, PrologSlurmctld's early resume, and
+    PrologSlurmctld's wait for its nodes (every waiting job on one `sinfo` at a time). With a boot
+    `gate`, the early resume holds the nodes it creates and Slurm's resume call releases its nodes
+    (Slurm has them POWERING_UP before it calls the program); without one there is no early resume."""
     import functools
 
     from . import programs
+    from .early import run_early_resume
     from .prolog import SharedStates, run_wait
 
-    return {**programs.RUNS, "prolog": functools.partial(run_wait, states=SharedStates())}
+    def resume(args: Sequence[str], ctx: "Context", resume_file: str | None) -> "RunResult":
+        if gate is not None:
+            from .plan import InputError, parse_hostlists
+
+            try:
+                released = gate.release(parse_hostlists(list(args)))
+            except InputError:
+                released = {}  # the run itself says what is wrong with its arguments
+            if released:
+                ctx.log.write("boot gate: released " + ", ".join(f"{n} (held {s:.2f}s)"
+                                                                  for n, s in sorted(released.items())))
+        return programs.run_resume(args, ctx, resume_file)
+
+    return {**programs.RUNS, "resume": resume, "early-resume": functools.partial(run_early_resume, gate=gate),
+            "prolog": functools.partial(run_wait, states=SharedStates())}
 
 
-def serve(env: Mapping[str, str], log: "Log") -> ProgramServer | None:
+def serve(env: Mapping[str, str], log: "Log", gate: "BootGate | None" = None) -> ProgramServer | None:
     """Serve the power-saving programs for the reconcile loop, at socket_path(env); None when
-    turned off or the socket cannot be made (logged)."""
+    turned off or the socket cannot be made (logged). `gate`: the boot gate the loop serves (none:
+    no pod is made ahead of Slurm's resume call)."""
     from . import programs
 
     path = socket_path(env)
@@ -210,5 +247,5 @@ def serve(env: Mapping[str, str], log: "Log") -> ProgramServer | None:
         penv = programs.with_program_defaults(env)
         return programs.Context(penv, programs.program_log(program, penv, pid))
 
-    server = ProgramServer(path, runner_for(make_context, runs()), log)
+    server = ProgramServer(path, runner_for(make_context, runs(gate)), log)
     return server if server.start() else None

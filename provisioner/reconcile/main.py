@@ -24,6 +24,7 @@ from .metrics import Metrics, metrics_markdown
 from .usage import DEFAULT_USAGE, UsageFile, resume_usage
 
 if TYPE_CHECKING:
+    from ..elastic.bootgate import BootGate
     from ..inventory import Inventory
     from ..livenodes.cache import ConfigCache
     from ..livenodes.live import LiveNodes
@@ -122,6 +123,18 @@ def _stop_on_sigterm(log: "Log") -> threading.Event:
     return stop
 
 
+def _boot_gate(port: int | None, log: "Log") -> "BootGate | None":
+    """The boot gate, served on `port` (elastic/bootgate.py); None when turned off or not served."""
+    from ..elastic import bootgate
+
+    port = bootgate.DEFAULT_PORT if port is None else port
+    if port <= 0:
+        log.write("no boot gate (--boot-gate-port 0): no pod is created ahead of Slurm's resume call")
+        return None
+    gate = bootgate.BootGate()
+    return gate if bootgate.serve(gate, port, log) is not None else None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from ..elastic.backend import backend_from_env
     from ..elastic.podwatch import watched
@@ -134,6 +147,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--once", action="store_true", help="one pass, then exit (status 1 if it had errors)")
     parser.add_argument("--period", type=float, default=DEFAULT_PERIOD, help="seconds between passes")
     parser.add_argument("--metrics-port", type=int, default=DEFAULT_METRICS_PORT, help="0: no metrics endpoint")
+    parser.add_argument("--boot-gate-port", type=int, default=None,
+                        help="the boot gate's TCP port (elastic/bootgate.py; default 9411); 0: none, and no pod "
+                             "is created ahead of Slurm's resume call")
     parser.add_argument("--grace", type=float, default=None, help="seconds before a worker / boot is judged")
     parser.add_argument("--pending-timeout", type=float, default=None)
     parser.add_argument("--unschedulable-timeout", type=float, default=None)
@@ -163,7 +179,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     inventory_path = env.get("SLURMK8S_INVENTORY", DEFAULT_INVENTORY)
     log.write(f"started: period {args.period:.0f}s, grace {policy.grace:.0f}s, ledger {ledger.path}")
     # the power-saving programs Slurm starts hand their calls to this process, imports done (elastic/warm.py)
-    programs_server = None if args.once else serve_programs(env, log)
+    # and the workers created ahead of Slurm's resume call ask it before their slurmd registers
+    programs_server = None if args.once else serve_programs(env, log, _boot_gate(args.boot_gate_port, log))
     backend: NodeBackend | None = None
     usage_file = UsageFile(env.get("SLURMK8S_USAGE", DEFAULT_USAGE)) if metrics is not None else None
     usage_restored, usage_error, deployment = False, False, ""
