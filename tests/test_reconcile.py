@@ -39,7 +39,7 @@ from provisioner.reconcile.main import _deployment_id
 from provisioner.reconcile.metrics import Metrics, dashboard_queries, exported_names, metric_catalog, metrics_markdown
 from provisioner.reconcile.usage import Usage, UsageFile, resume_usage
 from provisioner.slurm.commands import SlurmCommandError
-from provisioner.slurm.state import _num, parse_jobs, parse_nodes, running_since
+from provisioner.slurm.state import JobStatus, _num, parse_jobs, parse_nodes, running_since
 
 NOW = 1_800_000_000.0
 POLICY = Policy(grace=20, pending_timeout=60, unschedulable_timeout=180, backoff_failures=3,
@@ -527,7 +527,7 @@ def test_metrics_move_with_a_pass():
     report = Report(findings=classify(s, NOW, POLICY), snapshot=s)
     jobs = parse_jobs({"jobs": [
         {"job_id": 7, "partition": "cpu", "job_state": ["RUNNING"], "submit_time": {"set": True, "number": NOW - 40},
-         "start_time": {"set": True, "number": NOW - 37}},
+         "start_time": {"set": True, "number": NOW - 37}, "nodes": "cpu-0"},
         {"job_id": 8, "partition": "cpu", "job_state": ["PENDING"]}]})
     m.observe_rpc("show_nodes", 0.02, True)
     m.observe_rpc("squeue", 11.0, False)
@@ -675,8 +675,9 @@ def test_usage_tally_continues_after_a_restart_and_restarts_with_a_new_deploymen
     m.restore_usage(first)
     s = snap([up("cpu-0")], [worker("cpu-0")])
     report = Report(findings=classify(s, NOW, POLICY), snapshot=s)
-    m.observe_pass(report, [], NOW + 10, NOW, 0.1, [])
-    m.observe_pass(report, [], NOW + 40, NOW, 0.1, [])  # 30 s provisioned and busy
+    running = [JobStatus(7, "cpu", "RUNNING", NOW, NOW + 5, ("cpu-0",))]
+    m.observe_pass(report, running, NOW + 10, NOW, 0.1, [])
+    m.observe_pass(report, running, NOW + 40, NOW, 0.1, [])  # 30 s provisioned and busy
     f.save(m.usage("sts-uid-1"))
     saved = f.load()
     assert saved == Usage("sts-uid-1", NOW, {"cpu": 30.0}, {"cpu": 30.0})
@@ -1210,3 +1211,30 @@ def test_a_pass_asks_slurmctld_for_the_queue_at_most_once(tmp_path, monkeypatch,
     loop.main(["--once", "--metrics-port", "0"])
     assert _QueueCounter.asks == 1
     assert seen == [None]  # the idle watch was told the queue is unknown, not that it is empty
+
+
+def test_busy_node_seconds_come_from_the_jobs_start_and_end_times():
+    """As sacct counts them: a job that starts and ends between two passes counts in full, two jobs
+    on one node count it once, a running job up to the pass, a pending one not at all, and a pass
+    whose job listing failed leaves its time to the next pass."""
+    m = Metrics()
+    s = snap([up("cpu-0"), up("cpu-1")], [worker("cpu-0"), worker("cpu-1")])
+    report = Report(findings=[], snapshot=s)
+    m.observe_pass(report, [], NOW, NOW, 0.1, [])  # the first pass: counting starts here
+
+    def job(i: int, state: str, start: float | None, end: float | None, nodes: tuple[str, ...]) -> JobStatus:
+        return JobStatus(i, "cpu", state, NOW - 100, start, nodes, end)
+
+    jobs = [job(1, "COMPLETED", NOW + 2, NOW + 4.5, ("cpu-0",)),  # 2.5 s, wholly between the passes
+            job(2, "COMPLETED", NOW + 3, NOW + 6, ("cpu-0",)),  # overlaps job 1 on cpu-0: union 2..6
+            job(3, "RUNNING", NOW + 7, NOW + 3600, ("cpu-1", "cpu-0")),  # end_time is its limit: up to now
+            job(4, "PENDING", None, None, ()),
+            job(5, "CANCELLED", None, NOW + 5, ()),
+            job(6, "COMPLETED", NOW - 50, NOW - 20, ("cpu-1",))]  # before the tally: not counted
+    m.observe_pass(report, jobs, NOW + 10, NOW, 0.1, [])
+    assert m.usage("d").busy == {"cpu": pytest.approx((6 - 2) + 3 + 3)}
+    m.observe_pass(report, None, NOW + 20, NOW, 0.1, [])  # squeue failed: nothing counted yet
+    assert m.usage("d").busy == {"cpu": pytest.approx(10)}
+    jobs[2] = job(3, "COMPLETED", NOW + 7, NOW + 25, ("cpu-1", "cpu-0"))
+    m.observe_pass(report, jobs, NOW + 30, NOW, 0.1, [])  # job 3 ran 10..25 on two nodes
+    assert m.usage("d").busy == {"cpu": pytest.approx(10 + 2 * 15)}

@@ -22,7 +22,7 @@ from provisioner.reconcile.act import Report
 from provisioner.reconcile.classify import Snapshot
 from provisioner.reconcile.metrics import Metrics
 from provisioner.reconcile.usage import Usage
-from provisioner.slurm.state import parse_nodes
+from provisioner.slurm.state import JobStatus, parse_nodes
 
 NOW = 1_800_000_000.0
 
@@ -143,8 +143,9 @@ def exposition_with_usage() -> str:
     inv = Inventory((SlurmNode("cpu-0", "cpu", "cpu", 1, 1024),))
     snap = Snapshot(parse_nodes({"nodes": [node("cpu-0", "ALLOCATED", "CLOUD")]}),
                     {"cpu-0": Worker("cpu-0", "Running", created_at=NOW - 100)}, inv)
-    m.observe_pass(Report(snapshot=snap), [], NOW, NOW - 100, 0.1, [])
-    m.observe_pass(Report(snapshot=snap), [], NOW + 100, NOW - 100, 0.1, [])
+    running = [JobStatus(3, "cpu", "RUNNING", NOW - 200, NOW - 150, ("cpu-0",))]
+    m.observe_pass(Report(snapshot=snap), running, NOW, NOW - 100, 0.1, [])
+    m.observe_pass(Report(snapshot=snap), running, NOW + 100, NOW - 100, 0.1, [])
     return m.exposition().decode()
 
 

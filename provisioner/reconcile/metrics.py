@@ -50,8 +50,8 @@ class Metrics:
                                    "created while the loop runs", ["pool"], buckets=LATENCY_BUCKETS, registry=r)
         self.provisioned = Counter("slurmk8s_node_provisioned_seconds", "Node-seconds with a worker pod in "
                                    "existence (not Terminating), since `up`", ["pool"], registry=r)
-        self.busy = Counter("slurmk8s_node_busy_seconds", "Node-seconds a booted node was allocated to jobs, "
-                            "since `up`", ["pool"], registry=r)
+        self.busy = Counter("slurmk8s_node_busy_seconds", "Node-seconds a node ran jobs (from the jobs' start "
+                            "and end times, as sacct has them), since `up`", ["pool"], registry=r)
         self.rpc = Histogram("slurmk8s_controller_rpc_seconds", "Latency of the loop's scontrol / squeue calls "
                              "(slurmctld RPCs)", ["command"], buckets=RPC_BUCKETS, registry=r)
         self.rpc_errors = Counter("slurmk8s_controller_rpc_errors", "Failed scontrol / squeue calls",
@@ -68,6 +68,7 @@ class Metrics:
         self._seen_running: dict[int, float] = {}
         self._seen_ready: set[tuple[str, float]] = set()
         self._last: float | None = None
+        self._busy_last: float | None = None
         self._lock = threading.Lock()
 
     # -- observation helpers
@@ -103,6 +104,7 @@ class Metrics:
                 self._observe_snapshot(snap, now, started)
             if jobs is not None:
                 self._observe_jobs(jobs, started)
+                self._observe_busy(jobs, now, snap.inventory if snap is not None else None)
 
     def _observe_snapshot(self, snap: Snapshot, now: float, started: float) -> None:
         inv = snap.inventory
@@ -133,9 +135,6 @@ class Metrics:
             for name, w in snap.workers.items():
                 if w.phase != "Terminating":
                     self._add_usage("provisioned", pool_of(name), dt)
-            for name, node in snap.nodes.items():
-                if node.busy:
-                    self._add_usage("busy", pool_of(name), dt)
         self._last = now
         for name, w in snap.workers.items():
             if w.phase != "Running" or w.created_at is None or w.created_at < started:
@@ -167,6 +166,33 @@ class Metrics:
         listed = {j.job_id for j in jobs}  # forget a job once squeue no longer lists it (MinJobAge)
         for job_id in [k for k in self._seen_running if k not in listed]:
             del self._seen_running[job_id]
+
+    def _observe_busy(self, jobs: Sequence[JobStatus], now: float, inv: Any) -> None:
+        """Busy node-seconds since the last pass that saw the jobs, from the jobs' own start and end
+        times (what sacct reports; whole seconds): each node counts once while any job runs on it.
+        A job that starts and ends between two passes is still listed at the next one (MinJobAge),
+        so it counts in full; a pass whose job listing failed leaves its time to the next one."""
+        last, self._busy_last = self._busy_last, now
+        if last is None:
+            return  # the first pass: the tally continues from here (usage.json)
+        spans: dict[str, list[tuple[float, float]]] = {}
+        for j in jobs:
+            if j.state not in RAN_STATES or not j.start_time or not j.nodes:
+                continue
+            end = now if j.state in ("RUNNING", "COMPLETING") else (j.end_time or 0.0)
+            lo, hi = max(j.start_time, last), min(end, now)
+            if hi > lo:
+                for node in j.nodes:
+                    spans.setdefault(node, []).append((lo, hi))
+        for node, intervals in spans.items():
+            covered, reach = 0.0, last
+            for lo, hi in sorted(intervals):  # the union: jobs sharing a node count it once
+                lo = max(lo, reach)
+                if hi > lo:
+                    covered += hi - lo
+                    reach = hi
+            pool = inv[node].pool if inv is not None and node in inv else "unknown"
+            self._add_usage("busy", pool, covered)
 
     def _add_usage(self, kind: str, pool: str, seconds: float) -> None:
         (self.provisioned if kind == "provisioned" else self.busy).labels(pool).inc(seconds)

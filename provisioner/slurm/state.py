@@ -100,6 +100,7 @@ class JobStatus:
     submit_time: float | None = None
     start_time: float | None = None
     nodes: tuple[str, ...] = ()
+    end_time: float | None = None  # a running job's is its time limit's end, not an end
 
     @classmethod
     def from_json(cls, obj: Mapping[str, Any]) -> "JobStatus":
@@ -108,7 +109,8 @@ class JobStatus:
         if "CONFIGURING" in states:
             state = "PENDING"  # allocated, waiting for its nodes to boot: not running yet
         return cls(int(obj.get("job_id", 0)), str(obj.get("partition") or ""), state,
-                   _num(obj.get("submit_time")), _num(obj.get("start_time")), _expand(obj.get("nodes")))
+                   _num(obj.get("submit_time")), _num(obj.get("start_time")), _expand(obj.get("nodes")),
+                   _num(obj.get("end_time")))
 
 
 def _expand(hostlist_expr: Any) -> tuple[str, ...]:
