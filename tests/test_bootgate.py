@@ -61,6 +61,45 @@ def test_holds_and_releases_end_by_themselves():
     assert gate.hold(["cpu-1"], since=clock.now - 0.5) == ["cpu-1"]
 
 
+def test_slurms_state_decides_for_a_node_this_loop_did_not_resume():
+    """After a restart of the loop (its holds are gone), for a pod whose job went away before the
+    power-save pass, or when the resume call ran outside the loop: a node Slurm still has powered
+    down waits; POWERING_UP or up may register; when Slurm cannot be asked, only holds wait."""
+    states = {"cpu-0": "allocated~", "cpu-1": "allocated#", "cpu-2": "idle", "cpu-3": None}
+    gate = BootGate(state_of=lambda n: states.get(n), poll=0.01)
+    assert gate.wait("cpu-0", 0.05) is False
+    assert gate.wait("cpu-1", 0) is True and gate.wait("cpu-2", 0) is True and gate.wait("cpu-3", 0) is True
+    threading.Timer(0.1, states.update, kwargs={"cpu-0": "allocated#"}).start()
+    assert gate.wait("cpu-0", 5) is True  # the pass came: POWERING_UP
+    # held here, and the resume call ran outside the loop: Slurm's state opens it
+    gate.hold(["cpu-4"])
+    states["cpu-4"] = "allocated~"
+    assert gate.wait("cpu-4", 0.05) is False
+    states["cpu-4"] = "allocated#"
+    assert gate.wait("cpu-4", 5) is True
+    # held here and Slurm cannot be asked: still held until the release
+    gate.hold(["cpu-3"])
+    assert gate.wait("cpu-3", 0.05) is False
+    gate.release(["cpu-3"])
+    assert gate.wait("cpu-3", 0) is True
+
+
+def test_a_resume_call_through_the_loop_opens_without_asking_slurm():
+    gate = BootGate(state_of=lambda n: pytest.fail("asked Slurm"))
+    gate.release(["cpu-0"])  # the ordinary path: Slurm's resume call created the pod
+    assert gate.wait("cpu-0", 0) is True
+
+
+def test_a_second_hold_restarts_the_holds_clock():
+    clock = Clock()
+    gate = BootGate(clock=clock, hold_max=30)
+    gate.hold(["cpu-0"])
+    clock.now += 20
+    gate.hold(["cpu-0"])  # another job's head start on the same node
+    clock.now += 20
+    assert gate.is_held("cpu-0")
+
+
 def test_the_server_answers_open_held_and_refuses_garbage(tmp_path: Path):
     gate = BootGate()
     log = Log("reconcile", str(tmp_path / "reconcile.log"))
@@ -82,6 +121,15 @@ def test_the_server_answers_open_held_and_refuses_garbage(tmp_path: Path):
         server.server_close()
     assert "boot gate: cpu-0 may register" in (tmp_path / "reconcile.log").read_text()
     assert ask("127.0.0.1", port, "cpu-0", timeout=1) == ""  # nobody listens: no gate
+
+
+def test_the_gate_port_is_the_one_the_worker_entrypoint_writes():
+    from provisioner.elastic.bootgate import DEFAULT_PORT
+    from provisioner.manifests.names import ACTIVITY_PORT
+
+    entrypoint = (ROOT / "images" / "entrypoint" / "slurmd.sh").read_text()
+    assert f'"$CONTROLLER_HOST" {DEFAULT_PORT} >/run/slurmk8s/boot-gate' in entrypoint
+    assert DEFAULT_PORT != ACTIVITY_PORT
 
 
 def test_more_waiters_than_slots_are_let_go(tmp_path: Path):

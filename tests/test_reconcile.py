@@ -1229,12 +1229,13 @@ def test_busy_node_seconds_come_from_the_jobs_start_and_end_times():
             job(2, "COMPLETED", NOW + 3, NOW + 6, ("cpu-0",)),  # overlaps job 1 on cpu-0: union 2..6
             job(3, "RUNNING", NOW + 7, NOW + 3600, ("cpu-1", "cpu-0")),  # end_time is its limit: up to now
             job(4, "PENDING", None, None, ()),
-            job(5, "CANCELLED", None, NOW + 5, ()),
+            job(5, "CANCELLED", None, NOW + 5, ()),  # cancelled while pending
+            job(7, "CANCELLED", NOW + 5, NOW + 6, ("cpu-1",)),  # ran 1 s, then scancel: sacct counts it
             job(6, "COMPLETED", NOW - 50, NOW - 20, ("cpu-1",))]  # before the tally: not counted
     m.observe_pass(report, jobs, NOW + 10, NOW, 0.1, [])
-    assert m.usage("d").busy == {"cpu": pytest.approx((6 - 2) + 3 + 3)}
+    assert m.usage("d").busy == {"cpu": pytest.approx((6 - 2) + 3 + 3 + 1)}
     m.observe_pass(report, None, NOW + 20, NOW, 0.1, [])  # squeue failed: nothing counted yet
-    assert m.usage("d").busy == {"cpu": pytest.approx(10)}
+    assert m.usage("d").busy == {"cpu": pytest.approx(11)}
     jobs[2] = job(3, "COMPLETED", NOW + 7, NOW + 25, ("cpu-1", "cpu-0"))
-    m.observe_pass(report, jobs, NOW + 30, NOW, 0.1, [])  # job 3 ran 10..25 on two nodes
-    assert m.usage("d").busy == {"cpu": pytest.approx(10 + 2 * 15)}
+    m.observe_pass(Report(findings=[]), jobs, NOW + 30, NOW, 0.1, [])  # job 3 ran 10..25 on two nodes
+    assert m.usage("d").busy == {"cpu": pytest.approx(11 + 2 * 15)}  # no snapshot: the last pools

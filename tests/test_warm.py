@@ -320,3 +320,9 @@ def test_waiting_prologs_share_one_sinfo(tmp_path: Path):
     assert 0.5 < elapsed < 2.5, elapsed
     # about one read per 0.1 s for all 64 waiters (each polling itself: 64 reads per 0.1 s)
     assert shared.reads <= elapsed / prolog.PROLOG_POLL + 3, (shared.reads, elapsed)
+
+
+def test_the_loops_gate_asks_slurm_on_the_prologs_shared_snapshot():
+    gate = BootGate()
+    served = warm.runs(gate)
+    assert gate.state_of is not None and set(served) >= {"resume", "early-resume", "prolog"}

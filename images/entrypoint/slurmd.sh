@@ -9,7 +9,6 @@
 #   SLURMK8S_GPUS, SLURMK8S_GPU_TYPE  GPU nodes: the node's Gres count and type in slurm.conf;
 #                         /run/slurmk8s/node-gres.conf gets the node's gres.conf line from /dev/nvidia<N>
 #   SLURMK8S_CONTAINERS   1: pools[].containers (oci.conf runs rootless crun): /run/user/<uid> per user
-#   SLURMK8S_BOOT_GATE_PORT  the reconcile loop's boot gate on the controller's host (default 9411)
 #   arguments             appended to the slurmd command line (e.g. -vvv)
 set -euo pipefail
 . /usr/local/lib/slurmk8s/lib.sh
@@ -76,7 +75,7 @@ if [ -n "${SLURMK8S_CONTROLLER:-}" ]; then
     args+=(--conf-server "$CONTROLLER_HOST:$CONTROLLER_PORT")
     # The boot gate (provisioner/elastic/bootgate.py): slurmd's first health check, which it runs
     # before it registers, asks the reconcile loop there whether this node may register yet.
-    printf '%s %s\n' "$CONTROLLER_HOST" "${SLURMK8S_BOOT_GATE_PORT:-9411}" >/run/slurmk8s/boot-gate
+    printf '%s %s\n' "$CONTROLLER_HOST" 9412 >/run/slurmk8s/boot-gate  # = bootgate.DEFAULT_PORT (a test)
 elif [ -r /etc/slurm/slurm.conf ]; then
     log "SLURMK8S_CONTROLLER unset: using the mounted /etc/slurm/slurm.conf"
 else

@@ -15,16 +15,21 @@ runs its HealthCheckProgram once before registering, and the slurmd image's
 
 Protocol (TCP, port :data:`DEFAULT_PORT` of the slurmctld pod, reachable from the cluster's own
 pods only by the intra-cluster NetworkPolicy): the worker sends its node name and a newline; the
-loop answers ``open`` at once for a node it does not hold, and for a held one when Slurm's resume
-call releases it, or ``held`` after :data:`WAIT_MAX` seconds (the worker asks again). Anything else,
-a refused or dropped connection included, means no gate is served (no loop, an older one, the
+loop answers ``open`` when the node may register, or ``held`` after :data:`WAIT_MAX` seconds (the
+worker asks again). Open at once: a node whose resume call came through this loop (every worker
+Slurm's own resume call created). Otherwise Slurm's state decides (the loop's shared ``sinfo``
+snapshot): a node Slurm still has powered down (``~``) waits, whoever made its pod (this loop,
+a loop before a restart, which lost its holds, or a head start whose job went away before the
+pass); POWERING_UP or up may register. A held node also opens at its release. Anything else, a
+refused or dropped connection included, means no gate is served (no loop, an older one, the
 Docker test bed): the worker goes on at once, as every worker did before the head start.
 
-Bounded: a hold ends by itself after :data:`HOLD_MAX` seconds (a job cancelled before the pass
-leaves its node powered down; its early pod then boots and Slurm powers it down as an idle node),
-a node whose resume call came after the prolog read it powered down is not held (a prolog slower
-than the pass does not hold a node Slurm already powers up), and at most :data:`MAX_WAITERS` workers wait at once (more
-are answered by a closed connection: they go on).
+Bounded: holds are forgotten after :data:`HOLD_MAX` seconds (Slurm's state still holds a node it
+has powered down; the reconcile loop deletes a worker whose node stays powered down), a node
+whose resume call came after the prolog read it powered down is not held (a prolog slower than
+the pass), at most :data:`MAX_WAITERS` questions wait at once (more get a closed connection and
+go on), and the worker asks for at most 50 s in all (slurmd stops its health check at 60 s and
+registers anyway).
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ from typing import TYPE_CHECKING, Callable, Iterable
 if TYPE_CHECKING:
     from ..logs import Log
 
-DEFAULT_PORT = 9411
+DEFAULT_PORT = 9412  # the login pod's agent has 9411 (ACTIVITY_PORT), another pod
 HOLD_MAX = 30.0  # seconds a node stays held without Slurm's resume call
 WAIT_MAX = 20.0  # seconds one question is held open before 'held' (the worker asks again)
 MAX_WAITERS = 4096
@@ -47,13 +52,17 @@ _NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
 class BootGate:
-    """Which nodes' slurmd must not register yet: those the loop created ahead of Slurm's resume
-    call for them. Thread-safe. `clock`: the wall clock (the prolog, another process of the same
-    pod, says when it read its nodes' states)."""
+    """Which nodes' slurmd must not register yet. Thread-safe. `clock`: the wall clock (the prolog,
+    another process of the same pod, says when it read its nodes' states). `state_of(node)`: the
+    node's extended state from Slurm ('idle~', 'allocated#'; None when it cannot be read), set by
+    the loop to its shared `sinfo` snapshot (prolog.SharedStates)."""
 
-    def __init__(self, clock: Callable[[], float] = time.time, hold_max: float = HOLD_MAX) -> None:
+    def __init__(self, clock: Callable[[], float] = time.time, hold_max: float = HOLD_MAX,
+                 state_of: Callable[[str], str | None] | None = None, poll: float = 0.2) -> None:
         self._clock = clock
         self._hold_max = hold_max
+        self.state_of = state_of
+        self._poll = poll
         self._cond = threading.Condition()
         self._held: dict[str, float] = {}  # node -> held since
         self._resumed: dict[str, float] = {}  # node -> Slurm's resume call seen at
@@ -68,7 +77,7 @@ class BootGate:
             since = now if since is None else since
             held = [n for n in nodes if self._resumed.get(n, since - 1) < since]
             for node in held:
-                self._held.setdefault(node, now)
+                self._held[node] = now
             return held
 
     def release(self, nodes: Iterable[str]) -> dict[str, float]:
@@ -93,18 +102,32 @@ class BootGate:
             return node in self._held
 
     def wait(self, node: str, timeout: float) -> bool:
-        """True once `node` is not held (at once when it is not); False after `timeout` seconds."""
-        with self._cond:
-            deadline = self._clock() + timeout
-            while True:
-                now = self._clock()
-                self._prune(now)
-                if node not in self._held:
+        """True once `node` may register; False after `timeout` seconds. At once for a node whose
+        resume call came through this loop and is not held again. Otherwise Slurm decides: a node it
+        still has powered down ('~') waits (a hold of this loop, or of a loop before a restart, or
+        a pod whose job went away before the power-save pass); POWERING_UP or up may register. A
+        node held here opens at its release, or when Slurm shows it powering up (the resume call
+        ran outside the loop). When Slurm cannot be asked, only this loop's holds wait."""
+        deadline = self._clock() + timeout
+        while True:
+            with self._cond:
+                self._prune(self._clock())
+                held = node in self._held
+                if not held and node in self._resumed:
                     return True
-                if now >= deadline:
-                    return False
-                # woken by release(); else at the hold's end or the deadline (re-checked each second)
-                self._cond.wait(max(0.001, min(deadline - now, self._held[node] + self._hold_max - now, 1.0)))
+            state = self.state_of(node) if self.state_of is not None else None
+            if state is None and not held:
+                return True
+            if state is not None and not state.endswith("~"):
+                return True
+            now = self._clock()
+            if now >= deadline:
+                return False
+            with self._cond:  # woken by release(); else Slurm is asked again
+                if node in self._held:
+                    self._cond.wait(max(0.001, min(deadline - now, self._poll)))
+                    continue
+            time.sleep(max(0.001, min(deadline - now, self._poll)))
 
     def _prune(self, now: float) -> None:
         for table in (self._held, self._resumed):
@@ -142,6 +165,7 @@ class _Handler(socketserver.StreamRequestHandler):
 class GateServer(socketserver.ThreadingTCPServer):
     daemon_threads = True
     allow_reuse_address = True
+    request_queue_size = 1024  # a burst of booting workers connects at once
 
     def __init__(self, address: tuple[str, int], gate: BootGate, log: "Log", wait_max: float = WAIT_MAX,
                  max_waiters: int = MAX_WAITERS) -> None:

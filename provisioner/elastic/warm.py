@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from ..logs import Log
     from .bootgate import BootGate
     from .programs import Context, RunResult
+    from .prolog import SharedStates
 
 DEFAULT_SOCKET = "/run/slurmk8s/programs/programs.sock"
 CONNECT_TIMEOUT = 1.0  # seconds: a loop that does not accept within this is not serving
@@ -228,8 +229,16 @@ def runs(gate: "BootGate | None" = None) -> dict[str, Callable[..., "RunResult"]
                                                                   for n, s in sorted(released.items())))
         return programs.run_resume(args, ctx, resume_file)
 
+    shared = SharedStates()
+    if gate is not None:  # the gate asks Slurm on the same snapshot as the waiting prologs
+        gate.state_of = functools.partial(_one_state, shared)
     return {**programs.RUNS, "resume": resume, "early-resume": functools.partial(run_early_resume, gate=gate),
-            "prolog": functools.partial(run_wait, states=SharedStates())}
+            "prolog": functools.partial(run_wait, states=shared)}
+
+
+def _one_state(shared: "SharedStates", node: str) -> str | None:
+    states = shared.states_of(node)
+    return states[0] if states else None
 
 
 def serve(env: Mapping[str, str], log: "Log", gate: "BootGate | None" = None) -> ProgramServer | None:

@@ -123,16 +123,15 @@ def _stop_on_sigterm(log: "Log") -> threading.Event:
     return stop
 
 
-def _boot_gate(port: int | None, log: "Log") -> "BootGate | None":
-    """The boot gate, served on `port` (elastic/bootgate.py); None when turned off or not served."""
+def _boot_gate(wanted: bool, log: "Log") -> "BootGate | None":
+    """The boot gate, served on its port (elastic/bootgate.py); None when turned off or not served."""
     from ..elastic import bootgate
 
-    port = bootgate.DEFAULT_PORT if port is None else port
-    if port <= 0:
-        log.write("no boot gate (--boot-gate-port 0): no pod is created ahead of Slurm's resume call")
+    if not wanted:
+        log.write("no boot gate (--no-boot-gate): no pod is created ahead of Slurm's resume call")
         return None
     gate = bootgate.BootGate()
-    return gate if bootgate.serve(gate, port, log) is not None else None
+    return gate if bootgate.serve(gate, bootgate.DEFAULT_PORT, log) is not None else None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -147,9 +146,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--once", action="store_true", help="one pass, then exit (status 1 if it had errors)")
     parser.add_argument("--period", type=float, default=DEFAULT_PERIOD, help="seconds between passes")
     parser.add_argument("--metrics-port", type=int, default=DEFAULT_METRICS_PORT, help="0: no metrics endpoint")
-    parser.add_argument("--boot-gate-port", type=int, default=None,
-                        help="the boot gate's TCP port (elastic/bootgate.py; default 9411); 0: none, and no pod "
-                             "is created ahead of Slurm's resume call")
+    parser.add_argument("--no-boot-gate", action="store_true",
+                        help="serve no boot gate (elastic/bootgate.py, TCP 9412, which the workers ask): no pod is "
+                             "created ahead of Slurm's resume call")
     parser.add_argument("--grace", type=float, default=None, help="seconds before a worker / boot is judged")
     parser.add_argument("--pending-timeout", type=float, default=None)
     parser.add_argument("--unschedulable-timeout", type=float, default=None)
@@ -180,7 +179,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     log.write(f"started: period {args.period:.0f}s, grace {policy.grace:.0f}s, ledger {ledger.path}")
     # the power-saving programs Slurm starts hand their calls to this process, imports done (elastic/warm.py)
     # and the workers created ahead of Slurm's resume call ask it before their slurmd registers
-    programs_server = None if args.once else serve_programs(env, log, _boot_gate(args.boot_gate_port, log))
+    programs_server = None if args.once else serve_programs(env, log, _boot_gate(not args.no_boot_gate, log))
     backend: NodeBackend | None = None
     usage_file = UsageFile(env.get("SLURMK8S_USAGE", DEFAULT_USAGE)) if metrics is not None else None
     usage_restored, usage_error, deployment = False, False, ""

@@ -69,6 +69,7 @@ class Metrics:
         self._seen_ready: set[tuple[str, float]] = set()
         self._last: float | None = None
         self._busy_last: float | None = None
+        self._inventory: Any = None
         self._lock = threading.Lock()
 
     # -- observation helpers
@@ -104,7 +105,9 @@ class Metrics:
                 self._observe_snapshot(snap, now, started)
             if jobs is not None:
                 self._observe_jobs(jobs, started)
-                self._observe_busy(jobs, now, snap.inventory if snap is not None else None)
+                if snap is not None:
+                    self._inventory = snap.inventory  # a pass without a snapshot counts with the last one
+                self._observe_busy(jobs, now, self._inventory)
 
     def _observe_snapshot(self, snap: Snapshot, now: float, started: float) -> None:
         inv = snap.inventory
@@ -177,8 +180,10 @@ class Metrics:
             return  # the first pass: the tally continues from here (usage.json)
         spans: dict[str, list[tuple[float, float]]] = {}
         for j in jobs:
-            if j.state not in RAN_STATES or not j.start_time or not j.nodes:
-                continue
+            if not j.start_time or not j.nodes or j.state == "PENDING":
+                continue  # never ran (a requeued job's earlier run is lost with its times)
+            # a running job's end_time is its time limit's end; any other's is when it ended
+            # (cancelled, deadline and the rest included: sacct counts them too)
             end = now if j.state in ("RUNNING", "COMPLETING") else (j.end_time or 0.0)
             lo, hi = max(j.start_time, last), min(end, now)
             if hi > lo:
@@ -193,6 +198,7 @@ class Metrics:
                     reach = hi
             pool = inv[node].pool if inv is not None and node in inv else "unknown"
             self._add_usage("busy", pool, covered)
+
 
     def _add_usage(self, kind: str, pool: str, seconds: float) -> None:
         (self.provisioned if kind == "provisioned" else self.busy).labels(pool).inc(seconds)
