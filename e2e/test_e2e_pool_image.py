@@ -27,6 +27,7 @@ import yaml
 from faultkit import nodes, pool_pods, queue, wait_pool_at_rest
 from helpers import (LOCAL_KUBECONFIG, NAMESPACE, Cluster, kjson, kubeconfig, kubectl, slurmk8s, submit, wait_for,
                      wait_job)
+from provisioner.deploy.imagecheck import IMAGE_INTERFACE
 
 pytestmark = pytest.mark.e2e
 
@@ -121,7 +122,7 @@ def test_a_derived_image_with_a_package_runs_its_pools_jobs_and_passes_the_healt
     said = _said(cluster, "up")
     assert proc.returncode == 0, said[-4000:]
     identified = "org.slurmk8s.interface" in labels
-    assert (f"image check: {image}: slurmk8s slurmd image (interface 1" if identified
+    assert (f"image check: {image}: slurmk8s slurmd image (interface {IMAGE_INTERFACE}" if identified
             else f"image check: {image}: slurmk8s slurmd image from before image identity") in said, said[-4000:]
     print(f"derived image: built in {t_build:.1f} s, loaded in {t_load:.1f} s, `up` with the new pool "
           f"{time.monotonic() - t1:.1f} s")

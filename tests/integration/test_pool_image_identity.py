@@ -63,7 +63,8 @@ def test_the_product_images_identify_as_their_role(engine):
         issue, line, kind = judge(image, role, "images.worker" if role == "slurmd" else "images.login")
         assert issue is None, str(issue)
         if ic.INTERFACE_LABEL in labels(image):
-            assert kind == "identified" and line.startswith(f"{image}: slurmk8s {role} image (interface 1, "), line
+            want = f"{image}: slurmk8s {role} image (interface {ic.IMAGE_INTERFACE}, "
+            assert kind == "identified" and line.startswith(want), line
         else:
             assert "from before image identity" in line, line
     issue, _, _ = judge(IMAGES["mariadb"])
