@@ -265,6 +265,7 @@ def test_the_prolog_asks_the_loop_for_its_jobs_cold_nodes_and_waits_as_before(so
     monkeypatch.setenv("SLURMK8S_PROGRAM_SOCKET", sock)
     monkeypatch.setenv("SLURM_JOB_ID", "12")
     monkeypatch.setenv("SLURM_JOB_NODELIST", "cpu-[0-1]")
+    monkeypatch.setenv("SLURMK8S_HEAD_START", "1")  # off by default (prolog_main)
     monkeypatch.setenv("SLURMK8S_PROLOG_TIMEOUT", "5")
     # cpu-0 powered down (allocated~), cpu-1 already up: only cpu-0 needs a pod
     monkeypatch.setattr(prolog, "named_states", lambda nodelist: [("cpu-0", "allocated~"), ("cpu-1", "allocated")])
@@ -326,3 +327,23 @@ def test_the_loops_gate_asks_slurm_on_the_prologs_shared_snapshot():
     gate = BootGate()
     served = warm.runs(gate)
     assert gate.state_of is not None and set(served) >= {"resume", "early-resume", "prolog"}
+
+
+def test_the_head_start_is_off_unless_asked_for(sock: str, tmp_path: Path, monkeypatch):
+    """A slurmd started before Slurm's power-save pass reports a boot older than the pass's boot
+    request, and Slurm waits for another boot until ResumeTimeout (seen once in CI with the gate):
+    without SLURMK8S_HEAD_START=1 the prolog asks for no early pods."""
+    calls: list[str] = []
+    server = serve(sock, lambda program, args, resume_file, pid: calls.append(program) or 0, tmp_path)
+    monkeypatch.setenv("SLURMK8S_LOG", str(tmp_path / "elastic.log"))
+    monkeypatch.setenv("SLURMK8S_ENV_FILE", str(tmp_path / "none.env"))
+    monkeypatch.setenv("SLURMK8S_PROGRAM_SOCKET", sock)
+    monkeypatch.setenv("SLURM_JOB_ID", "12")
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "cpu-0")
+    monkeypatch.delenv("SLURMK8S_HEAD_START", raising=False)
+    monkeypatch.setattr(prolog, "named_states", lambda nodelist: [("cpu-0", "allocated~")])
+    try:
+        assert prolog.prolog_main() == 0
+    finally:
+        server.close()
+    assert calls == ["prolog"]
