@@ -4,11 +4,12 @@ Slurm has its node POWERING_UP.
 Slurm starts PrologSlurmctld at a job's allocation, but ResumeProgram only at its next power-save
 pass, 1 to 2 s later (Slurm 24.11 runs that pass at most once per whole second). The reconcile loop
 creates the pods of a just-allocated job's powered-down nodes when the prolog tells it (early.py),
-so their containers start during that wait. Their slurmd must not register before the pass: a
-node that registers while Slurm still has it POWERED_DOWN is not the node the pass then powers up
-(seen in CI as a job's 'Node failure' after ResumeTimeout). So the loop *holds* each node it
-creates early, and *releases* it when Slurm's resume call for it arrives (Slurm marks the node
-POWERING_UP before it runs ResumeProgram). The worker asks before its slurmd registers: slurmd
+so their containers start during that wait. Their slurmd must not register before the pass (a
+node that registers while Slurm still has it POWERED_DOWN is not the node the pass then powers up),
+nor, it turned out, *start* before it: see early.py, why the head start is off by default; the
+worker asks from its first health check, which holds the registration only. So the loop *holds*
+each node it creates early, and *releases* it when Slurm's resume call for it arrives (Slurm
+marks the node POWERING_UP before it runs ResumeProgram). The worker asks before its slurmd registers: slurmd
 runs its HealthCheckProgram once before registering, and the slurmd image's
 ``slurmk8s-healthcheck`` asks this gate then (the address comes from the worker's entrypoint in
 ``/run/slurmk8s/boot-gate``).

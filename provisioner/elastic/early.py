@@ -5,8 +5,14 @@ Slurm starts PrologSlurmctld at the allocation, but ResumeProgram only at its ne
 (measured 1 to 2 s later on the local cluster). The prolog (prolog.py) hands the job's
 powered-down nodes to the loop, which runs :func:`run_early_resume`; never in a process of its own
 (it would pay the imports the head start is meant to save). Each node is held at the boot gate
-(bootgate.py) before its pod is created: its slurmd registers only after Slurm's resume call, as
-on the ordinary path. No gate, no head start: the nodes are left to that call.
+(bootgate.py) before its pod is created: its slurmd registers only after Slurm's resume call. No
+gate, no head start: the nodes are left to that call.
+
+Off unless SLURMK8S_HEAD_START=1 (prolog.prolog_main): holding the registration is not enough.
+Slurm counts a POWERING_UP node as booted only when the boot time its slurmd reports (its start,
+with -b) is not older than the power-save pass's boot request (waiting_for_node_boot in Slurm
+24.11's node_mgr.c), so a slurmd started before the pass waits out ResumeTimeout. The gate has to
+hold slurmd's start (the entrypoint, before exec slurmd) for this to be safe.
 """
 
 from __future__ import annotations
@@ -28,8 +34,9 @@ def gate_checked_at_boot(ctx: Context) -> bool:
 
 def run_early_resume(args: Sequence[str], ctx: Context, gate: "BootGate | None" = None) -> RunResult:
     """A head start for the powered-down nodes of a job that was just allocated (args: the job id,
-    its nodes, and when the prolog read them powered down, epoch seconds), asked by PrologSlurmctld, which Slurm starts at the allocation, while Slurm
-    calls ResumeProgram only at its next power-save pass (measured about 1.5 s later). Only creates
+    its nodes, and when the prolog read them powered down, epoch seconds), asked by PrologSlurmctld,
+    which Slurm starts at the allocation, while Slurm calls ResumeProgram only at its next
+    power-save pass (measured about 1.5 s later). Only creates
     the worker pods that plainly need creating: a node that is unknown, unavailable or in a pool
     in backoff is left alone, nothing is set DOWN, no failure is recorded. Slurm's own resume call
     for the same nodes decides everything as always: it finds the pods made here (and keeps them),

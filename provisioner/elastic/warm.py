@@ -58,13 +58,18 @@ def socket_path(env: Mapping[str, str]) -> str:
 # ---------------------------------------------------------------- the program's side
 
 
+def _request(program: str, args: Sequence[str], resume_file: str | None) -> bytes:
+    """One call, as the protocol line the loop reads (module docstring)."""
+    return json.dumps({"program": program, "args": list(args), "pid": os.getpid(),
+                       "resume_file": resume_file}).encode() + b"\n"
+
+
 def delegate(path: str, program: str, args: Sequence[str], resume_file: str | None) -> int:
     """Have the loop at `path` run `program args`; its exit code. Raises NotServed (with the
     reason, '' when no loop serves at all) when the caller must run it itself."""
     if not path:
         raise NotServed("")
-    request = json.dumps({"program": program, "args": list(args), "pid": os.getpid(),
-                          "resume_file": resume_file}).encode() + b"\n"
+    request = _request(program, args, resume_file)
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         conn.settimeout(CONNECT_TIMEOUT)
@@ -98,8 +103,7 @@ def notify(path: str, program: str, args: Sequence[str]) -> bool:
     try:
         conn.settimeout(CONNECT_TIMEOUT)
         conn.connect(path)
-        conn.sendall(json.dumps({"program": program, "args": list(args), "pid": os.getpid(),
-                                 "resume_file": None}).encode() + b"\n")
+        conn.sendall(_request(program, args, None))
         return True
     except OSError:
         return False

@@ -110,10 +110,8 @@ class Metrics:
                 self._observe_busy(jobs, now, self._inventory)
 
     def _observe_snapshot(self, snap: Snapshot, now: float, started: float) -> None:
-        inv = snap.inventory
-
         def pool_of(name: str) -> str:
-            return inv[name].pool if name in inv else "unknown"
+            return _pool_of(snap.inventory, name)
 
         counts: dict[tuple[str, ...], float] = {}
         for name, node in snap.nodes.items():
@@ -196,9 +194,7 @@ class Metrics:
                 if hi > lo:
                     covered += hi - lo
                     reach = hi
-            pool = inv[node].pool if inv is not None and node in inv else "unknown"
-            self._add_usage("busy", pool, covered)
-
+            self._add_usage("busy", _pool_of(inv, node), covered)
 
     def _add_usage(self, kind: str, pool: str, seconds: float) -> None:
         (self.provisioned if kind == "provisioned" else self.busy).labels(pool).inc(seconds)
@@ -236,6 +232,11 @@ class Metrics:
         from prometheus_client import start_http_server
 
         return start_http_server(port, addr=addr, registry=self.registry)
+
+
+def _pool_of(inv: Any, node: str) -> str:
+    """The pool of a Slurm node by the inventory ('unknown' without one, or for a node not in it)."""
+    return inv[node].pool if inv is not None and node in inv else "unknown"
 
 
 def health_check_of(node: NodeStatus) -> str:
