@@ -99,6 +99,16 @@ def test_two_node_job_from_zero_workers(cluster: Cluster):
         for node in nodes:
             assert re.search(rf"boot gate: released .*\b{node} \(held", elastic) or re.search(
                 rf"resumed by Slurm already: .*\b{node}\b", elastic), f"{node} held and never released"
+    # every worker's entrypoint asked the gate before it started slurmd, and was answered: a worker
+    # made early waited there for Slurm's resume call (its slurmd's boot time is then not older than
+    # Slurm's boot request, or Slurm would have waited out ResumeTimeout and the job would not have run)
+    for node in nodes:
+        said = kubectl("logs", "-n", NAMESPACE, node, "-c", "slurmd", check=False).stdout
+        asked = re.search(r"boot gate \S+:9412: (\S+) after (\d+\.\d+)s", said)
+        assert asked and asked.group(1) == "open", f"{node}: no open answer from the boot gate in its log:\n{said[-2000:]}"
+        started = said.index("exec slurmd")
+        assert said.index(asked.group(0)) < started, "the gate is asked before slurmd starts"
+        print(f"{node}: boot gate open after {asked.group(2)} s")
 
 
 def test_mpi_allreduce_across_two_worker_pods(cluster: Cluster):

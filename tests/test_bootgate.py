@@ -1,10 +1,11 @@
-"""The boot gate (provisioner/elastic/bootgate.py) and the worker's side of it, the slurmd image's
-HealthCheckProgram wrapper (images/health/slurmk8s-healthcheck), run for real: bash, /dev/tcp and
-a gate served on a local TCP port."""
+"""The boot gate (provisioner/elastic/bootgate.py) and the worker's side of it, the slurmd
+entrypoint's ask_boot_gate (images/entrypoint/lib.sh), run for real: bash, /dev/tcp and a gate
+served on a local TCP port."""
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import threading
@@ -18,7 +19,7 @@ from provisioner.elastic.bootgate import BootGate, GateServer, ask, serve
 from provisioner.logs import Log
 
 ROOT = Path(__file__).resolve().parents[1]
-WRAPPER = ROOT / "images" / "health" / "slurmk8s-healthcheck"
+LIB = ROOT / "images" / "entrypoint" / "lib.sh"
 
 
 class Clock:
@@ -128,7 +129,8 @@ def test_the_gate_port_is_the_one_the_worker_entrypoint_writes():
     from provisioner.manifests.names import ACTIVITY_PORT
 
     entrypoint = (ROOT / "images" / "entrypoint" / "slurmd.sh").read_text()
-    assert f'"$CONTROLLER_HOST" {DEFAULT_PORT} >/run/slurmk8s/boot-gate' in entrypoint
+    asked = entrypoint.index(f'ask_boot_gate "$CONTROLLER_HOST" {DEFAULT_PORT} "$NODENAME"')
+    assert asked < entrypoint.index('exec slurmd "${args[@]}"'), "the gate holds slurmd's start"
     assert DEFAULT_PORT != ACTIVITY_PORT
 
 
@@ -174,84 +176,96 @@ def test_the_prolog_asks_an_early_start_only_for_nodes_still_powered_down():
 
 
 needs_bash = pytest.mark.skipif(shutil.which("bash") is None or shutil.which("timeout") is None,
-                                reason="the wrapper needs bash and coreutils' timeout")
+                                reason="the entrypoint needs bash and coreutils' timeout")
 
 
-def _run_wrapper(tmp_path: Path, gate_line: str | None, *args: str, checks_exit: int = 0,
-                 env_extra: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess, float]:
-    marker = tmp_path / "checks-ran"
-    checks = tmp_path / "health.py"
-    checks.write_text(f"import sys, pathlib\npathlib.Path({str(marker)!r}).write_text(' '.join(sys.argv[1:]))\n"
-                      f"sys.exit({checks_exit})\n")
-    gate_file = tmp_path / "boot-gate"
-    if gate_line is not None:
-        gate_file.write_text(gate_line + "\n")
-    env = {"PATH": os.environ["PATH"], "SLURMD_NODENAME": "cpu-0", "SLURMK8S_HEALTH_PY": str(checks),
-           "SLURMK8S_BOOT_GATE_FILE": str(gate_file), "SLURMK8S_HEALTH_LOG": str(tmp_path / "health.log"),
-           **(env_extra or {})}
+def _ask(address: str, env_extra: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess, float]:
+    """The slurmd entrypoint's question, as it asks it: ask_boot_gate from lib.sh, in bash."""
+    host, port = address.split()
+    env = {"PATH": os.environ["PATH"], "SLURMK8S_ROLE": "slurmd", **(env_extra or {})}
     started = time.monotonic()
-    proc = subprocess.run(["bash", str(WRAPPER), *args], env=env, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(["bash", "-c", f'. "{LIB}"; ask_boot_gate "$@"', "_", host, port, "cpu-0"],
+                          env=env, capture_output=True, text=True, timeout=60)
     return proc, time.monotonic() - started
 
 
+def _served(gate: BootGate, tmp_path: Path, wait_max: float | None = None) -> GateServer:
+    log = Log("reconcile", str(tmp_path / "reconcile.log"))
+    if wait_max is None:
+        server = serve(gate, 0, log, addr="127.0.0.1")
+        assert server is not None
+        return server
+    server = GateServer(("127.0.0.1", 0), gate, log, wait_max=wait_max)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
 @needs_bash
-def test_slurmds_first_check_waits_at_the_gate_while_the_checks_run(tmp_path: Path):
+def test_the_entrypoint_waits_at_the_gate_until_slurms_call_releases_its_node(tmp_path: Path):
     gate = BootGate()
     gate.hold(["cpu-0"])
-    server = serve(gate, 0, Log("reconcile", str(tmp_path / "reconcile.log")), addr="127.0.0.1")
-    assert server is not None
+    server = _served(gate, tmp_path)
     try:
         threading.Timer(1.0, gate.release, args=(["cpu-0"],)).start()
-        proc, took = _run_wrapper(tmp_path, f"127.0.0.1 {server.server_address[1]}", checks_exit=3)
+        proc, took = _ask(f"127.0.0.1 {server.server_address[1]}")
     finally:
         server.shutdown()
         server.server_close()
-    assert proc.returncode == 3, proc.stderr  # the checks' own exit status
+    assert proc.returncode == 0, proc.stderr
     assert 0.9 <= took < 10
-    assert (tmp_path / "checks-ran").exists()
-    assert not (tmp_path / "boot-gate").exists()  # asked once: later checks go straight to the checks
-    assert "boot gate 127.0.0.1:" in (tmp_path / "health.log").read_text()
-    assert ": open after 1." in (tmp_path / "health.log").read_text()
+    said = re.search(r"\[slurmk8s-slurmd\] boot gate 127\.0\.0\.1:\d+: open after (\d+\.\d+)s", proc.stderr)
+    assert said and float(said.group(1)) >= 0.5, proc.stderr  # bash's own start counts in `took` only
+
+
+@needs_bash
+def test_slurmd_starts_no_earlier_by_its_own_clock_than_the_gates_answer(tmp_path: Path):
+    """Slurm compares the boot time slurmd reports (this node's clock) with its boot request
+    (slurmctld's): a worker whose clock is behind waits out the difference, bounded at 2 s."""
+    for ahead, low, high, warned in ((0.8, 0.7, 2.5, False), (30.0, 1.9, 4.0, True)):
+        gate = BootGate(clock=lambda ahead=ahead: time.time() + ahead)
+        server = _served(gate, tmp_path)
+        try:
+            proc, took = _ask(f"127.0.0.1 {server.server_address[1]}")
+        finally:
+            server.shutdown()
+            server.server_close()
+        assert proc.returncode == 0, proc.stderr
+        assert low <= took < high, (ahead, took, proc.stderr)
+        assert ("clock is 2 s or more behind" in proc.stderr) is warned, proc.stderr
+
+
+@needs_bash
+def test_an_open_gate_costs_one_round_trip(tmp_path: Path):
+    server = _served(BootGate(), tmp_path)
+    try:
+        proc, took = _ask(f"127.0.0.1 {server.server_address[1]}")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert proc.returncode == 0 and took < 2 and ": open after 0." in proc.stderr, proc.stderr
 
 
 @needs_bash
 def test_no_gate_served_means_go_on_at_once(tmp_path: Path):
-    gate = BootGate()
-    probe = serve(gate, 0, Log("reconcile", str(tmp_path / "r.log")), addr="127.0.0.1")
-    assert probe is not None
+    probe = _served(BootGate(), tmp_path)
     port = probe.server_address[1]
     probe.shutdown()
     probe.server_close()  # a port nobody listens on
-    proc, took = _run_wrapper(tmp_path, f"127.0.0.1 {port}")
+    proc, took = _ask(f"127.0.0.1 {port}")
     assert proc.returncode == 0, proc.stderr
     assert took < 5
-    assert "not served" in (tmp_path / "health.log").read_text()
-    assert not (tmp_path / "boot-gate").exists()
-
-
-@needs_bash
-def test_a_check_run_by_hand_or_later_never_asks(tmp_path: Path):
-    # with arguments (by hand, --mpi-boot) the gate file is left alone
-    proc, _ = _run_wrapper(tmp_path, "127.0.0.1 1", "--no-drain")
-    assert proc.returncode == 0 and (tmp_path / "checks-ran").read_text() == "--no-drain"
-    assert (tmp_path / "boot-gate").exists() and not (tmp_path / "health.log").exists()
-    # without a gate file (every check after the first)
-    (tmp_path / "boot-gate").unlink()
-    proc, took = _run_wrapper(tmp_path, None)
-    assert proc.returncode == 0 and took < 5 and not (tmp_path / "health.log").exists()
+    assert "not served" in proc.stderr
 
 
 @needs_bash
 def test_a_gate_that_stays_held_is_given_up_after_its_bound(tmp_path: Path):
     gate = BootGate()
     gate.hold(["cpu-0"])
-    server = GateServer(("127.0.0.1", 0), gate, Log("reconcile", str(tmp_path / "r.log")), wait_max=0.3)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    server = _served(gate, tmp_path, wait_max=0.3)
     try:
-        proc, took = _run_wrapper(tmp_path, f"127.0.0.1 {server.server_address[1]}",
-                                  env_extra={"SLURMK8S_BOOT_GATE_MAX": "2"})
+        proc, took = _ask(f"127.0.0.1 {server.server_address[1]}", {"SLURMK8S_BOOT_GATE_MAX": "2"})
     finally:
         server.shutdown()
         server.server_close()
     assert proc.returncode == 0 and 0.9 <= took < 6  # bash SECONDS: whole seconds of the wall clock
-    assert ": held after " in (tmp_path / "health.log").read_text()
+    assert ": held after " in proc.stderr, proc.stderr

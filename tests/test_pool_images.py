@@ -28,7 +28,7 @@ def spec_of(**changes):
     return parse_spec({**copy.deepcopy(SPEC), **changes})
 
 
-def identify_log(image="slurmd", interface="2", version="0.1.0", slurm="24.11.5", args="", missing=""):
+def identify_log(image="slurmd", interface="3", version="0.1.0", slurm="24.11.5", args="", missing=""):
     return (f"slurmk8s-identify: image={image}\nslurmk8s-identify: interface={interface}\n"
             f"slurmk8s-identify: version={version}\nslurmk8s-identify: slurm={slurm}\n"
             f"slurmk8s-identify: args={args}\nslurmk8s-identify: missing={missing}\nslurmk8s-identify: end\n")
@@ -212,7 +212,7 @@ def test_a_look_at_a_check_pod(pod, state):
 def test_the_identity_is_read_from_the_log_whatever_else_it_holds():
     log = "2025-01-01T00:00:00Z [slurmk8s-slurmd] something\n" + identify_log(args="bash -l",
                                                                               missing="/usr/sbin/slurmd,user slurm")
-    assert ic.parse_identify(log) == ic.Identity("slurmd", 2, "0.1.0", "24.11.5", "bash -l",
+    assert ic.parse_identify(log) == ic.Identity("slurmd", 3, "0.1.0", "24.11.5", "bash -l",
                                                  ("/usr/sbin/slurmd", "user slurm"))
     assert ic.parse_identify("hello\n") is None
 
@@ -277,16 +277,16 @@ def test_a_derived_image_that_lost_part_of_the_worker_or_sets_cmd_is_refused():
                              "user slurm with uid 64030")
     issue, _ = verdict_of("lab/bio:1", "identified", identity=ic.parse_identify(identify_log(args="bash")))
     assert issue.message == "lab/bio:1 sets CMD ('bash'), which the entrypoint would append to slurmd's command line"
-    issue, _ = verdict_of("lab/bio:1", "identified", identity=ic.parse_identify(identify_log(interface="3")))
-    assert "speaks slurmk8s image interface 3, this slurmk8s speaks 2" in issue.message
-    # interface 1: its health check does not ask the boot gate (elastic/bootgate.py) before slurmd registers
-    issue, _ = verdict_of("lab/bio:1", "identified", identity=ic.parse_identify(identify_log(interface="1")))
-    assert "speaks slurmk8s image interface 1, this slurmk8s speaks 2" in issue.message
+    issue, _ = verdict_of("lab/bio:1", "identified", identity=ic.parse_identify(identify_log(interface="4")))
+    assert "speaks slurmk8s image interface 4, this slurmk8s speaks 3" in issue.message
+    # interface 2: its entrypoint starts slurmd without asking the boot gate (elastic/bootgate.py)
+    issue, _ = verdict_of("lab/bio:1", "identified", identity=ic.parse_identify(identify_log(interface="2")))
+    assert "speaks slurmk8s image interface 2, this slurmk8s speaks 3" in issue.message
 
 
 def test_a_worker_image_passes_and_one_from_before_the_identity_is_accepted_with_a_note():
     issue, line = verdict_of("lab/bio:1", "identified", identity=ic.parse_identify(identify_log()))
-    assert issue is None and line == "lab/bio:1: slurmk8s slurmd image (interface 2, slurmk8s 0.1.0, Slurm 24.11.5)"
+    assert issue is None and line == "lab/bio:1: slurmk8s slurmd image (interface 3, slurmk8s 0.1.0, Slurm 24.11.5)"
     issue, line = verdict_of("slurmk8s/slurmd:old", "exited",
                              detail="exit 1: 2025 [slurmk8s-slurmd] FATAL: set SLURMK8S_CONTROLLER (configless)")
     assert issue is None and "from before image identity" in line
@@ -318,7 +318,7 @@ def test_up_refuses_the_pool_on_a_database_image_after_checking_all_images_at_on
     assert api.pods == {}, "no check pod stays behind"
     assert lines[0].startswith("image check: 4 image(s) in pod(s) in namespace slurm-pi: slurmk8s/slurmd:dev "
                                "(images.worker), lab/bio:1 (pools[bio].image, pools[bio2].image)")
-    assert "image check: lab/bio:1: slurmk8s slurmd image (interface 2, slurmk8s 0.1.0, Slurm 24.11.5) (0.5s)" in lines
+    assert "image check: lab/bio:1: slurmk8s slurmd image (interface 3, slurmk8s 0.1.0, Slurm 24.11.5) (0.5s)" in lines
 
 
 def test_before_the_namespace_exists_the_check_runs_in_default_and_reads_nothing_of_the_cluster():
@@ -384,8 +384,8 @@ def test_the_check_can_be_skipped():
 
 
 def test_preview_judges_the_labels_of_the_local_docker_engine_copy():
-    labels = {"slurmk8s/slurmd:dev": {"org.slurmk8s.image": "slurmd", "org.slurmk8s.interface": "2"},
-              "lab/bio:1": {"org.slurmk8s.image": "slurmd", "org.slurmk8s.interface": "2", "lab": "x"},
+    labels = {"slurmk8s/slurmd:dev": {"org.slurmk8s.image": "slurmd", "org.slurmk8s.interface": "3"},
+              "lab/bio:1": {"org.slurmk8s.image": "slurmd", "org.slurmk8s.interface": "3", "lab": "x"},
               "slurmk8s/mariadb:dev": {"org.slurmk8s.image": "mariadb"},
               "slurmk8s/login:dev": {"org.slurmk8s.image": "login"}}
     lines = []

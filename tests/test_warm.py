@@ -168,10 +168,9 @@ def _inventory() -> Inventory:
                       SlurmNode("gpu-0", "gpu", "gpu", 1, 1024)))
 
 
-def _conf(tmp_path: Path, health_interval: int = 300) -> str:
+def _conf(tmp_path: Path) -> str:
     path = tmp_path / "slurm.conf"
-    path.write_text(f"ClusterName=box\nHealthCheckProgram=/usr/local/bin/slurmk8s-healthcheck\n"
-                    f"HealthCheckInterval={health_interval}\n")
+    path.write_text("ClusterName=box\n")
     return str(path)
 
 
@@ -213,15 +212,13 @@ def test_an_early_resume_only_creates_and_leaves_every_other_decision_to_slurms_
     assert backend.lists == [["cpu-0", "cpu-1"]]  # Slurm's call read only its own nodes' workers
 
 
-@pytest.mark.parametrize("why", ["no gate", "no health check at boot"])
-def test_without_a_boot_gate_nothing_is_created_early(tmp_path: Path, why: str):
-    """A worker that cannot be held (no gate served, or slurmd runs no health check before it
-    registers, where the worker asks) is left to Slurm's resume call entirely."""
+def test_without_a_boot_gate_nothing_is_created_early(tmp_path: Path):
+    """A worker that cannot be held (no gate served) is left to Slurm's resume call entirely."""
     backend = FakeBackend()
-    env = {"SLURMK8S_BUDGET": "5", "SLURM_CONF": _conf(tmp_path, 0 if why != "no gate" else 300)}
+    env = {"SLURMK8S_BUDGET": "5", "SLURM_CONF": _conf(tmp_path)}
     ctx = programs.Context(env, Log("early-resume", str(tmp_path / "elastic.log")), backend=backend,
                            slurm=FakeSlurm(), inventory=_inventory())
-    assert run_early_resume(["12", "cpu-0"], ctx, None if why == "no gate" else BootGate()).code == 0
+    assert run_early_resume(["12", "cpu-0"], ctx, None).code == 0
     assert backend.calls == []
     assert "no boot gate" in (tmp_path / "elastic.log").read_text()
 
@@ -232,7 +229,9 @@ def test_a_node_slurm_resumed_before_the_prologs_notice_is_neither_held_nor_crea
     backend = FakeBackend()
     gate = BootGate()
     gate.release(["cpu-1"])  # an earlier power-up of cpu-1, before the prolog read it powered down
+    time.sleep(0.01)  # the prolog's read is passed on with 6 decimals: keep the three apart
     read_at = time.time()
+    time.sleep(0.01)
     gate.release(["cpu-0"])  # this power-up's pass, after the read
     ctx = programs.Context({"SLURMK8S_BUDGET": "5", "SLURM_CONF": _conf(tmp_path)},
                            Log("early-resume", str(tmp_path / "elastic.log")), backend=backend, slurm=FakeSlurm(),
@@ -265,7 +264,7 @@ def test_the_prolog_asks_the_loop_for_its_jobs_cold_nodes_and_waits_as_before(so
     monkeypatch.setenv("SLURMK8S_PROGRAM_SOCKET", sock)
     monkeypatch.setenv("SLURM_JOB_ID", "12")
     monkeypatch.setenv("SLURM_JOB_NODELIST", "cpu-[0-1]")
-    monkeypatch.setenv("SLURMK8S_HEAD_START", "1")  # off by default (prolog_main)
+    monkeypatch.delenv("SLURMK8S_HEAD_START", raising=False)  # on by default
     monkeypatch.setenv("SLURMK8S_PROLOG_TIMEOUT", "5")
     # cpu-0 powered down (allocated~), cpu-1 already up: only cpu-0 needs a pod
     monkeypatch.setattr(prolog, "named_states", lambda nodelist: [("cpu-0", "allocated~"), ("cpu-1", "allocated")])
@@ -329,10 +328,8 @@ def test_the_loops_gate_asks_slurm_on_the_prologs_shared_snapshot():
     assert gate.state_of is not None and set(served) >= {"resume", "early-resume", "prolog"}
 
 
-def test_the_head_start_is_off_unless_asked_for(sock: str, tmp_path: Path, monkeypatch):
-    """A slurmd started before Slurm's power-save pass reports a boot older than the pass's boot
-    request, and Slurm waits for another boot until ResumeTimeout (seen once in CI with the gate):
-    without SLURMK8S_HEAD_START=1 the prolog asks for no early pods."""
+def test_the_head_start_can_be_turned_off(sock: str, tmp_path: Path, monkeypatch):
+    """SLURMK8S_HEAD_START=0 in the programs' environment: the prolog asks for no early pods."""
     calls: list[str] = []
     server = serve(sock, lambda program, args, resume_file, pid: calls.append(program) or 0, tmp_path)
     monkeypatch.setenv("SLURMK8S_LOG", str(tmp_path / "elastic.log"))
@@ -340,7 +337,7 @@ def test_the_head_start_is_off_unless_asked_for(sock: str, tmp_path: Path, monke
     monkeypatch.setenv("SLURMK8S_PROGRAM_SOCKET", sock)
     monkeypatch.setenv("SLURM_JOB_ID", "12")
     monkeypatch.setenv("SLURM_JOB_NODELIST", "cpu-0")
-    monkeypatch.delenv("SLURMK8S_HEAD_START", raising=False)
+    monkeypatch.setenv("SLURMK8S_HEAD_START", "0")
     monkeypatch.setattr(prolog, "named_states", lambda nodelist: [("cpu-0", "allocated~")])
     try:
         assert prolog.prolog_main() == 0

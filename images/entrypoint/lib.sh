@@ -251,6 +251,37 @@ wait_for_controller() {
     log "slurmctld port $CONTROLLER_HOST:$CONTROLLER_PORT answers after $(( $(date +%s) - start ))s"
 }
 
+# The boot gate (provisioner/elastic/bootgate.py, served by the reconcile loop beside slurmctld):
+# ask whether slurmd may start yet, before it starts. A pod created ahead of Slurm's resume call
+# waits here until that call: Slurm 24.11 takes a POWERING_UP node as booted only when its slurmd
+# started (-b: its boot time) no earlier than the power-save pass that resumed it, so the wait has
+# to come before slurmd's start, not its registration. Any answer but "held" (a refused connection:
+# no gate served) means go on; at most SLURMK8S_BOOT_GATE_MAX seconds (default 50) in all.
+ask_boot_gate() {
+    local host="$1" port="$2" node="$3" max="${SLURMK8S_BOOT_GATE_MAX:-50}" reply=held left start end waited
+    case "$max" in ''|*[!0-9]*) max=50 ;; esac
+    start="$EPOCHREALTIME"; end=$((SECONDS + max))
+    while [ "$reply" = held ] && left=$((end - SECONDS)) && [ "$left" -gt 0 ]; do
+        reply="$(timeout "$((left < 25 ? left : 25))" bash -c 'exec 3<>"/dev/tcp/$1/$2" && printf "%s\n" "$3" >&3 \
+                 && read -r line <&3 && printf "%s" "$line"' _ "$host" "$port" "$node" 2>/dev/null)" || reply=""
+    done
+    # "open T": T is slurmctld's clock at the answer, after Slurm's boot request for this node. slurmd
+    # starts no earlier by this clock either, so a clock a little behind slurmctld's costs that
+    # difference, never the node (a whole second behind would; then at most 2 s more, and a warning).
+    local behind=0
+    case "$reply" in
+        "open "*) behind="$(awk -v t="${reply#open }" -v now="$EPOCHREALTIME" \
+                            'BEGIN { d = t - now; printf "%.3f", (d > 0 ? (d > 2 ? 2 : d) : 0) }' 2>/dev/null || echo 0)"
+                  [ "$behind" = 0.000 ] || sleep "$behind"
+                  reply=open ;;
+    esac
+    waited="$(awk -v a="$start" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.2f", b - a }')"
+    log "boot gate $host:$port: ${reply:-not served} after ${waited}s"
+    if [ "$behind" = 2.000 ]; then
+        log "WARNING: this node's clock is 2 s or more behind slurmctld's: Slurm may not take this node as booted (run NTP)"
+    fi
+}
+
 # Make a directory owned by USER (re-owning its content when it was not, e.g. a fresh volume).
 own_dir() {
     local dir="$1" user="$2" mode="$3"

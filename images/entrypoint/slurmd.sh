@@ -73,9 +73,8 @@ args=(-D -b -N "$NODENAME")
 if [ -n "${SLURMK8S_CONTROLLER:-}" ]; then
     wait_for_controller
     args+=(--conf-server "$CONTROLLER_HOST:$CONTROLLER_PORT")
-    # The boot gate (provisioner/elastic/bootgate.py): slurmd's first health check, which it runs
-    # before it registers, asks the reconcile loop there whether this node may register yet.
-    printf '%s %s\n' "$CONTROLLER_HOST" 9412 >/run/slurmk8s/boot-gate  # = bootgate.DEFAULT_PORT (a test)
+    # Last before slurmd starts (lib.sh): a pod made ahead of Slurm's resume call waits for it here.
+    ask_boot_gate "$CONTROLLER_HOST" 9412 "$NODENAME"  # 9412 = bootgate.DEFAULT_PORT (a test)
 elif [ -r /etc/slurm/slurm.conf ]; then
     log "SLURMK8S_CONTROLLER unset: using the mounted /etc/slurm/slurm.conf"
 else

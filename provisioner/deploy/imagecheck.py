@@ -56,7 +56,7 @@ from ..kubeapi import ApiError, RawClient
 from ..manifests.common import _container_security, _pod_security
 from ..manifests.names import BASE_CAPS, L_CLUSTER, L_COMPONENT, L_MANAGED_BY, LOGIN, TEMPLATE_PREFIX, base_labels
 
-IMAGE_INTERFACE = 2  # = INTERFACE in images/entrypoint/identify.sh and org.slurmk8s.interface in the Dockerfile
+IMAGE_INTERFACE = 3  # = INTERFACE in images/entrypoint/identify.sh and org.slurmk8s.interface in the Dockerfile
 ROLE_LABEL = "org.slurmk8s.image"
 INTERFACE_LABEL = "org.slurmk8s.interface"
 VERSION_LABEL = "org.slurmk8s.version"

@@ -1,36 +1,36 @@
-"""The boot gate: a worker whose pod was made ahead of Slurm's resume call registers only once
-Slurm has its node POWERING_UP.
+"""The boot gate: a worker whose pod was made ahead of Slurm's resume call starts its slurmd only
+once Slurm has its node POWERING_UP.
 
 Slurm starts PrologSlurmctld at a job's allocation, but ResumeProgram only at its next power-save
 pass, 1 to 2 s later (Slurm 24.11 runs that pass at most once per whole second). The reconcile loop
 creates the pods of a just-allocated job's powered-down nodes when the prolog tells it (early.py),
-so their containers start during that wait. Their slurmd must not register before the pass (a
-node that registers while Slurm still has it POWERED_DOWN is not the node the pass then powers up),
-nor, it turned out, *start* before it: see early.py, why the head start is off by default; the
-worker asks from its first health check, which holds the registration only. So the loop *holds*
-each node it creates early, and *releases* it when Slurm's resume call for it arrives (Slurm
-marks the node POWERING_UP before it runs ResumeProgram). The worker asks before its slurmd registers: slurmd
-runs its HealthCheckProgram once before registering, and the slurmd image's
-``slurmk8s-healthcheck`` asks this gate then (the address comes from the worker's entrypoint in
-``/run/slurmk8s/boot-gate``).
+so their containers start during that wait. Their slurmd must not *start* before the pass: Slurm
+takes a POWERING_UP node as booted only when the boot time its slurmd reports (its start, with -b)
+is not older than the pass's boot request (waiting_for_node_boot in Slurm 24.11's node_mgr.c);
+a slurmd started earlier is waited for until ResumeTimeout, then set DOWN. So the loop *holds* each
+node it creates early, and *releases* it when Slurm's resume call for it arrives (Slurm marks the
+node POWERING_UP and sets the boot request before it runs ResumeProgram). The worker's entrypoint
+asks this gate as its last step before `exec slurmd` (ask_boot_gate in images/entrypoint/lib.sh).
 
 Protocol (TCP, port :data:`DEFAULT_PORT` of the slurmctld pod, reachable from the cluster's own
 pods only by the intra-cluster NetworkPolicy): the worker sends its node name and a newline; the
-loop answers ``open`` when the node may register, or ``held`` after :data:`WAIT_MAX` seconds (the
-worker asks again). Open at once: a node whose resume call came through this loop (every worker
-Slurm's own resume call created). Otherwise Slurm's state decides (the loop's shared ``sinfo``
-snapshot): a node Slurm still has powered down (``~``) waits, whoever made its pod (this loop,
-a loop before a restart, which lost its holds, or a head start whose job went away before the
-pass); POWERING_UP or up may register. A held node also opens at its release. Anything else, a
-refused or dropped connection included, means no gate is served (no loop, an older one, the
-Docker test bed): the worker goes on at once, as every worker did before the head start.
+loop answers ``open T`` when the node may start (T: this clock's time of the answer, after Slurm's
+boot request; the worker starts slurmd no earlier than T by its own clock, so a worker's clock a
+little behind slurmctld's cannot make its boot time older than the request), or ``held`` after
+:data:`WAIT_MAX` seconds (the worker asks again). Open at once: a node whose resume call came
+through this loop (every worker Slurm's own resume call created). Otherwise Slurm's state decides
+(the loop's shared ``sinfo`` snapshot): a node Slurm still has powered down (``~``) waits, whoever
+made its pod (this loop, a loop before a restart, which lost its holds, or a head start whose job
+went away before the pass); POWERING_UP or up may start. A held node also opens at its release.
+Anything else, a refused or dropped connection included, means no gate is served (no loop, an
+older one, the Docker test bed): the worker goes on at once, as every worker did before the head
+start.
 
 Bounded: holds are forgotten after :data:`HOLD_MAX` seconds (Slurm's state still holds a node it
 has powered down; the reconcile loop deletes a worker whose node stays powered down), a node
 whose resume call came after the prolog read it powered down is not held (a prolog slower than
 the pass), at most :data:`MAX_WAITERS` questions wait at once (more get a closed connection and
-go on), and the worker asks for at most 50 s in all (slurmd stops its health check at 60 s and
-registers anyway).
+go on), and the worker asks for at most 50 s in all, then starts slurmd anyway.
 """
 
 from __future__ import annotations
@@ -97,6 +97,9 @@ class BootGate:
                 self._cond.notify_all()
             return released
 
+    def now(self) -> float:
+        return self._clock()
+
     def is_held(self, node: str) -> bool:
         with self._cond:
             self._prune(self._clock())
@@ -156,7 +159,9 @@ class _Handler(socketserver.StreamRequestHandler):
                 server.log.write(f"boot gate: {node} may register")
             try:
                 self.connection.settimeout(5.0)
-                self.wfile.write(b"open\n" if opened else b"held\n")
+                # open: with this clock's time, after Slurm's boot request for the node (the worker's
+                # slurmd starts no earlier by its own clock: Slurm compares the two)
+                self.wfile.write(f"open {server.gate.now():.3f}\n".encode() if opened else b"held\n")
             except OSError:
                 pass  # the worker is gone
         finally:
@@ -194,6 +199,7 @@ def ask(host: str, port: int, node: str, timeout: float = WAIT_MAX + 5) -> str:
     try:
         with socket.create_connection((host, port), timeout=timeout) as conn:
             conn.sendall(node.encode() + b"\n")
-            return conn.makefile("rb").readline(16).decode("ascii", "replace").strip()
+            words = conn.makefile("rb").readline(64).decode("ascii", "replace").split()
+            return words[0] if words else ""
     except OSError:
         return ""

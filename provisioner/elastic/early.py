@@ -5,14 +5,10 @@ Slurm starts PrologSlurmctld at the allocation, but ResumeProgram only at its ne
 (measured 1 to 2 s later on the local cluster). The prolog (prolog.py) hands the job's
 powered-down nodes to the loop, which runs :func:`run_early_resume`; never in a process of its own
 (it would pay the imports the head start is meant to save). Each node is held at the boot gate
-(bootgate.py) before its pod is created: its slurmd registers only after Slurm's resume call. No
-gate, no head start: the nodes are left to that call.
-
-Off unless SLURMK8S_HEAD_START=1 (prolog.prolog_main): holding the registration is not enough.
-Slurm counts a POWERING_UP node as booted only when the boot time its slurmd reports (its start,
-with -b) is not older than the power-save pass's boot request (waiting_for_node_boot in Slurm
-24.11's node_mgr.c), so a slurmd started before the pass waits out ResumeTimeout. The gate has to
-hold slurmd's start (the entrypoint, before exec slurmd) for this to be safe.
+(bootgate.py) before its pod is created: its slurmd starts only after Slurm's resume call (the
+worker's entrypoint asks before `exec slurmd`). No gate, no head start: the nodes are left to that
+call. ``SLURMK8S_HEAD_START=0`` in the programs' environment turns the head start off
+(prolog.prolog_main).
 """
 
 from __future__ import annotations
@@ -20,16 +16,10 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Sequence
 
-from .programs import Context, RunResult, backoff_gates, conf_seconds, node_names
+from .programs import Context, RunResult, backoff_gates, node_names
 
 if TYPE_CHECKING:
     from .bootgate import BootGate
-
-
-def gate_checked_at_boot(ctx: Context) -> bool:
-    """Whether a worker's slurmd asks the boot gate before it registers: it does in the health
-    check it runs then, which slurmd runs only with a HealthCheckInterval (slurm.conf)."""
-    return (conf_seconds(ctx.env.get("SLURM_CONF", "/etc/slurm/slurm.conf"), "HealthCheckInterval") or 0) > 0
 
 
 def run_early_resume(args: Sequence[str], ctx: Context, gate: "BootGate | None" = None) -> RunResult:
@@ -51,9 +41,8 @@ def run_early_resume(args: Sequence[str], ctx: Context, gate: "BootGate | None" 
     if not names:
         return RunResult(0)
     ctx.log.write(f"early resume for job {job}: {','.join(names)}")
-    if gate is None or not gate_checked_at_boot(ctx):
-        ctx.log.write("no boot gate (no gate served, or no health check at slurmd's start): "
-                      "left to Slurm's resume call")
+    if gate is None:
+        ctx.log.write("no boot gate served: left to Slurm's resume call")
         return RunResult(0)
     try:
         inventory = ctx.inventory()
