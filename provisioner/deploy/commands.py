@@ -103,6 +103,8 @@ def up(spec: SpecOpt, kubeconfig: KubeOpt = None, state: StateOpt = None, stack:
         if made:
             typer.echo(f"generated and stored (encrypted) in the stack config: {', '.join(made)}")
         result = a.up(session, _echo_line, diff=diff)
+        if wait:  # Pulumi's StatefulSet await can take the old revision's status for the new one's
+            a.wait_rollouts(session, _echo_line)
     except SlurmK8sError as err:
         _fail(err)
     _report("up", result, session)

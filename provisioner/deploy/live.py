@@ -180,3 +180,90 @@ def delete_leftovers(session: Session, echo: Printer, *, purge: bool) -> None:
             echo(f"namespace {ns} is already gone")
             return
         raise DeployError(f"cleaning up namespace {ns} failed: {err.status} {err.reason}") from None
+
+
+# ---------------------------------------------------------------- after `up`: every rollout really done
+
+ROLLOUT_TIMEOUT = 600.0
+
+
+def rollout_pending(kind: str, obj: Any) -> str | None:
+    """What a StatefulSet or Deployment (the API's dict) still waits for, kubectl's `rollout status`
+    rules; None once rolled out. Its controller must first have seen the latest spec
+    (status.observedGeneration >= metadata.generation): before that the status is the old
+    revision's, which looks rolled out. Pulumi's StatefulSet await (provider 4.25) does not check
+    this, so `up` could return while slurmctld's pod was still about to be replaced (a researcher's
+    first command then failed: "Unable to contact slurm controller")."""
+    meta, spec, status = obj.get("metadata") or {}, obj.get("spec") or {}, obj.get("status") or {}
+    name = f"{kind.lower()}/{meta.get('name', '?')}"
+    if (status.get("observedGeneration") or 0) < (meta.get("generation") or 0):
+        return f"{name}: its controller has not seen the new spec yet"
+    want = spec.get("replicas", 1)
+    updated, ready = status.get("updatedReplicas") or 0, status.get("readyReplicas") or 0
+    if kind == "StatefulSet":
+        if (spec.get("updateStrategy") or {}).get("type", "RollingUpdate") != "RollingUpdate":
+            return None  # OnDelete: nothing rolls by itself
+        partition = ((spec.get("updateStrategy") or {}).get("rollingUpdate") or {}).get("partition") or 0
+        if ready < want:
+            return f"{name}: {ready} of {want} pod(s) ready"
+        if updated < want - partition:
+            return f"{name}: {updated} of {want - partition} pod(s) updated"
+        if partition == 0 and status.get("updateRevision") != status.get("currentRevision"):
+            return f"{name}: the new revision is not current yet"
+        return None
+    for cond in status.get("conditions") or ():
+        if cond.get("type") == "Progressing" and cond.get("reason") == "ProgressDeadlineExceeded":
+            raise DeployError(f"{name} did not roll out: {cond.get('message', 'progress deadline exceeded')}. "
+                              f"See `kubectl -n {meta.get('namespace', '?')} describe {name}`")
+    if updated < want:
+        return f"{name}: {updated} of {want} pod(s) updated"
+    if (status.get("replicas") or 0) > updated:
+        return f"{name}: {status.get('replicas', 0) - updated} old pod(s) still terminating"
+    if (status.get("availableReplicas") or 0) < updated:
+        return f"{name}: {status.get('availableReplicas') or 0} of {updated} updated pod(s) available"
+    return None
+
+
+def wait_rollouts(session: Session, echo: Printer, *, timeout: float = ROLLOUT_TIMEOUT,
+                  read: Callable[[], list[tuple[str, Any]]] | None = None,
+                  clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], Any] = time.sleep) -> float:
+    """After `up`: wait until every StatefulSet and Deployment of the cluster has rolled out (its
+    controller saw the spec `up` applied, its pods are the new ones and ready); seconds waited.
+    `read` (tests): [(kind, object as the API's dict)]."""
+    if read is None:
+        read = _rollout_reader(session)
+    t0 = clock()
+    said = ""
+    next_echo = t0
+    while True:
+        pending = [why for kind, obj in read() if (why := rollout_pending(kind, obj))]
+        now = clock()
+        if not pending:
+            if said:
+                echo(f"rolled out after {now - t0:.1f}s")
+            return now - t0
+        if now - t0 >= timeout:
+            raise DeployError(f"not rolled out after {timeout:.0f}s: {'; '.join(pending)}. `up` applied the spec; "
+                              f"see `kubectl -n {session.spec.namespace_name} get pods` and rerun `slurmk8s up`")
+        if "; ".join(pending) != said or now >= next_echo:
+            said = "; ".join(pending)
+            echo(f"waiting for the rollout: {said}")
+            next_echo = now + 10.0
+        sleep(1.0)
+
+
+def _rollout_reader(session: Session) -> Callable[[], list[tuple[str, Any]]]:
+    from kubernetes import client
+
+    from .. import manifests as m
+
+    api_client = _cluster(session)[0]
+    apps = client.AppsV1Api(api_client)
+    ns, selector = session.spec.namespace_name, f"{m.L_CLUSTER}={session.spec.name}"
+
+    def read() -> list[tuple[str, Any]]:
+        found = [("StatefulSet", o) for o in apps.list_namespaced_stateful_set(ns, label_selector=selector).items]
+        found += [("Deployment", o) for o in apps.list_namespaced_deployment(ns, label_selector=selector).items]
+        return [(kind, api_client.sanitize_for_serialization(o)) for kind, o in found]
+
+    return read
