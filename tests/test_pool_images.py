@@ -172,6 +172,22 @@ def test_images_the_cluster_runs_already_come_from_the_pool_templates_and_the_lo
     assert ic.in_use_from([], None) == {"slurmd": set(), "login": set()}
 
 
+def test_a_template_written_for_another_image_interface_has_its_images_checked_again():
+    """An upgrade to a new entrypoint contract: a pool image the cluster runs is checked again (and
+    refused if it was built on an older slurmd image), not waved through as already in use."""
+    spec = spec_of()
+    current = m.worker_template_config_map(spec, spec.pool("bio"))
+    assert current["metadata"]["annotations"] == {"slurmk8s.io/image-interface": str(ic.IMAGE_INTERFACE)}
+    older = json.loads(json.dumps(current))
+    older["metadata"]["annotations"]["slurmk8s.io/image-interface"] = str(ic.IMAGE_INTERFACE - 1)
+    before = json.loads(json.dumps(current))
+    del before["metadata"]["annotations"]  # written before templates recorded it
+    for template in (older, before):
+        in_use = ic.in_use_from([template], None)
+        assert in_use["slurmd"] == set()
+        assert "lab/bio:1" in [w.image for w in ic.wanted(spec, in_use)]
+
+
 def test_the_check_pod_runs_the_image_as_the_worker_does_with_only_the_identify_request_added():
     spec = spec_of(images={"pull_policy": "Never"})
     want = ic.wanted(spec)[1]

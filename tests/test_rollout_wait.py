@@ -100,3 +100,30 @@ def test_a_rollout_that_never_ends_fails_after_the_timeout_with_what_it_waits_fo
                                           r"kubectl -n slurm-x get pods"):
         wait_rollouts(SESSION, lambda line: None, timeout=5, read=lambda: [("StatefulSet", sts(ready=0))],
                       clock=clock, sleep=clock.sleep)
+
+
+def test_the_apis_passing_errors_are_waited_out_and_a_refusal_says_what_to_fix():
+    from kubernetes.client.exceptions import ApiException
+    from urllib3.exceptions import MaxRetryError
+
+    clock = Clock()
+    answers = iter([ApiException(status=503, reason="Service Unavailable"), MaxRetryError(None, "/apis", "refused"),
+                    [("StatefulSet", sts())]])
+
+    def read():
+        answer = next(answers)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    said: list[str] = []
+    assert wait_rollouts(SESSION, said.append, read=read, clock=clock, sleep=clock.sleep) == 2.0
+    assert said == ["waiting for the rollout: the Kubernetes API answered 503 Service Unavailable",
+                    "waiting for the rollout: the Kubernetes API did not answer (MaxRetryError)",
+                    "rolled out after 2.0s"]
+
+    def refused():
+        raise ApiException(status=403, reason="Forbidden")
+
+    with pytest.raises(DeployError, match=r"refused \(403 Forbidden\).*rerun `slurmk8s up`"):
+        wait_rollouts(SESSION, said.append, read=refused, clock=clock, sleep=clock.sleep)

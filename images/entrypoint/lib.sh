@@ -259,7 +259,9 @@ wait_for_controller() {
 # no gate served) means go on; at most SLURMK8S_BOOT_GATE_MAX seconds (default 50) in all.
 ask_boot_gate() {
     local host="$1" port="$2" node="$3" max="${SLURMK8S_BOOT_GATE_MAX:-50}" reply=held left start end waited
+    local LC_ALL=C  # $EPOCHREALTIME and awk with a decimal point, whatever the image's locale
     case "$max" in ''|*[!0-9]*) max=50 ;; esac
+    max=$((10#$max))
     start="$EPOCHREALTIME"; end=$((SECONDS + max))
     while [ "$reply" = held ] && left=$((end - SECONDS)) && [ "$left" -gt 0 ]; do
         reply="$(timeout "$((left < 25 ? left : 25))" bash -c 'exec 3<>"/dev/tcp/$1/$2" && printf "%s\n" "$3" >&3 \

@@ -54,9 +54,9 @@ from ..config import ClusterSpec, Images
 from ..errors import Issue, Problem
 from ..kubeapi import ApiError, RawClient
 from ..manifests.common import _container_security, _pod_security
-from ..manifests.names import BASE_CAPS, L_CLUSTER, L_COMPONENT, L_MANAGED_BY, LOGIN, TEMPLATE_PREFIX, base_labels
+from ..manifests.names import (A_IMAGE_INTERFACE, BASE_CAPS, IMAGE_INTERFACE, L_CLUSTER, L_COMPONENT, L_MANAGED_BY,
+                               LOGIN, TEMPLATE_PREFIX, base_labels)
 
-IMAGE_INTERFACE = 3  # = INTERFACE in images/entrypoint/identify.sh and org.slurmk8s.interface in the Dockerfile
 ROLE_LABEL = "org.slurmk8s.image"
 INTERFACE_LABEL = "org.slurmk8s.interface"
 VERSION_LABEL = "org.slurmk8s.version"
@@ -128,10 +128,15 @@ def live_images(spec: ClusterSpec, api: Any, namespace_exists: bool) -> dict[str
 
 def in_use_from(config_maps: Sequence[Mapping[str, Any]], login: Mapping[str, Any] | None) -> dict[str, set[str]]:
     """Images the cluster already runs: its pool templates' (ConfigMaps ``worker-template-<pool>``,
-    key pod.json) as workers, the login Deployment's login container as login."""
+    key pod.json) as workers, the login Deployment's login container as login. A template written
+    for another image interface (or before templates recorded it) does not count: its images are
+    checked again, so an upgrade refuses a pool image the new entrypoint contract does not fit."""
     workers: set[str] = set()
     for cm in config_maps:
-        if not ((cm.get("metadata") or {}).get("name") or "").startswith(TEMPLATE_PREFIX):
+        meta = cm.get("metadata") or {}
+        if not (meta.get("name") or "").startswith(TEMPLATE_PREFIX):
+            continue
+        if (meta.get("annotations") or {}).get(A_IMAGE_INTERFACE) != str(IMAGE_INTERFACE):
             continue
         try:
             pod = json.loads((cm.get("data") or {}).get("pod.json") or "{}")

@@ -188,8 +188,9 @@ ROLLOUT_TIMEOUT = 600.0
 
 
 def rollout_pending(kind: str, obj: Any) -> str | None:
-    """What a StatefulSet or Deployment (the API's dict) still waits for, kubectl's `rollout status`
-    rules; None once rolled out. Its controller must first have seen the latest spec
+    """What a StatefulSet or Deployment (the API's dict) still waits for, by kubectl's `rollout
+    status` rules (for a StatefulSet also its current revision, which kubectl leaves out); None once
+    rolled out. Its controller must first have seen the latest spec
     (status.observedGeneration >= metadata.generation): before that the status is the old
     revision's, which looks rolled out. Pulumi's StatefulSet await (provider 4.25) does not check
     this, so `up` could return while slurmctld's pod was still about to be replaced (a researcher's
@@ -230,17 +231,31 @@ def wait_rollouts(session: Session, echo: Printer, *, timeout: float = ROLLOUT_T
     """After `up`: wait until every StatefulSet and Deployment of the cluster has rolled out (its
     controller saw the spec `up` applied, its pods are the new ones and ready); seconds waited.
     `read` (tests): [(kind, object as the API's dict)]."""
+    from kubernetes.client.exceptions import ApiException
+    from urllib3.exceptions import HTTPError
+
     if read is None:
         read = _rollout_reader(session)
     t0 = clock()
     said = ""
     next_echo = t0
     while True:
-        pending = [why for kind, obj in read() if (why := rollout_pending(kind, obj))]
+        try:
+            pending = [why for kind, obj in read() if (why := rollout_pending(kind, obj))]
+        except ApiException as err:
+            if err.status in (401, 403):
+                raise DeployError(f"reading the cluster's StatefulSets and Deployments was refused ({err.status} "
+                                  f"{err.reason}): `up` applied the spec; rerun `slurmk8s up` with credentials "
+                                  "that may list them") from None
+            pending = [f"the Kubernetes API answered {err.status} {err.reason}"]  # asked again
+        except (HTTPError, OSError) as err:
+            pending = [f"the Kubernetes API did not answer ({type(err).__name__})"]  # asked again
         now = clock()
         if not pending:
             if said:
                 echo(f"rolled out after {now - t0:.1f}s")
+            if isinstance(getattr(session, "timings", None), dict):
+                session.timings["rollout"] = now - t0
             return now - t0
         if now - t0 >= timeout:
             raise DeployError(f"not rolled out after {timeout:.0f}s: {'; '.join(pending)}. `up` applied the spec; "

@@ -53,7 +53,7 @@ _NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
 class BootGate:
-    """Which nodes' slurmd must not register yet. Thread-safe. `clock`: the wall clock (the prolog,
+    """Which nodes' slurmd must not start yet. Thread-safe. `clock`: the wall clock (the prolog,
     another process of the same pod, says when it read its nodes' states). `state_of(node)`: the
     node's extended state from Slurm ('idle~', 'allocated#'; None when it cannot be read), set by
     the loop to its shared `sinfo` snapshot (prolog.SharedStates)."""
@@ -106,12 +106,12 @@ class BootGate:
             return node in self._held
 
     def wait(self, node: str, timeout: float) -> bool:
-        """True once `node` may register; False after `timeout` seconds. At once for a node whose
-        resume call came through this loop and is not held again. Otherwise Slurm decides: a node it
-        still has powered down ('~') waits (a hold of this loop, or of a loop before a restart, or
-        a pod whose job went away before the power-save pass); POWERING_UP or up may register. A
-        node held here opens at its release, or when Slurm shows it powering up (the resume call
-        ran outside the loop). When Slurm cannot be asked, only this loop's holds wait."""
+        """True once `node`'s slurmd may start; False after `timeout` seconds. At once for a node
+        whose resume call came through this loop and is not held again. Otherwise Slurm decides: a
+        node it still has powered down ('~') waits (a hold of this loop, or of a loop before a
+        restart, or a pod whose job went away before the power-save pass); POWERING_UP or up may
+        start. A node held here opens at its release, or when Slurm shows it powering up (the
+        resume call ran outside the loop). When Slurm cannot be asked, only this loop's holds wait."""
         deadline = self._clock() + timeout
         while True:
             with self._cond:
@@ -124,6 +124,9 @@ class BootGate:
                 return True
             if state is not None and not state.endswith("~"):
                 return True
+            with self._cond:  # released while Slurm was asked (its snapshot may predate the call)
+                if node not in self._held and node in self._resumed:
+                    return True
             now = self._clock()
             if now >= deadline:
                 return False
@@ -156,7 +159,7 @@ class _Handler(socketserver.StreamRequestHandler):
             held = server.gate.is_held(node)
             opened = server.gate.wait(node, server.wait_max)
             if held and opened:
-                server.log.write(f"boot gate: {node} may register")
+                server.log.write(f"boot gate: {node} may start")
             try:
                 self.connection.settimeout(5.0)
                 # open: with this clock's time, after Slurm's boot request for the node (the worker's

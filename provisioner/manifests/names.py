@@ -21,6 +21,11 @@ A_SPEC_HASH = "slurmk8s.io/spec-hash"
 A_K8S_NODE = "slurmk8s.io/k8s-node"
 A_CONFIG_HASH = "slurmk8s.io/config-hash"
 A_USERS_HASH = "slurmk8s.io/users-hash"
+# The entrypoint contract's version (images/entrypoint/identify.sh INTERFACE, the Dockerfile's
+# org.slurmk8s.interface label); recorded on each pool's worker template, so that `up` checks again
+# the images of templates written by a slurmk8s of another interface (provisioner.deploy.imagecheck)
+IMAGE_INTERFACE = 3
+A_IMAGE_INTERFACE = "slurmk8s.io/image-interface"
 A_MULTUS = "k8s.v1.cni.cncf.io/networks"
 
 CONTROLLER = "slurmctld"  # StatefulSet, its headless Service, ServiceAccount

@@ -10,9 +10,10 @@ from ..config import ClusterSpec, Pool
 from ..inventory import SlurmNode
 from .common import (K8sSite, _config_volume, _container_security, _meta, _pod_security, _pvc_volume,
                      _secret_volume, content_hash, controller_address, dns_searches, home_on_one_node)
-from .names import (A_K8S_NODE, A_MULTUS, A_SPEC_HASH, AUTH_SECRET, BASE_CAPS, HOME_PVC, L_CLUSTER, L_MANAGED_BY,
-                    L_NODE, L_POOL, L_SUBDOMAIN, LOGIN, MUNGE_DIR, SLURMD_PORT, TEMPLATE_PREFIX, USERS_CONFIG,
-                    USERS_DIR, WORKER_GRACE_SECONDS, WORKERS, base_labels, selector)
+from .names import (A_IMAGE_INTERFACE, A_K8S_NODE, A_MULTUS, A_SPEC_HASH, AUTH_SECRET, BASE_CAPS, HOME_PVC,
+                    IMAGE_INTERFACE, L_CLUSTER, L_MANAGED_BY, L_NODE, L_POOL, L_SUBDOMAIN, LOGIN, MUNGE_DIR,
+                    SLURMD_PORT, TEMPLATE_PREFIX, USERS_CONFIG, USERS_DIR, WORKER_GRACE_SECONDS, WORKERS,
+                    base_labels, selector)
 
 
 def workers_service(spec: ClusterSpec) -> dict[str, Any]:
@@ -209,6 +210,8 @@ def worker_template_config_map(spec: ClusterSpec, pool: Pool, site: K8sSite = K8
     return {
         "apiVersion": "v1", "kind": "ConfigMap",
         "metadata": {**_meta(spec, TEMPLATE_PREFIX + pool.name, "worker"),
-                     "labels": {**base_labels(spec, "worker"), L_POOL: pool.name}},
+                     "labels": {**base_labels(spec, "worker"), L_POOL: pool.name},
+                     # the image was checked for this interface (or is the one `up` checks next)
+                     "annotations": {A_IMAGE_INTERFACE: str(IMAGE_INTERFACE)}},
         "data": {"pod.json": json.dumps(worker_pod_template(spec, pool, site), indent=1, sort_keys=True) + "\n"},
     }
