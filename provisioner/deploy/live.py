@@ -202,9 +202,10 @@ def rollout_pending(kind: str, obj: Any) -> str | None:
     want = spec.get("replicas", 1)
     updated, ready = status.get("updatedReplicas") or 0, status.get("readyReplicas") or 0
     if kind == "StatefulSet":
-        if (spec.get("updateStrategy") or {}).get("type", "RollingUpdate") != "RollingUpdate":
+        strategy = spec.get("updateStrategy") or {}
+        if strategy.get("type", "RollingUpdate") != "RollingUpdate":
             return None  # OnDelete: nothing rolls by itself
-        partition = ((spec.get("updateStrategy") or {}).get("rollingUpdate") or {}).get("partition") or 0
+        partition = (strategy.get("rollingUpdate") or {}).get("partition") or 0
         if ready < want:
             return f"{name}: {ready} of {want} pod(s) ready"
         if updated < want - partition:
@@ -260,8 +261,9 @@ def wait_rollouts(session: Session, echo: Printer, *, timeout: float = ROLLOUT_T
         if now - t0 >= timeout:
             raise DeployError(f"not rolled out after {timeout:.0f}s: {'; '.join(pending)}. `up` applied the spec; "
                               f"see `kubectl -n {session.spec.namespace_name} get pods` and rerun `slurmk8s up`")
-        if "; ".join(pending) != said or now >= next_echo:
-            said = "; ".join(pending)
+        waiting = "; ".join(pending)
+        if waiting != said or now >= next_echo:
+            said = waiting
             echo(f"waiting for the rollout: {said}")
             next_echo = now + 10.0
         sleep(1.0)

@@ -116,16 +116,16 @@ class BootGate:
         while True:
             with self._cond:
                 self._prune(self._clock())
-                held = node in self._held
-                if not held and node in self._resumed:
+                if self._released(node):
                     return True
+                held = node in self._held
             state = self.state_of(node) if self.state_of is not None else None
             if state is None and not held:
                 return True
             if state is not None and not state.endswith("~"):
                 return True
             with self._cond:  # released while Slurm was asked (its snapshot may predate the call)
-                if node not in self._held and node in self._resumed:
+                if self._released(node):
                     return True
             now = self._clock()
             if now >= deadline:
@@ -135,6 +135,10 @@ class BootGate:
                     self._cond.wait(max(0.001, min(deadline - now, self._poll)))
                     continue
             time.sleep(max(0.001, min(deadline - now, self._poll)))
+
+    def _released(self, node: str) -> bool:
+        """(Under the lock.) Its resume call came through this loop, and it is not held again."""
+        return node not in self._held and node in self._resumed
 
     def _prune(self, now: float) -> None:
         for table in (self._held, self._resumed):
