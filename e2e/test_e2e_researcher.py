@@ -2,7 +2,8 @@
 login pod, with worker pods created by power saving:
 
 - interactive work: `srun --pty bash` (prompt, output and exit status come back), `salloc -N2`
-  then `srun hostname` inside the allocation, `sattach` to the running step of a batch job;
+  (its shell on the first worker: Slurm's interactive step) then `srun hostname` inside the
+  allocation, `sattach` to the running step of a batch job;
 - `scancel` of a running job: CANCELLED, none of alice's processes left in its worker pod, and the
   pod deleted after SuspendTime;
 - a job array and a job that depends on it (`--dependency=afterok:<array>`);
@@ -144,6 +145,8 @@ def test_salloc_then_srun_inside_the_allocation(alice: Login, nodes: list[str]):
     hosts = [line.strip() for line in out.splitlines() if line.strip() in nodes]
     assert len(hosts) == 2 and len(set(hosts)) == 2, f"srun ran on {hosts}, not once on each of 2 nodes:\n{out}"
     assert f"Granted job allocation {job.group(1)}" in out, out
+    # the shell opened on the allocation's first worker (LaunchParameters=use_interactive_step)
+    assert re.search(rf"alice@({'|'.join(map(re.escape, nodes))})\S*[$] ", out), f"no prompt of alice on a worker:\n{out}"
     assert _ended(alice, job.group(1), 60) == "COMPLETED"
 
 

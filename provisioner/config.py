@@ -386,7 +386,8 @@ class Slurm(Model):
     max_time: str = Field(default="UNLIMITED", description="Partition MaxTime (Slurm time format).")
     extra_conf: dict[str, str] = Field(
         default_factory=dict,
-        description="Extra slurm.conf settings (Key: Value); keys slurmk8s manages are refused.",
+        description="Extra slurm.conf settings (Key: Value); keys slurmk8s manages are refused; an empty value "
+        "leaves the key out (Slurm's default), e.g. LaunchParameters: \"\" keeps salloc's shell on the login pod.",
     )
 
     @field_validator("cluster_name")

@@ -471,3 +471,11 @@ def test_burst_sized_job_limits_by_default_and_the_users_own_win():
     assert (conf["MaxJobCount"], conf["MaxArraySize"]) == ("50000", "10001")
     own = _conf(True, {"maxjobcount": "200000"})  # any spelling of the key: Slurm's keys are case-insensitive
     assert own["maxjobcount"] == "200000" and "MaxJobCount" not in own and own["MaxArraySize"] == "10001"
+
+
+def test_salloc_shell_on_the_first_node_by_default_and_an_empty_value_restores_slurms_default():
+    assert _conf(True)["LaunchParameters"] == "use_interactive_step"
+    own = _conf(True, {"LaunchParameters": "enable_nss_slurm"})
+    assert own["LaunchParameters"] == "enable_nss_slurm"  # the user's list replaces ours
+    blank = _conf(True, {"LaunchParameters": ""})  # empty: the key is left out, salloc's shell stays local
+    assert not any(k.lower() == "launchparameters" for k in blank)

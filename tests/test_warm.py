@@ -264,7 +264,7 @@ def test_the_prolog_asks_the_loop_for_its_jobs_cold_nodes_and_waits_as_before(so
     monkeypatch.setenv("SLURMK8S_PROGRAM_SOCKET", sock)
     monkeypatch.setenv("SLURM_JOB_ID", "12")
     monkeypatch.setenv("SLURM_JOB_NODELIST", "cpu-[0-1]")
-    monkeypatch.setenv("SLURMK8S_HEAD_START", "1")  # off by default (prolog_main)
+    monkeypatch.delenv("SLURMK8S_HEAD_START", raising=False)  # on by default (prolog_main)
     monkeypatch.setenv("SLURMK8S_PROLOG_TIMEOUT", "5")
     # cpu-0 powered down (allocated~), cpu-1 already up: only cpu-0 needs a pod
     monkeypatch.setattr(prolog, "named_states", lambda nodelist: [("cpu-0", "allocated~"), ("cpu-1", "allocated")])
@@ -328,8 +328,8 @@ def test_the_loops_gate_asks_slurm_on_the_prologs_shared_snapshot():
     assert gate.state_of is not None and set(served) >= {"resume", "early-resume", "prolog"}
 
 
-def test_the_head_start_is_off_unless_asked_for(sock: str, tmp_path: Path, monkeypatch):
-    """Without SLURMK8S_HEAD_START=1 in the programs' environment the prolog asks for no early pods."""
+def test_the_head_start_can_be_turned_off(sock: str, tmp_path: Path, monkeypatch):
+    """With SLURMK8S_HEAD_START=0 in the programs' environment the prolog asks for no early pods."""
     calls: list[str] = []
     server = serve(sock, lambda program, args, resume_file, pid: calls.append(program) or 0, tmp_path)
     monkeypatch.setenv("SLURMK8S_LOG", str(tmp_path / "elastic.log"))
@@ -337,7 +337,7 @@ def test_the_head_start_is_off_unless_asked_for(sock: str, tmp_path: Path, monke
     monkeypatch.setenv("SLURMK8S_PROGRAM_SOCKET", sock)
     monkeypatch.setenv("SLURM_JOB_ID", "12")
     monkeypatch.setenv("SLURM_JOB_NODELIST", "cpu-0")
-    monkeypatch.delenv("SLURMK8S_HEAD_START", raising=False)
+    monkeypatch.setenv("SLURMK8S_HEAD_START", "0")
     monkeypatch.setattr(prolog, "named_states", lambda nodelist: [("cpu-0", "allocated~")])
     try:
         assert prolog.prolog_main() == 0

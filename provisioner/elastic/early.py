@@ -7,8 +7,7 @@ powered-down nodes to the loop, which runs :func:`run_early_resume`; never in a 
 (it would pay the imports the head start is meant to save). Each node is held at the boot gate
 (bootgate.py) before its pod is created: its slurmd starts only after Slurm's resume call (the
 worker's entrypoint asks before `exec slurmd`). No gate, no head start: the nodes are left to that
-call. Off unless ``SLURMK8S_HEAD_START=1`` is in the programs' environment (prolog.prolog_main):
-with the gate before slurmd's start, a full CI run still failed e2e tests with it on.
+call. ``SLURMK8S_HEAD_START=0`` in the programs' environment turns it off (prolog.prolog_main).
 """
 
 from __future__ import annotations

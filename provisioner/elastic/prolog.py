@@ -206,11 +206,9 @@ def prolog_main() -> int:
         first = None if named is None else [state for _, state in named]
         if first is not None and booted(first) and not env_error:
             return 0  # nodes already up: stay quiet (runs for every job)
-        # the head start (early.py) is off unless SLURMK8S_HEAD_START=1: with the gate before slurmd's
-        # start, a full CI run still failed salloc / REST / security e2e tests with it on (cause not
-        # found yet); the loop then creates the pods of the nodes still powered down now, each held
-        # at the boot gate until Slurm's resume call
-        cold = powered_down(named or ()) if env.get("SLURMK8S_HEAD_START", "0") == "1" else []
+        # the head start (early.py; SLURMK8S_HEAD_START=0 turns it off): the loop creates the pods of
+        # the nodes still powered down now, each held at the boot gate until Slurm's resume call
+        cold = powered_down(named or ()) if env.get("SLURMK8S_HEAD_START", "1") != "0" else []
         early = ",".join(cold) if cold and head_start(env, job, cold, read_at) else ""
         from .warm import NotServed, delegate, socket_path
 
