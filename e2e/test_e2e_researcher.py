@@ -136,8 +136,13 @@ def test_srun_pty_gives_an_interactive_shell_on_a_worker(alice: Login, nodes: li
 
 
 def test_salloc_then_srun_inside_the_allocation(alice: Login, nodes: list[str]):
-    out, status = alice.pty(f"salloc -p {PARTITION} -N2",
-                            [(PROMPT, "srun hostname; echo JOB=$SLURM_JOB_ID NODES=$SLURM_NNODES; exit")], timeout=180)
+    try:
+        out, status = alice.pty(f"salloc -J e2e-salloc -p {PARTITION} -N2",
+                                [(PROMPT, "srun hostname; echo JOB=$SLURM_JOB_ID NODES=$SLURM_NNODES; exit")],
+                                timeout=180)
+    except BaseException:  # pytest.fail: a salloc left waiting would hold 2 of the 3 nodes for the tests after
+        alice.run("scancel -n e2e-salloc", check=False)
+        raise
     print(out)
     assert status == 0, out
     job = re.search(r"JOB=(\d+) NODES=2", out)
@@ -146,7 +151,8 @@ def test_salloc_then_srun_inside_the_allocation(alice: Login, nodes: list[str]):
     assert len(hosts) == 2 and len(set(hosts)) == 2, f"srun ran on {hosts}, not once on each of 2 nodes:\n{out}"
     assert f"Granted job allocation {job.group(1)}" in out, out
     # the shell opened on the allocation's first worker (LaunchParameters=use_interactive_step)
-    assert re.search(rf"alice@({'|'.join(map(re.escape, nodes))})\S*[$] ", out), f"no prompt of alice on a worker:\n{out}"
+    prompt = re.search(rf"alice@({'|'.join(map(re.escape, nodes))}):\S*[$] ", out)
+    assert prompt and prompt.group(1) in hosts, f"no prompt of alice on a node of the allocation:\n{out}"
     assert _ended(alice, job.group(1), 60) == "COMPLETED"
 
 

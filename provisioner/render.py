@@ -82,11 +82,12 @@ THROUGHPUT_DEFAULTS = {
 
 # `salloc` without a command starts its shell on the allocation's first node (Slurm's interactive
 # step: `srun --interactive --preserve-env --pty $SHELL`), where the job's resources are, instead of
-# on the shared login pod. It also keeps salloc clear of a race of its own: salloc forks the login
-# shell and only then hands it the terminal, and an interactive bash that looks before the hand-over
-# stops itself (SIGTTIN) for good, leaving salloc waiting and the allocation held until its time
-# limit: 3 of 125 salloc calls in a row on the 2-core local cluster, none of 240 with the
-# interactive step (docs/researcher-tools.md).
+# on the shared login pod. It also makes a race of salloc's own far less likely: salloc forks the
+# login shell and only then hands it the terminal, and an interactive bash that looks before the
+# hand-over stops itself (SIGTTIN) for good, leaving salloc waiting and the allocation held until
+# its time limit: 3 of 125 salloc calls in a row on the 2-core local cluster, none of 240 with the
+# interactive step, whose srun touches the terminal only after asking slurmctld for its step
+# (docs/researcher-tools.md).
 INTERACTIVE_DEFAULTS = {
     "LaunchParameters": "use_interactive_step",
 }
