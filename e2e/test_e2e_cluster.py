@@ -208,6 +208,28 @@ def test_busy_node_is_never_removed_while_its_job_runs(cluster: Cluster):
     assert login.run(f"tail -n1 ~/busy-{job}.out").stdout.strip() == "done"
 
 
+def test_a_job_for_a_node_powering_down_starts_once_its_pod_is_gone(cluster: Cluster):
+    """Slurm keeps a suspended node POWERING_DOWN for SuspendTimeout (15 s here), and nothing
+    schedules when that ends: a job for the node waited that out and then for the next backfill
+    pass (45 s in the P3 bench). The suspend program ends the power-down once the pod is gone."""
+    login = cluster.login()
+    first = submit(login, "#!/bin/bash\n#SBATCH -N1 -o /dev/null\nhostname")
+    node = wait_job(login, first, 120)["nodes"]
+    wait_for(f"{node}'s pod to be deleted (suspend after {SUSPEND_TIME} s idle)", lambda: node not in worker_pods(),
+             SUSPEND_TIME + 60, interval=0.2)
+    t0 = time.monotonic()
+    second = submit(login, f"#!/bin/bash\n#SBATCH -N1 -w {node} -o /dev/null\nhostname")
+    final = wait_job(login, second, 90)
+    took = time.monotonic() - t0
+    elastic = controller_log("elastic.log")
+    ended = re.findall(rf"power-down of {node} ended (\d+\.\d+)s after", elastic)
+    print(f"job {second} for {node}, submitted as its pod was deleted: COMPLETED after {took:.1f} s; "
+          f"power-down ended {ended[-1] if ended else '(not by slurmk8s)'} s after the deletion")
+    assert final["job_state"] == ["COMPLETED"], final["job_state"]
+    assert ended, f"no 'power-down of {node} ended' in elastic.log:\n{elastic[-3000:]}"
+    assert took < 12, f"job {second} took {took:.1f} s: it waited for SuspendTimeout or a scheduling pass"
+
+
 def test_idle_workers_are_suspended_to_zero_pods(cluster: Cluster):
     login = cluster.login()
     wait_for("every worker pod to be gone", lambda: worker_pods() == {}, SUSPEND_TIME + 90, interval=2)

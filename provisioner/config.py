@@ -319,8 +319,9 @@ class Elasticity(Model):
     )
     suspend_timeout: Duration = Field(
         default=15,
-        description="Time allowed for a node to power down (its pod deleted); a job that needs the node "
-        "waits this long before the node can be resumed. The default is the worker pods' grace period.",
+        description="Time allowed for a node to power down (its pod deleted). The suspend program ends a "
+        "node's power-down as soon as its pod is gone; a pod still there at this bound is left to Slurm, "
+        "and a job that needs the node waits until then. The default is the worker pods' grace period.",
     )
     idle_teardown: Duration | None = Field(
         default=None,

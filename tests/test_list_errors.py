@@ -13,7 +13,7 @@ from fakes.slurm import FakeSlurm
 
 from provisioner.config import parse_spec
 from provisioner.elastic.k8s_backend import KubernetesBackend
-from provisioner.elastic.programs import Context, run_resume_fail, run_suspend
+from provisioner.elastic.programs import LIST_RETRY_PAUSES, Context, run_resume_fail, run_suspend
 from provisioner.generate import generate
 from provisioner.inventory import nodes_from_api
 from provisioner.kubeapi import ApiError
@@ -37,8 +37,11 @@ def world(monkeypatch):
     return inv, api, backend, slept
 
 
-def ctx(backend, slurm, inv) -> Context:
-    return Context({"SLURMK8S_BUDGET": "5"}, Log("test"), backend=backend, slurm=slurm, inventory=inv)
+def ctx(backend, slurm, inv, api: FakePodApi | None = None) -> Context:
+    """With `api`, the run's clock is the fake API's, and each pause (recorded by the patched
+    time.sleep) moves it on: a deleted pod goes when its grace period has passed."""
+    timing = {} if api is None else {"clock": api.clock, "sleep": lambda s: (time.sleep(s), api.advance(s))}
+    return Context({"SLURMK8S_BUDGET": "5"}, Log("test"), backend=backend, slurm=slurm, inventory=inv, **timing)
 
 
 def lists(api: FakePodApi) -> int:
@@ -49,9 +52,13 @@ def test_suspend_retries_a_failed_list_and_removes_the_workers(world):
     inv, api, backend, slept = world
     api.fail_next = [UNAVAILABLE]
     slurm = FakeSlurm()
-    result = run_suspend(["cpu-n1,cpu-n2"], ctx(backend, slurm, inv))
-    assert all("deletionTimestamp" in p["metadata"] for p in api.pods.values()), "a failed list read as 'no pods'"
-    assert result.code == 0 and not slurm.down and lists(api) == 2 and len(slept) == 1
+    result = run_suspend(["cpu-n1,cpu-n2"], ctx(backend, slurm, inv, api))
+    verbs = [verb for verb, _ in api.calls]
+    assert verbs.count("delete") == 2, "a failed list read as 'no pods'"
+    assert result.code == 0 and not slurm.down and verbs[:verbs.index("delete")].count("list") == 2
+    assert slept[0] == LIST_RETRY_PAUSES[0]
+    # then the pods went (their grace period on the fake clock) and their power-down ended
+    assert not api.pods and sorted(slurm.ended) == ["cpu-n1", "cpu-n2"]
 
 
 def test_suspend_fails_loudly_when_the_list_keeps_failing(world):

@@ -477,7 +477,15 @@ def run_suspend(args: Sequence[str], ctx: Context) -> RunResult:
         workers = _workers(ctx, names)
     except BackendError as err:
         return _cannot_see(ctx, names, "suspend", f"cannot list workers: {err.reason}")
-    return _finish(ctx, plan_suspend(names, workers), "worker not removed: ")
+    result = _finish(ctx, plan_suspend(names, workers), "worker not removed: ")
+    # only nodes whose worker this run removed: one that had none (refused for backoff, a worker
+    # gone missing: POWER_DOWN_FORCE) keeps SuspendTimeout, which paces its next attempt
+    removed = [n for n in names if n in workers and n not in result.down and n not in result.pending]
+    if removed:
+        from .powerdown import after_suspend
+
+        after_suspend(ctx, removed)
+    return result
 
 
 def run_resume_fail(args: Sequence[str], ctx: Context) -> RunResult:

@@ -65,6 +65,11 @@ def resume_argv(names: Sequence[str], scontrol: str = "scontrol") -> list[str]:
     return [scontrol, "update", _nodes(names), "state=RESUME"]
 
 
+def states_argv(names: Sequence[str], sinfo: str = "sinfo") -> list[str]:
+    """One line per node: its name and extended state ('idle%', 'allocated#', ...)."""
+    return [sinfo, "-h", "-N", "-n", hostlist.collect_hostlist(list(names)), "-o", "%N %T"]
+
+
 def power_down_argv(names: Sequence[str], scontrol: str = "scontrol") -> list[str]:
     return [scontrol, "update", f"nodename={','.join(names)}", "state=POWER_DOWN_FORCE"]
 
@@ -86,6 +91,16 @@ class SlurmControl(Protocol):
         wait) and is suspended; with idle_on_node_suspend it is IDLE+POWERED_DOWN after SuspendTimeout."""
         ...
 
+    def end_power_down(self, names: Sequence[str]) -> None:
+        """RESUME on nodes POWERING_DOWN whose workers are gone: POWERED_DOWN and available at once,
+        instead of at SuspendTimeout, and a scheduling pass queued (elastic/powerdown.py)."""
+        ...
+
+    def node_states(self, names: Sequence[str]) -> list[str] | None:
+        """sinfo's extended state of each node ('idle%', 'allocated#', ...), in the order given;
+        None when sinfo fails or leaves one out."""
+        ...
+
 
 @dataclass(frozen=True)
 class Scontrol:
@@ -103,6 +118,17 @@ class Scontrol:
 
     def power_down(self, names: Sequence[str]) -> None:
         self.run(power_down_argv(names, self.scontrol))
+
+    def end_power_down(self, names: Sequence[str]) -> None:
+        self.run(resume_argv(names, self.scontrol))
+
+    def node_states(self, names: Sequence[str]) -> list[str] | None:
+        try:
+            out = self.run(states_argv(names, _binary("sinfo")))
+        except SlurmCommandError:
+            return None
+        states = dict(line.split(None, 1) for line in out.splitlines() if len(line.split()) == 2)
+        return [states[n] for n in names] if all(n in states for n in names) else None
 
 
 # ---------------------------------------------------------------- the reconcile loop's needs

@@ -16,6 +16,9 @@ class FakeSlurm:
     down: dict[str, str] = field(default_factory=dict)
     returned: list[str] = field(default_factory=list)
     powered_down: list[str] = field(default_factory=list)
+    ended: list[str] = field(default_factory=list)  # end_power_down
+    # sinfo's extended state by node (node_states); a node not named is plainly powering down
+    states: dict[str, str] = field(default_factory=dict)
     fail: bool = False
 
     def set_down(self, names: Sequence[str], reason: str) -> None:
@@ -33,6 +36,14 @@ class FakeSlurm:
         if self.fail:
             raise SlurmCommandError("scontrol: slurm_update error: Unable to contact slurm controller")
         self.powered_down += names
+
+    def end_power_down(self, names: Sequence[str]) -> None:
+        if self.fail:
+            raise SlurmCommandError("scontrol: slurm_update error: Unable to contact slurm controller")
+        self.ended += names
+
+    def node_states(self, names: Sequence[str]) -> list[str] | None:
+        return None if self.fail else [self.states.get(n, "idle%") for n in names]
 
 
 @dataclass

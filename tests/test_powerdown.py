@@ -1,0 +1,136 @@
+"""A suspended node's power-down ends once its worker is gone (elastic/powerdown.py), not at
+SuspendTimeout: jobs that arrived meanwhile are scheduled at once instead of at Slurm's next
+backfill or main pass."""
+
+from __future__ import annotations
+
+from fakes.backend import FakeBackend
+from fakes.slurm import FakeSlurm
+
+from provisioner.elastic.backend import BackendError, Worker
+from provisioner.elastic.powerdown import end_when_gone
+from provisioner.elastic.programs import Context, run_suspend
+from provisioner.logs import Log
+from provisioner.slurm.commands import Scontrol
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def run(present, states, slurm=None, timeout=14.0, names=("cpu-0", "cpu-1")):
+    clock, log, slurm = Clock(), Log("suspend"), slurm or FakeSlurm()
+    ended = end_when_gone(list(names), present, states, slurm.end_power_down, log, timeout,
+                          clock=clock, sleep=clock.sleep)
+    return ended, slurm, log.lines, clock.now
+
+
+def gone_after(polls: dict[str, int]):
+    """present(): each node's worker is there for its first `polls[node]` looks."""
+    seen: dict[str, int] = {}
+
+    def present(names):
+        there = []
+        for n in names:
+            seen[n] = seen.get(n, 0) + 1
+            if seen[n] <= polls.get(n, 0):
+                there.append(n)
+        return there
+
+    return present
+
+
+def test_each_node_ends_its_power_down_as_soon_as_its_worker_is_gone():
+    asked: list[list[str]] = []
+
+    def states(names):
+        asked.append(list(names))
+        return ["idle%"] * len(names)
+
+    ended, slurm, lines, waited = run(gone_after({"cpu-0": 1, "cpu-1": 3}), states)
+    assert ended == ["cpu-0", "cpu-1"] and slurm.ended == ["cpu-0", "cpu-1"]
+    assert asked == [["cpu-0"], ["cpu-1"]]  # sinfo only about the nodes just gone
+    assert waited == 0.75  # three looks, 0.25 s apart
+    assert any("power-down of cpu-0 ended 0.25s after" in line for line in lines), lines
+
+
+def test_a_node_drained_or_already_powered_down_is_left_to_slurm():
+    """RESUME would clear an operator's drain: only a node plainly powering down is touched."""
+    state = {"cpu-0": "drained%", "cpu-1": "idle~", "cpu-2": "idle%"}
+    ended, slurm, lines, _ = run(lambda names: [], lambda names: [state[n] for n in names],
+                                 names=("cpu-0", "cpu-1", "cpu-2"))
+    assert ended == slurm.ended == ["cpu-2"]
+    assert any("power-down of cpu-0 (drained%) left to SuspendTimeout" in line for line in lines), lines
+    assert not any("cpu-1" in line for line in lines)  # powered down already: nothing to say
+
+
+def test_a_worker_still_there_near_suspend_timeout_is_left_to_slurm():
+    ended, slurm, lines, waited = run(lambda names: list(names), lambda names: ["idle%"] * len(names), timeout=2.0)
+    assert ended == [] and slurm.ended == []
+    assert waited == 2.0
+    assert lines[-1].endswith("workers of cpu-0,cpu-1 still there after 2.0s: their power-down ends at SuspendTimeout")
+
+
+def test_failing_reads_wait_and_look_again():
+    looks = iter([BackendError("*", "API timeout"), [], []])
+
+    def present(names):
+        got = next(looks)
+        if isinstance(got, Exception):
+            raise got
+        return got
+
+    answers = iter([None, ["idle%", "idle%"]])  # sinfo failing once
+    ended, _, _, waited = run(present, lambda names: next(answers))
+    assert ended == ["cpu-0", "cpu-1"] and waited == 0.5
+
+
+def test_a_failing_scontrol_is_logged_and_slurms_timeout_still_applies():
+    ended, _, lines, _ = run(lambda names: [], lambda names: ["idle%"] * len(names), slurm=FakeSlurm(fail=True))
+    assert ended == []
+    assert any("could not end the power-down of cpu-0,cpu-1" in line and "at SuspendTimeout" in line
+               for line in lines), lines
+
+
+def test_suspend_ends_the_power_down_of_the_nodes_whose_workers_it_removed(tmp_path):
+    class FailingDelete(FakeBackend):
+        def delete(self, name: str, uid: str | None = None, force: bool = False) -> None:
+            if name == "cpu-1":
+                raise BackendError(name, "pod deletion refused (403)")
+            super().delete(name)
+
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("SuspendTimeout=15\n")
+    backend = FailingDelete(workers={n: Worker(n, "Running") for n in ("cpu-0", "cpu-1")})
+    slurm = FakeSlurm()
+    clock = Clock()
+    result = run_suspend(["cpu-[0-2]"], Context({"SLURMK8S_BUDGET": "5", "SLURM_CONF": str(conf)}, Log("suspend"),
+                                                backend=backend, slurm=slurm, clock=clock, sleep=clock.sleep))
+    assert result.code == 1 and set(slurm.down) == {"cpu-1"}
+    # cpu-1, whose worker stays, is Slurm's (DOWN); cpu-2 had no worker (refused for backoff, or
+    # gone missing, then POWER_DOWN_FORCE): SuspendTimeout paces its next attempt, as before
+    assert slurm.ended == ["cpu-0"]
+
+
+def test_scontrol_ends_a_power_down_with_resume_and_reads_states_in_order(tmp_path, monkeypatch):
+    calls = tmp_path / "calls"
+    for name, script in {
+        "scontrol": f'echo "$@" >> {calls}',
+        "sinfo": 'echo "cpu-1 idle%"; echo "cpu-0 drained%"',
+    }.items():
+        path = tmp_path / name
+        path.write_text(f"#!/bin/sh\n{script}\n")
+        path.chmod(0o755)
+    control = Scontrol(scontrol=str(tmp_path / "scontrol"))
+    control.end_power_down(["cpu-0", "cpu-1"])
+    assert calls.read_text().split() == ["update", "nodename=cpu-[0-1]", "state=RESUME"]
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    assert control.node_states(["cpu-0", "cpu-1"]) == ["drained%", "idle%"]
+    assert control.node_states(["cpu-0", "cpu-9"]) is None  # sinfo left one out
