@@ -37,11 +37,13 @@ def world(monkeypatch):
     return inv, api, backend, slept
 
 
-def ctx(backend, slurm, inv, api: FakePodApi | None = None) -> Context:
+def ctx(backend, slurm, inv, api: FakePodApi | None = None, conf: str = "/nonexistent/slurm.conf") -> Context:
     """With `api`, the run's clock is the fake API's, and each pause (recorded by the patched
-    time.sleep) moves it on: a deleted pod goes when its grace period has passed."""
+    time.sleep) moves it on: a deleted pod goes when its grace period has passed. `conf`: the
+    slurm.conf read for SuspendTimeout (none by default: Slurm's 30 s, never the host's file)."""
     timing = {} if api is None else {"clock": api.clock, "sleep": lambda s: (time.sleep(s), api.advance(s))}
-    return Context({"SLURMK8S_BUDGET": "5"}, Log("test"), backend=backend, slurm=slurm, inventory=inv, **timing)
+    return Context({"SLURMK8S_BUDGET": "5", "SLURM_CONF": conf}, Log("test"), backend=backend, slurm=slurm,
+                   inventory=inv, **timing)
 
 
 def lists(api: FakePodApi) -> int:

@@ -4,14 +4,15 @@ backfill or main pass."""
 
 from __future__ import annotations
 
+import pytest
 from fakes.backend import FakeBackend
 from fakes.slurm import FakeSlurm
 
 from provisioner.elastic.backend import BackendError, Worker
-from provisioner.elastic.powerdown import end_when_gone
+from provisioner.elastic.powerdown import after_suspend, end_when_gone
 from provisioner.elastic.programs import Context, run_suspend
 from provisioner.logs import Log
-from provisioner.slurm.commands import Scontrol
+from provisioner.slurm.commands import Scontrol, SlurmCommandError
 
 
 class Clock:
@@ -75,11 +76,11 @@ def test_a_worker_still_there_near_suspend_timeout_is_left_to_slurm():
     ended, slurm, lines, waited = run(lambda names: list(names), lambda names: ["idle%"] * len(names), timeout=2.0)
     assert ended == [] and slurm.ended == []
     assert waited == 2.0
-    assert lines[-1].endswith("workers of cpu-0,cpu-1 still there after 2.0s: their power-down ends at SuspendTimeout")
+    assert lines[-1].endswith("power-down of cpu-0,cpu-1 left to SuspendTimeout: after 2.0s their workers are still there")
 
 
 def test_failing_reads_wait_and_look_again():
-    looks = iter([BackendError("*", "API timeout"), [], []])
+    looks = iter([BackendError("*", "API timeout"), BackendError("*", "API timeout"), [], []])
 
     def present(names):
         got = next(looks)
@@ -88,15 +89,64 @@ def test_failing_reads_wait_and_look_again():
         return got
 
     answers = iter([None, ["idle%", "idle%"]])  # sinfo failing once
-    ended, _, _, waited = run(present, lambda names: next(answers))
-    assert ended == ["cpu-0", "cpu-1"] and waited == 0.5
+    ended, _, lines, waited = run(present, lambda names: next(answers))
+    assert ended == ["cpu-0", "cpu-1"] and waited == 0.75
+    assert sum("cannot list the workers (API timeout)" in line for line in lines) == 1, lines  # said once
+
+
+def test_a_wait_ended_by_failing_reads_says_so():
+    def present(names):
+        raise BackendError("*", "Kubernetes API error 503")
+
+    _, _, lines, _ = run(present, lambda names: ["idle%"] * len(names), timeout=1.0)
+    assert lines[-1].endswith("left to SuspendTimeout: after 1.0s their workers could not be listed: "
+                              "Kubernetes API error 503"), lines
+    _, _, lines, _ = run(lambda names: [], lambda names: None, timeout=1.0)
+    assert lines[-1].endswith("after 1.0s sinfo did not answer for them"), lines
+
+
+def test_a_programming_error_is_not_taken_for_a_passing_api_error():
+    with pytest.raises(TypeError):
+        run(lambda names: 1 / None, lambda names: ["idle%"] * len(names))
 
 
 def test_a_failing_scontrol_is_logged_and_slurms_timeout_still_applies():
     ended, _, lines, _ = run(lambda names: [], lambda names: ["idle%"] * len(names), slurm=FakeSlurm(fail=True))
     assert ended == []
-    assert any("could not end the power-down of cpu-0,cpu-1" in line and "at SuspendTimeout" in line
-               for line in lines), lines
+    for node in ("cpu-0", "cpu-1"):  # tried alone after the joint call failed
+        assert any(f"could not end the power-down of {node} (" in line and "at SuspendTimeout" in line
+                   for line in lines), lines
+
+
+def test_a_node_slurm_refuses_does_not_cost_the_others_their_end():
+    """Slurm applies an update to the nodes it can and fails the call (e.g. a node whose
+    SuspendTimeout passed meanwhile): each node is then tried alone."""
+
+    class Refusing(FakeSlurm):
+        def end_power_down(self, names):
+            if "cpu-1" in names:
+                raise SlurmCommandError("scontrol: error: Invalid node state transition requested")
+            super().end_power_down(names)
+
+    ended, slurm, lines, _ = run(lambda names: [], lambda names: ["idle%"] * len(names), slurm=Refusing(),
+                                 names=("cpu-0", "cpu-1", "cpu-2"))
+    assert ended == slurm.ended == ["cpu-0", "cpu-2"]
+    assert any("could not end the power-down of cpu-1 (" in line for line in lines), lines
+
+
+def test_the_wait_ends_before_suspend_timeout_counted_from_the_runs_start(tmp_path):
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("SuspendTimeout=15\n")
+    clock = Clock()
+    c = Context({"SLURM_CONF": str(conf)}, Log("suspend"), backend=FakeBackend(workers={"cpu-0": Worker("cpu-0", "Running")}),
+                slurm=FakeSlurm(), clock=clock, sleep=clock.sleep)
+    clock.now = 3.0  # the deletions took 3 s
+    assert after_suspend(c, ["cpu-0"]) == []
+    assert clock.now == 3.0 + 11.0  # 15 s less the 1 s margin, less the 3 s already spent
+    conf.write_text("# SuspendTimeout not set: Slurm's 30 s\n")
+    clock.now = 0.0
+    after_suspend(c, ["cpu-0"])
+    assert clock.now == 29.0
 
 
 def test_suspend_ends_the_power_down_of_the_nodes_whose_workers_it_removed(tmp_path):
@@ -121,9 +171,11 @@ def test_suspend_ends_the_power_down_of_the_nodes_whose_workers_it_removed(tmp_p
 
 def test_scontrol_ends_a_power_down_with_resume_and_reads_states_in_order(tmp_path, monkeypatch):
     calls = tmp_path / "calls"
+    asked = tmp_path / "asked"
     for name, script in {
         "scontrol": f'echo "$@" >> {calls}',
-        "sinfo": 'echo "cpu-1 idle%"; echo "cpu-0 drained%"',
+        # a node in two partitions is listed twice with -N
+        "sinfo": f'echo "$@" > {asked}; echo "cpu-1 idle%"; echo "cpu-0 drained%"; echo "cpu-1 idle%"',
     }.items():
         path = tmp_path / name
         path.write_text(f"#!/bin/sh\n{script}\n")
@@ -133,4 +185,5 @@ def test_scontrol_ends_a_power_down_with_resume_and_reads_states_in_order(tmp_pa
     assert calls.read_text().split() == ["update", "nodename=cpu-[0-1]", "state=RESUME"]
     monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
     assert control.node_states(["cpu-0", "cpu-1"]) == ["drained%", "idle%"]
+    assert asked.read_text().split() == ["-h", "-N", "-n", "cpu-[0-1]", "-o", "%N", "%T"]
     assert control.node_states(["cpu-0", "cpu-9"]) is None  # sinfo left one out

@@ -34,14 +34,15 @@ SLURM_DEFAULT_SUSPEND_TIMEOUT = 30.0  # Slurm's SuspendTimeout when slurm.conf d
 
 def after_suspend(ctx: "Context", names: Sequence[str]) -> list[str]:
     """The suspend program's last step, for the nodes whose workers it removed: end their
-    power-down as soon as those are gone, until shortly before SuspendTimeout."""
+    power-down as soon as those are gone, until shortly before SuspendTimeout (counted, like
+    Slurm's, from before this run started)."""
     from .programs import DEFAULT_SLURM_CONF, conf_seconds
 
     backend = ctx.backend()
     suspend_timeout = conf_seconds(ctx.env.get("SLURM_CONF", DEFAULT_SLURM_CONF), "SuspendTimeout")
+    left = (suspend_timeout or SLURM_DEFAULT_SUSPEND_TIMEOUT) - MARGIN - (ctx.clock() - ctx.start)
     return end_when_gone(names, lambda waiting: backend.list(waiting).keys(), ctx.slurm.node_states,
-                         ctx.slurm.end_power_down, ctx.log, (suspend_timeout or SLURM_DEFAULT_SUSPEND_TIMEOUT) - MARGIN,
-                         clock=ctx.clock, sleep=ctx.sleep)
+                         ctx.slurm.end_power_down, ctx.log, left, clock=ctx.clock, sleep=ctx.sleep)
 
 
 def end_when_gone(
@@ -58,40 +59,57 @@ def end_when_gone(
     """Wait (at most `timeout` seconds) for the workers of `names` to be gone, and end the
     power-down of each node gone that is still plainly powering down; returns those ended.
 
-    `present(names)`: the nodes of `names` whose worker still exists (raising is taken as "all
-    still there"); `states_of(names)`: their sinfo extended states in that order, None when
-    unknown; `end(names)`: ``scontrol update nodename=... state=RESUME`` (raising: logged)."""
+    `present(names)`: the nodes of `names` whose worker still exists (a BackendError is taken as
+    "all still there", and logged once); `states_of(names)`: their sinfo extended states in that
+    order, None when unknown; `end(names)`: ``scontrol update nodename=... state=RESUME``."""
+    from .backend import BackendError
+
     start = clock()
     waiting = list(names)
     ended: list[str] = []
+    logged = False
     while waiting:
+        unread = ""  # why this look saw nothing: said when the wait ends on it
         try:
             there = set(present(waiting))
-        except Exception:  # noqa: BLE001 - the API's passing error: look again; Slurm's timeout is the fallback
-            there = set(waiting)
+        except BackendError as err:  # the API's passing error: look again; Slurm's timeout is the fallback
+            if not logged:
+                log.write(f"cannot list the workers ({err.reason}); looking again")
+            logged, unread, there = True, f"their workers could not be listed: {err.reason}", set(waiting)
         gone = [n for n in waiting if n not in there]
         states = states_of(gone) if gone else None
-        if states is not None and len(states) == len(gone):
+        if gone and (states is None or len(states) != len(gone)):
+            unread = "sinfo did not answer for them"
+        elif gone:
             waiting = [n for n in waiting if n in there]
             ready = [n for n, s in zip(gone, states) if s == POWERING_DOWN]
             kept = [f"{n} ({s})" for n, s in zip(gone, states) if s != POWERING_DOWN and s.endswith("%")]
             if kept:
                 log.write(f"power-down of {', '.join(kept)} left to SuspendTimeout: not plainly powering down")
-            if ready:
-                try:
-                    end(ready)
-                except Exception as err:  # noqa: BLE001 - Slurm's timeout still ends it
-                    log.write(f"could not end the power-down of {','.join(ready)} ({err}); "
-                              "they are available at SuspendTimeout")
-                else:
-                    ended += ready
-                    log.write(f"power-down of {','.join(ready)} ended {clock() - start:.2f}s after the "
-                              "workers' deletion (gone): available to the next job now, not at SuspendTimeout")
+            done = _end(ready, end, log) if ready else []
+            if done:
+                ended += done
+                log.write(f"power-down of {','.join(done)} ended {clock() - start:.2f}s after the workers' "
+                          "deletion (gone): available to the next job now, not at SuspendTimeout")
         if not waiting:
             break
         if clock() - start >= timeout:
-            log.write(f"workers of {','.join(waiting)} still there after {timeout:.1f}s: "
-                      "their power-down ends at SuspendTimeout")
+            log.write(f"power-down of {','.join(waiting)} left to SuspendTimeout: after {max(timeout, 0):.1f}s "
+                      + (unread or "their workers are still there"))
             break
         sleep(poll)
     return ended
+
+
+def _end(ready: Sequence[str], end: Callable[[Sequence[str]], None], log: Log) -> list[str]:
+    """One `scontrol update` for all of `ready`; when it fails, one per node (Slurm applies an
+    update to the nodes it can and fails the call for the rest, e.g. a node whose SuspendTimeout
+    just passed): the nodes whose power-down was ended."""
+    try:
+        end(ready)
+        return list(ready)
+    except Exception as err:  # noqa: BLE001 - Slurm's timeout still ends it
+        if len(ready) == 1:
+            log.write(f"could not end the power-down of {ready[0]} ({err}); it is available at SuspendTimeout")
+            return []
+    return [n for node in ready for n in _end([node], end, log)]

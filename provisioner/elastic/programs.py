@@ -534,8 +534,6 @@ def run_resume_fail(args: Sequence[str], ctx: Context) -> RunResult:
     return result
 
 
-
-
 def with_program_defaults(env: Mapping[str, str]) -> dict[str, str]:
     """The programs' environment: the events file and the failure ledger on by default."""
     return {"SLURMK8S_EVENTS": DEFAULT_EVENTS, "SLURMK8S_LEDGER": DEFAULT_LEDGER, **env}
