@@ -298,6 +298,7 @@ def cli(monkeypatch, tmp_path) -> Cli:
     monkeypatch.setattr(a, "diagnose_now", lambda *args, **kw: None)
     monkeypatch.setattr(a, "watcher_for", lambda *args, **kw: None)
     monkeypatch.setattr(a, "wait_rollouts", record("wait_rollouts", 0.0))  # tests/test_rollout_wait.py's
+    monkeypatch.setattr(a, "wait_login_reaches_controller", record("wait_login_reaches_controller", 0.0))
 
     def run(session, op, fn, started, echo, watcher=None):
         session.timings[op] = 0.0
@@ -326,7 +327,7 @@ def test_a_refused_command_applies_and_deletes_nothing(cli, op):
 def test_up_as_the_owner_refreshes_first(cli):
     result = cli.invoke("up")
     assert result.exit_code == 0, result.output
-    assert _ran(cli) == ["up", "preflight", "ensure_stack_config", "wait_rollouts"]
+    assert _ran(cli) == ["up", "preflight", "ensure_stack_config", "wait_rollouts", "wait_login_reaches_controller"]
     ((_, kw),) = cli.stack.calls
     assert kw["refresh"] is True, "objects deleted or changed behind the stack's back are seen and restored"
     # the stack got an owner id (kept) and a description (the program annotates the Namespace with both)
@@ -399,7 +400,7 @@ def test_up_take_over_keeps_the_clusters_keys(cli, monkeypatch):
     assert cli.secrets_set == {"slurmk8s:mungeKey": "bXVuZ2U=", "slurmk8s:sshHostKeyEd25519": pem,
                                "slurmk8s:sshHostKeyEcdsa": pem, "slurmk8s:sshHostKeyRsa": pem,
                                "slurmk8s:accountingDbPassword": "Secret123"}
-    assert _ran(cli) == ["up", "preflight", "ensure_stack_config", "wait_rollouts"]
+    assert _ran(cli) == ["up", "preflight", "ensure_stack_config", "wait_rollouts", "wait_login_reaches_controller"]
 
 
 def test_down_take_over_deletes_as_asked(cli):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 from fakes.backend import FakeBackend
+from fakes.clock import Clock
 from fakes.slurm import FakeSlurm
 
 from provisioner.elastic.backend import BackendError, Worker
@@ -13,17 +14,6 @@ from provisioner.elastic.powerdown import after_suspend, end_when_gone
 from provisioner.elastic.programs import Context, run_suspend
 from provisioner.logs import Log
 from provisioner.slurm.commands import Scontrol, SlurmCommandError
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.now += seconds
 
 
 def run(present, states, slurm=None, timeout=14.0, names=("cpu-0", "cpu-1")):

@@ -7,9 +7,10 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+from fakes.clock import Clock
 
 from provisioner.deploy.errors import DeployError
-from provisioner.deploy.live import rollout_pending, wait_rollouts
+from provisioner.deploy.live import rollout_pending, wait_login_reaches_controller, wait_rollouts
 
 
 def sts(generation=2, observed=2, replicas=1, ready=1, updated=1, current="r1", update="r1", strategy=None):
@@ -59,17 +60,6 @@ def test_a_deployment_past_its_progress_deadline_fails_naming_it():
                                            "message": 'ReplicaSet "login-7f" has timed out progressing.'}])
     with pytest.raises(DeployError, match=r'deployment/login did not roll out: ReplicaSet "login-7f" has timed out'):
         rollout_pending("Deployment", stuck)
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.now += seconds
 
 
 SESSION = SimpleNamespace(spec=SimpleNamespace(namespace_name="slurm-x"))
@@ -127,3 +117,39 @@ def test_the_apis_passing_errors_are_waited_out_and_a_refusal_says_what_to_fix()
 
     with pytest.raises(DeployError, match=r"refused \(403 Forbidden\).*rerun `slurmk8s up`"):
         wait_rollouts(SESSION, said.append, read=refused, clock=clock, sleep=clock.sleep)
+
+
+# ---------------------------------------------------------------- then slurmctld answers from the login pod
+
+STALE = (1, "", "Unable to contact slurm controller (connect failure)")
+UP = (0, "Slurmctld(primary) at slurmctld-0 is UP\n", "")
+
+
+def test_up_waits_until_slurmctld_answers_from_the_login_pod():
+    """A new slurmctld pod is Ready before the login pod's DNS stops answering the old address
+    (cache TTL): `sbatch` right after `up` failed with "Unable to contact slurm controller"."""
+    clock = Clock()
+    answers = iter([STALE] * 6 + [UP])
+    said: list[str] = []
+    waited = wait_login_reaches_controller(SESSION, said.append, ask=lambda: next(answers), clock=clock,
+                                           sleep=clock.sleep)
+    assert waited == 3.0  # six failed pings 0.5 s apart
+    assert said == ["waiting for slurmctld to answer from the login pod: "
+                    "Unable to contact slurm controller (connect failure)",
+                    "slurmctld answers from the login pod after 3.0s"]
+
+
+def test_an_answer_at_once_or_nothing_to_ask_says_nothing():
+    said: list[str] = []
+    assert wait_login_reaches_controller(SESSION, said.append, ask=lambda: UP, clock=Clock()) == 0.0
+    assert wait_login_reaches_controller(SESSION, said.append, ask=lambda: None, clock=Clock()) == 0.0  # asleep
+    assert said == []
+
+
+def test_a_controller_that_never_answers_fails_with_what_the_ping_said():
+    clock = Clock()
+    with pytest.raises(DeployError, match=r"slurmctld does not answer from the login pod after 4s \(`scontrol ping`: "
+                                          r"Unable to contact slurm controller \(connect failure\)\).*"
+                                          r"kubectl -n slurm-x logs slurmctld-0"):
+        wait_login_reaches_controller(SESSION, lambda _: None, timeout=4.0, ask=lambda: STALE, clock=clock,
+                                      sleep=clock.sleep)

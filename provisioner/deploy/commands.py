@@ -105,6 +105,8 @@ def up(spec: SpecOpt, kubeconfig: KubeOpt = None, state: StateOpt = None, stack:
         result = a.up(session, _echo_line, diff=diff)
         if wait:  # Pulumi's StatefulSet await can take the old revision's status for the new one's
             a.wait_rollouts(session, _echo_line)
+            # and a new slurmctld pod's address reaches the login pod's DNS a cache TTL later
+            a.wait_login_reaches_controller(session, _echo_line)
     except SlurmK8sError as err:
         _fail(err)
     _report("up", result, session)

@@ -284,3 +284,77 @@ def _rollout_reader(session: Session) -> Callable[[], list[tuple[str, Any]]]:
         return [(kind, api_client.sanitize_for_serialization(o)) for kind, o in found]
 
     return read
+
+
+# seconds `up` waits, after the rollout, for slurmctld to answer from the login pod
+ANSWER_TIMEOUT = 120.0
+
+
+def wait_login_reaches_controller(session: Session, echo: Printer, *, timeout: float = ANSWER_TIMEOUT,
+                                  ask: Callable[[], tuple[int, str, str] | None] | None = None,
+                                  clock: Callable[[], float] = time.monotonic,
+                                  sleep: Callable[[float], Any] = time.sleep) -> float:
+    """After the rollout: wait until `scontrol ping` on the login pod finds slurmctld UP, which is
+    what a researcher's first `sbatch` needs. A new slurmctld pod has a new address, and the
+    cluster's DNS may answer the old one for its cache's TTL (5-30 s) after the pod is Ready:
+    `sbatch` then fails with "Unable to contact slurm controller". Seconds waited; nothing is
+    asked while the control tier or the login pod sleeps (`ask` returns None). `ask` (tests):
+    (exit code, stdout, stderr) of one ping, or None when there is nothing to ask."""
+    if ask is None:
+        ask = _login_ping(session)
+    t0 = clock()
+    said = ""
+    next_echo = t0 + 2.0  # quiet when it answers at once, as it does when nothing rolled
+    while True:
+        answer = ask()
+        if answer is None:
+            return clock() - t0
+        code, out, err = answer
+        now = clock()
+        if code == 0 and " UP" in out:
+            if said:
+                echo(f"slurmctld answers from the login pod after {now - t0:.1f}s")
+            return now - t0
+        why = " ".join((err or out).split())[:200] or f"exit {code}"
+        if now - t0 >= timeout:
+            raise DeployError(f"slurmctld does not answer from the login pod after {timeout:.0f}s (`scontrol ping`: "
+                              f"{why}). `up` applied the spec and it rolled out; see `kubectl -n "
+                              f"{session.spec.namespace_name} logs slurmctld-0 -c slurmctld`")
+        if now >= next_echo:
+            said = why
+            echo(f"waiting for slurmctld to answer from the login pod: {why}")
+            next_echo = now + 10.0
+        sleep(0.5)
+
+
+def _login_ping(session: Session) -> Callable[[], tuple[int, str, str] | None]:
+    from kubernetes import client
+
+    from .. import manifests as m
+    from ..kubeapi import pod_exec
+
+    api_client = _cluster(session)[0]
+    core, apps = client.CoreV1Api(api_client), client.AppsV1Api(api_client)
+    ns = session.spec.namespace_name
+    selector = f"{m.L_CLUSTER}={session.spec.name},{m.L_COMPONENT}={m.LOGIN}"
+
+    def ask() -> tuple[int, str, str] | None:
+        from kubernetes.client.exceptions import ApiException
+        from urllib3.exceptions import HTTPError
+
+        try:
+            ctld = apps.read_namespaced_stateful_set(m.CONTROLLER, ns)
+            pods = core.list_namespaced_pod(ns, label_selector=selector).items
+        except ApiException as err:
+            return 1, "", f"the Kubernetes API answered {err.status} {err.reason}"  # asked again
+        except (HTTPError, OSError) as err:
+            return 1, "", f"the Kubernetes API did not answer ({type(err).__name__})"
+        if not (ctld.spec.replicas or 0):
+            return None  # the control tier sleeps: the next submit wakes it
+        ready = [p.metadata.name for p in pods if p.metadata.deletion_timestamp is None
+                 and any(c.type == "Ready" and c.status == "True" for c in (p.status.conditions or ()))]
+        if not ready:
+            return None  # the login pod sleeps (it wakes with the tier) or is not part of this cluster
+        return pod_exec(core, ns, sorted(ready)[0], m.LOGIN, ["scontrol", "ping"], timeout=15.0)
+
+    return ask
