@@ -73,11 +73,13 @@ def p4b_doc(running: float, nodes: int = 500, exit_code: int = 0, down: int = 0)
             "created_s": 2.38, "running_s": running, "deleted_s": 1.7}
 
 
-def p7_doc(seen: list[float], login_sleeps: bool = False) -> dict[str, Any]:
+def p7_doc(seen: list[float], login_sleeps: bool = False, plain: list[float] | None = None) -> dict[str, Any]:
     """bench/wake_submit.py --json."""
+    plain = [2.5] * len(seen) if plain is None else plain
     return {"kubernetes": "v1.35.0", "runs": len(seen), "login_sleeps": login_sleeps,
-            "jobs": [str(i + 1) for i in range(len(seen))], "to_job_id": [3.0] * len(seen),
-            "to_start_time": [round(s) for s in seen], "to_seen_running": seen}
+            "jobs": [str(i + 1) for i in range(len(seen) + len(plain))], "to_job_id": [3.0] * len(seen),
+            "to_start_time": [round(s) for s in seen], "to_seen_running": seen,
+            "plain_to_job_id": plain, "plain_to_seen_running": [p + 1.5 for p in plain]}
 
 
 def p3_doc(provisioned: float = 7200.0, busy: float = 6000.0, fates: dict[int, list[str]] | None = None, *,
@@ -282,11 +284,16 @@ def test_p6_rows_host_network_measured() -> None:
 
 def test_p7_rows() -> None:
     [row] = bench_all.p7_rows(p7_doc([8.5, 6.4]))
-    assert row.verdict == "not met"
+    assert row.verdict == "not met" and row.note == "submit -> RUNNING <= 6 s: not met"
     assert row.result == ("RUNNING seen: median 7.5 s, max 8.5 s (2 runs); Slurm start_time median 7 s; "
-                          "job id median 3.0 s")
+                          "job id median 3.0 s. Plain sbatch: job id median 2.5 s, max 2.5 s (2 runs), "
+                          "RUNNING seen median 4.0 s")
     [row] = bench_all.p7_rows(p7_doc([5.2], login_sleeps=True))
     assert row.verdict == "met" and "(1 runs, login asleep too)" in row.result
+    [row] = bench_all.p7_rows(p7_doc([5.2], plain=[3.4]))
+    assert row.verdict == "not met" and row.note == "plain sbatch -> job id <= 3 s: not met"
+    [row] = bench_all.p7_rows(p7_doc([5.2], plain=[]))  # --no-plain, or a JSON from before it was timed
+    assert row.verdict == "not measured" and "did not time it" in row.note
 
 
 def test_the_benches_write_the_keys_the_rows_read() -> None:
