@@ -136,7 +136,7 @@ def release(cluster_reachable, tmp_path_factory) -> Iterator[Release]:
 def test_install_login_answers_ssh(release: Release):
     login = release.login()
     assert login.run("id -un").stdout.strip() == "alice"
-    init = kubectl("logs", "-n", NAMESPACE, "slurmctld-0", "-c", "render-config").stdout
+    init = kubectl("logs", "-n", NAMESPACE, "slurmctld-0", "-c", "slurmctld").stdout  # its entrypoint renders
     assert "wrote inventory.json, slurm.conf" in init, init
     assert "Kubernetes nodes read" in init and "(0 Kubernetes nodes read)" not in init, init
     nodes = login.run("sinfo -h -N -o %N").stdout.split()

@@ -102,7 +102,7 @@ def test_an_idle_control_tier_sleeps_and_slurmk8s_submit_wakes_it(sleepy_cluster
           f"(Slurm start_time; target <= 30 s)")
     assert started - wall <= 60, f"submit -> RUNNING from asleep took {started - wall:.0f}s"
     # the woken pod took the configuration the loop kept on the state volume: no render, no Python start
-    init = kubectl("logs", "-n", sleepy.NS, "slurmctld-0", "-c", "render-config", check=False)
+    init = kubectl("logs", "-n", sleepy.NS, "slurmctld-0", "-c", "slurmctld", check=False)
     assert "reused the configuration kept in" in init.stdout, init.stdout + init.stderr
     final = wait_job(login, job, 180)
     assert final["job_state"] == ["COMPLETED"], final["job_state"]

@@ -367,7 +367,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--spec", default="/etc/slurmk8s/spec/spec.json", help="the cluster spec (JSON)")
     parser.add_argument("--period", type=float, default=DEFAULT_PERIOD, help="seconds between passes")
     parser.add_argument("--once", action="store_true", help="one pass; exit 1 if slurmdbd is away or a change failed")
+    parser.add_argument("--wait-config", metavar="DIR", default="",
+                        help="wait until the slurmctld container has filled the configuration directory DIR "
+                             "(DIR/.ready) first: sacctmgr and scontrol read it (the slurmctld pod's containers)")
     args = parser.parse_args(argv)
+    if args.wait_config:
+        from .livenodes.ready import wait_for_config
+
+        wait_for_config(args.wait_config, _log)
     db, ctl, watch = Sacctmgr(), Scontrol(), ControllerWatch()
     waiting_since: float | None = None
     in_step = False

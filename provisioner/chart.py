@@ -3,11 +3,13 @@
 The chart deploys the same objects as the Pulumi program (``provisioner.deploy.program``) from the
 same cluster spec (the chart's values). One thing a Go template cannot do is the Python core:
 inventory from the Kubernetes nodes, topology, slurm.conf / topology.conf / gres.conf /
-inventory.json. The chart therefore renders those in the slurmctld pod, in an init container that
-runs :func:`render_main` (``slurmk8s-render-config``) from the controller image: it reads the spec
-the chart wrote to the ``slurmk8s-spec`` ConfigMap, lists the Kubernetes nodes (only when a pool is
-pinned to nodes), and writes exactly the files that ``slurmk8s up`` puts into the ``slurm-config``
-ConfigMap, through the same functions (:func:`provisioner.generate.generate` and
+inventory.json. The chart therefore renders those in the slurmctld pod: before slurmctld starts,
+the slurmctld container's entrypoint runs ``slurmk8s-config-init``, which (unless it copies back the
+configuration kept on the state volume, :mod:`provisioner.livenodes.cache`) runs :func:`render_main`
+(``slurmk8s-render-config``) from the controller image: it reads the spec the chart wrote to the
+``slurmk8s-spec`` ConfigMap, lists the Kubernetes nodes (only when a pool is pinned to nodes), and
+writes exactly the files that ``slurmk8s up`` puts into the ``slurm-config`` ConfigMap, through the
+same functions (:func:`provisioner.generate.generate` and
 :func:`provisioner.manifests.slurm_config_map`), into the volume mounted at /etc/slurm.
 
 tests/test_chart.py renders the chart (``helm template``) and the Pulumi program for the same specs
@@ -93,7 +95,8 @@ def render_main(argv: Sequence[str] | None = None) -> int:
     """slurmk8s-render-config --out DIR: spec (SLURMK8S_SPEC) + Kubernetes nodes -> DIR/slurm.conf, ...
 
     Exit status 2: the spec or the nodes do not give a valid cluster (the message names the field and
-    the fix); 1: the Kubernetes API could not be read (the kubelet retries the init container).
+    the fix); 1: the Kubernetes API could not be read. Either way the slurmctld container exits and
+    the kubelet restarts it.
     """
     args = list(sys.argv[1:] if argv is None else argv)
     if "--out" not in args or args.index("--out") + 1 >= len(args):

@@ -46,7 +46,7 @@ class Topology:
     blocks: tuple[Block, ...] = ()
     block_sizes: tuple[int, ...] = ()
     # worth saying at render time, never fatal: printed by `slurmk8s render`, logged by the Pulumi
-    # program and the chart's render init container
+    # program and by the slurmctld container as it renders at start
     notices: tuple[Issue, ...] = ()
 
     @property

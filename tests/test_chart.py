@@ -206,15 +206,19 @@ def _expected_differences(spec, chart: dict[str, dict], pulumi: dict[str, dict],
     ns_obj = pulumi.pop(f"Namespace -/{ns}")
     assert ns_obj["metadata"]["name"] == ns
 
-    # 5. slurm-config: rendered in the slurmctld pod by the render-config init container, from the
-    #    same spec and nodes with the same code: render_files() must give exactly this data.
+    # 5. slurm-config: rendered in the slurmctld pod by the slurmctld container's entrypoint
+    #    (SLURMK8S_CONFIG_INIT), from the same spec and nodes with the same code: render_files() must
+    #    give exactly this data.
     slurm_config = pulumi.pop(f"ConfigMap {ns}/slurm-config")
     domain = json.loads(pulumi[f"ConfigMap {ns}/{m.SPEC_CONFIG}"]["data"]["site.json"])["cluster_domain"]
     files, _ = render_files(parse_spec(spec.model_dump(mode="json")), nodes, domain)
     assert files == m.config_map_files(slurm_config), "the in-cluster render differs from the Pulumi program's slurm-config"
     sts = chart[f"StatefulSet {ns}/slurmctld"]["spec"]["template"]
-    (init,) = sts["spec"]["initContainers"]
-    assert init["name"] == "render-config" and init["command"][:1] == [m.CONFIG_INIT]  # which runs render_main
+    assert "initContainers" not in sts["spec"]  # the kubelet would start slurmctld up to 1 s after one
+    ctld = next(c for c in sts["spec"]["containers"] if c["name"] == "slurmctld")
+    assert {"name": "SLURMK8S_CONFIG_INIT", "value": m.CONFIG_INIT} in ctld["env"]  # which runs render_main
+    for c in sts["spec"]["containers"]:  # and every other container waits for it
+        assert c["name"] == "slurmctld" or c["command"][-2:] == ["--wait-config", m.SLURM_CONF_DIR], c["name"]
     #    the spec hash covers the values as given (the chart cannot normalise them): both present.
     psts = pulumi[f"StatefulSet {ns}/slurmctld"]["spec"]["template"]
     assert sts["metadata"]["annotations"].pop(m.A_SPEC_HASH) and psts["metadata"]["annotations"].pop(m.A_SPEC_HASH)
@@ -326,8 +330,8 @@ def test_a_builder_change_the_chart_does_not_follow_fails_naming_object_and_fiel
     monkeypatch.setattr(m, "login_service", svc)
     spec, pulumi, chart, nodes = _render("local", pulumi_run)
     problems = compare(spec, chart, pulumi, nodes)
-    assert any(p.startswith("StatefulSet slurm-local/slurmctld: spec.template.spec.containers[0].env: 5 items in "
-                            "the chart, 6 in pulumi") for p in problems), problems
+    assert any(p.startswith("StatefulSet slurm-local/slurmctld: spec.template.spec.containers[0].env: 6 items in "
+                            "the chart, 7 in pulumi") for p in problems), problems
     assert "Service slurm-local/login: spec.ports[0].name: chart \"ssh\", pulumi \"sshd\"" in problems, problems
 
 
@@ -416,7 +420,7 @@ def test_bad_values_are_refused_naming_the_field(values, message, tmp_path):
 
 @pytest.mark.chart
 def test_render_config_entry_point_writes_the_files(tmp_path, monkeypatch):
-    """slurmk8s-render-config as the init container runs it: spec from the chart's spec.json; a
+    """slurmk8s-render-config as the slurmctld container runs it: spec from the chart's spec.json; a
     spec without pinned pools reads no nodes."""
     from provisioner.chart import render_main
 

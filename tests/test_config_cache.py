@@ -1,5 +1,6 @@
-"""The configuration kept for the next start of slurmctld (provisioner/livenodes/cache.py) and the
-init container that reuses it (images/entrypoint/config-init.sh, run here with sh)."""
+"""The configuration kept for the next start of slurmctld (provisioner/livenodes/cache.py), the
+entrypoint step that reuses it (images/entrypoint/config-init.sh, run here with sh) and the wait of
+the pod's other containers for it (provisioner/livenodes/ready.py)."""
 
 from __future__ import annotations
 
@@ -26,12 +27,12 @@ def pod(tmp_path: Path) -> dict[str, Path]:
     (p["conf"] / "inventory.json").write_text("{}\n")
     (p["spec"] / "spec.json").write_text('{"name": "a"}')
     (p["spec"] / "site.json").write_text('{"cluster_domain": "cluster.local"}')
-    (p["conf"] / ".inputs").mkdir()  # what the init container noted it rendered from
+    (p["conf"] / ".inputs").mkdir()  # what config-init noted it rendered from
     for n in ("spec.json", "site.json"):
         (p["conf"] / ".inputs" / n).write_bytes((p["spec"] / n).read_bytes())
     p["id"] = tmp_path / "render-id"
     p["id"].write_text("abc\n")
-    # the renderer the init container falls back to: records that it ran
+    # the renderer config-init falls back to: records that it ran
     p["render"] = tmp_path / "render-config"
     p["render"].write_text('#!/bin/sh\nmkdir -p "$2"; echo rendered > "$2/slurm.conf"\n')
     p["render"].chmod(0o755)
@@ -55,7 +56,7 @@ def test_a_kept_configuration_is_reused_as_it_was(pod):
     assert cache(pod).sync() is False  # nothing changed: nothing written
     got = init(pod)
     assert "reused" in got.stderr
-    assert sorted(os.listdir(pod["out"])) == [".inputs", "inventory.json", "slurm.conf"]
+    assert sorted(os.listdir(pod["out"])) == [".inputs", ".ready", "inventory.json", "slurm.conf"]
     assert (pod["out"] / "slurm.conf").read_text() == "ClusterName=a\n"
     assert (pod["out"] / ".inputs" / "spec.json").read_text() == '{"name": "a"}'  # for the next copy
 
@@ -76,6 +77,7 @@ def test_anything_else_renders_again(pod, change):
     got = init(pod)
     assert "rendering" in got.stderr
     assert (pod["out"] / "slurm.conf").read_text() == "rendered\n"
+    assert (pod["out"] / ".ready").exists()
     assert (pod["out"] / ".inputs" / "spec.json").read_bytes() == (pod["spec"] / "spec.json").read_bytes()
 
 
@@ -97,9 +99,10 @@ def test_the_spec_kept_is_the_one_the_files_were_made_from(pod):
 def test_a_copy_leaves_nothing_of_an_earlier_configuration(pod):
     cache(pod).sync()
     pod["out"].mkdir()
-    (pod["out"] / "gres.conf").write_text("old\n")  # the init container run again in the same pod
+    (pod["out"] / "gres.conf").write_text("old\n")  # a run cut short in the same pod
+    (pod["out"] / ".ready").write_text("")
     init(pod)
-    assert sorted(os.listdir(pod["out"])) == [".inputs", "inventory.json", "slurm.conf"]
+    assert sorted(os.listdir(pod["out"])) == [".inputs", ".ready", "inventory.json", "slurm.conf"]
 
 
 def test_the_copy_follows_the_loop_and_waits_out_a_pending_reconfigure(pod):
@@ -115,7 +118,7 @@ def test_the_copy_follows_the_loop_and_waits_out_a_pending_reconfigure(pod):
     assert (pod["cache"] / "topology.conf").read_text() == "SwitchName=s\n"
     assert not (pod["cache"] / "inventory.json").exists()  # gone from the config dir: gone here
     init(pod)
-    assert sorted(os.listdir(pod["out"])) == [".inputs", "slurm.conf", "topology.conf"]
+    assert sorted(os.listdir(pod["out"])) == [".inputs", ".ready", "slurm.conf", "topology.conf"]
 
 
 def test_nothing_is_kept_without_the_images_id_or_a_slurm_conf(pod):
@@ -157,3 +160,46 @@ def test_the_loop_drops_a_pinned_specs_copy_and_survives_a_failing_one(pod, tmp_
     assert log_path.read_text().count("cannot keep the configuration") == 1  # once, not every pass
     # kept (or nothing to keep): done for this pod, as nothing rewrites the files while it runs
     assert _keep_config(c, log, first) == (None, "") and (pod["cache"] / "complete").exists()
+
+
+def test_a_failed_render_leaves_the_directory_not_ready(pod):
+    """The renderer's exit status comes back (the container restarts and tries again) and no
+    .ready tells the other containers to go on, even one left by an earlier run."""
+    pod["out"].mkdir()
+    (pod["out"] / ".ready").write_text("")
+    pod["render"].write_text('#!/bin/sh\necho "not a valid cluster spec" >&2; exit 2\n')
+    with pytest.raises(subprocess.CalledProcessError) as err:
+        init(pod)
+    assert err.value.returncode == 2 and "not a valid cluster spec" in err.value.stderr
+    assert not (pod["out"] / ".ready").exists()
+
+
+def test_the_other_containers_wait_for_the_directory_and_say_so():
+    """wait_for_config returns at once on a ready directory; else it looks every POLL s, says what it
+    waits for at the start, every SAY_EVERY s and at the end."""
+    import tempfile
+
+    from provisioner.livenodes.ready import wait_for_config
+    from tests.fakes.clock import Clock
+
+    with tempfile.TemporaryDirectory() as d:
+        lines: list[str] = []
+        clock = Clock()
+        looks = []
+
+        def sleep(s: float) -> None:
+            looks.append(s)
+            clock.sleep(s)
+            if clock() >= 61.0:
+                Path(d, ".ready").write_text("")
+
+        assert wait_for_config(d, lines.append, clock=clock, sleep=sleep, poll=0.5, say_every=30.0) >= 61.0
+        assert set(looks) == {0.5}
+        assert "waiting for the Slurm configuration in" in lines[0]
+        assert [line.split(" after ")[1] for line in lines[1:-1]] == ["30s: see the slurmctld container's log "
+                                                                      "(kubectl -n NAMESPACE logs slurmctld-0 -c slurmctld)",
+                                                                      "60s: see the slurmctld container's log "
+                                                                      "(kubectl -n NAMESPACE logs slurmctld-0 -c slurmctld)"]
+        assert lines[-1].endswith("is ready after 61.00s")
+        lines.clear()
+        assert wait_for_config(d, lines.append, clock=clock, sleep=sleep) == 0.0 and lines == []

@@ -1,6 +1,7 @@
 """The Slurm configuration follows the Kubernetes nodes of pinned pools while the cluster runs
 (issue #14 item 4): :class:`provisioner.livenodes.live.LiveNodes` against canned Node lists and a
-recording Slurm client, in a temporary config directory filled as the pod's render-config fills it.
+recording Slurm client, in a temporary config directory filled as the slurmctld container fills it
+at start.
 
 Each case says what the loop writes, whether it reconfigures, and what it drains."""
 
@@ -42,7 +43,7 @@ def slurm_node(name: str, *state: str, reason: str = "") -> dict:
 
 
 class Cluster:
-    """A config directory as render-config leaves it, the nodes the API lists, Slurm's view."""
+    """A config directory as the render at start leaves it, the nodes the API lists, Slurm's view."""
 
     def __init__(self, tmp: Path, nodes: list[dict]) -> None:
         self.dir = tmp / "etc-slurm"

@@ -291,6 +291,8 @@ def test_controller_and_login_shape(local, secrets, tmp_path):
 
     envfile = tmp_path / "elastic.env"
     envfile.write_text(m.spec_config_map(spec, m.K8sSite())["data"]["elastic.env"])
+    # (SLURMK8S_CONFIG_INIT is the entrypoint's alone: it fills /etc/slurm before slurmctld starts)
+    assert env.pop("SLURMK8S_CONFIG_INIT") == m.CONFIG_INIT and "initContainers" not in ps
     assert read_env_file(str(envfile)) == {**env, "SLURMK8S_NAMESPACE": "slurm-local"}
     secret_vol = next(v for v in ps["volumes"] if v["name"] == "munge-key")
     assert secret_vol["secret"] == {"secretName": "slurm-auth", "defaultMode": 0o400}

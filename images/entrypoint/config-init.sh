@@ -1,11 +1,12 @@
 #!/bin/sh
-# slurmk8s-config-init --out DIR: the slurmctld pod's init container. Fills DIR with slurm.conf and
-# the rest: a copy of the configuration slurmctld last ran with, when the reconcile loop kept one on
+# slurmk8s-config-init --out DIR: run once per slurmctld pod by the slurmctld container's entrypoint
+# (images/entrypoint/slurmctld.sh) before slurmctld starts. Fills DIR with slurm.conf and the rest: a copy of the configuration slurmctld last ran with, when the reconcile loop kept one on
 # the state volume for exactly this spec, site and renderer (provisioner/livenodes/cache.py); else
 # renders it (slurmk8s-render-config: the spec and the Kubernetes nodes, a Python start). The copy
 # saves that start on every wake of an asleep tier. The loop keeps one only for a spec without a
 # pinned pool (whose Slurm nodes do not follow the Kubernetes nodes), and every file must match
-# the sha256 sums in `complete`, written last.
+# the sha256 sums in `complete`, written last. DIR/.ready, written last, tells the pod's other
+# containers (the reconcile loop, accounting: provisioner/livenodes/ready.py) that DIR is whole.
 #   SLURMK8S_CONFIG_CACHE  the kept copy (default /var/spool/slurmctld/slurmk8s/config)
 #   SLURMK8S_SPEC          the spec the pod runs (default /etc/slurmk8s/spec/spec.json; site.json beside it)
 #   SLURMK8S_RENDER_ID     the image's renderer id (default /opt/slurmk8s/render-id)
@@ -34,14 +35,21 @@ inputs() {
 
 # nothing of an earlier run of this container or of a copy that failed half-way
 clean() {
-    mkdir -p "$out" && rm -f "$out"/* "$out"/.*.tmp 2>/dev/null
+    mkdir -p "$out" && rm -f "$out/.ready" "$out"/* "$out"/.*.tmp 2>/dev/null
+}
+
+# DIR is whole: the pod's other containers may read it (and the reconcile loop keep it current)
+ready() {
+    : >"$out/.ready" || { log "cannot write $out/.ready"; exit 1; }
 }
 
 render() {
     log "$1: rendering"
     clean || true
     inputs || log "cannot note the spec files in $out/.inputs: the next start renders again"
-    exec "${SLURMK8S_RENDER_CONFIG:-/opt/slurmk8s/bin/slurmk8s-render-config}" --out "$out"
+    "${SLURMK8S_RENDER_CONFIG:-/opt/slurmk8s/bin/slurmk8s-render-config}" --out "$out" || exit
+    ready
+    exit 0
 }
 
 # the files `complete` lists (sha256sum lines, checked before), the spec files and the id excepted
@@ -64,4 +72,5 @@ same "$render_id" "$cache/render-id" || render "the image's renderer differs fro
 (cd "$cache" && sha256sum --check --status complete) || render "the kept configuration is not whole (sha256sum)"
 [ -f "$cache/slurm.conf" ] || render "the kept configuration has no slurm.conf"
 copy || render "cannot copy the kept configuration from $cache"
+ready
 log "reused the configuration kept in $cache: $(cd "$out" && echo *)"

@@ -1,6 +1,7 @@
 #!/bin/bash
 # slurmk8s slurmctld entrypoint (PID 1 is tini). Contract: images/README.md.
-#   /etc/slurm/               rendered config dir (slurm.conf, topology.conf, ...), mounted
+#   /etc/slurm/               rendered config dir (slurm.conf, topology.conf, ...), mounted; or made
+#                             here by $SLURMK8S_CONFIG_INIT (slurmk8s-config-init) when that is set
 #   /var/spool/slurmctld      StateSaveLocation (a volume); made owned by SlurmUser
 #   /etc/slurmk8s/jwt/jwt_hs256.key  the JWT key, when slurm.conf sets AuthAltParameters=jwt_key=
 #   arguments                 appended to the slurmctld command line (e.g. -vvv)
@@ -12,6 +13,18 @@ set -euo pipefail
 CONF_DIR="${SLURMK8S_SLURM_CONF_DIR:-/etc/slurm}"
 CONF="$CONF_DIR/slurm.conf"
 log "starting slurmctld"
+
+# SLURMK8S_CONFIG_INIT (set by the pod spec): the Slurm configuration directory is an emptyDir of the
+# pod, filled here once per pod before slurmctld starts (images/entrypoint/config-init.sh: the copy
+# kept on the state volume, or a render from the spec and the Kubernetes nodes). A restarted
+# container finds it made (DIR/.ready), maybe kept current since by the reconcile loop, and leaves it.
+# Run as slurm, the user of the reconcile loop that rewrites these files. (Not an init container:
+# the kubelet sees an init container's end at its next relist of the containers, each second, and
+# only then starts the pod's containers.)
+if [ -n "${SLURMK8S_CONFIG_INIT:-}" ] && [ ! -e "$CONF_DIR/.ready" ]; then
+    setpriv --reuid slurm --regid slurm --init-groups -- "$SLURMK8S_CONFIG_INIT" --out "$CONF_DIR" \
+        || die "$SLURMK8S_CONFIG_INIT could not make the Slurm configuration in $CONF_DIR (why: above)"
+fi
 
 [ -e "$CONF" ] || die "$CONF not found: mount the rendered config directory at $CONF_DIR"
 

@@ -159,7 +159,7 @@ class Controller(_Component):
         # namespace; `down` deletes them with the rest). In place before slurmctld starts.
         policy = self._add(m.worker_pod_policy(spec, site))
         binding = self._add(m.worker_pod_policy_binding(spec), after=[policy])
-        # pinned pools: the pod's render-config and the reconcile loop read the nodes (cluster-scoped)
+        # pinned pools: the pod's render at start and the reconcile loop read the nodes (cluster-scoped)
         read_nodes = [self._add(obj) for obj in m.read_nodes_objects(spec)]
         if m.sleeps(spec):  # idle teardown: the loop sleeps the tier and records its state
             self._add(m.control_tier_role(spec))

@@ -1,15 +1,15 @@
 """The last configuration slurmctld ran with, kept on its state volume so that a start can reuse it.
 
 Each start of the slurmctld pod, a wake from idle sleep included, renders slurm.conf and the rest
-from the spec and the Kubernetes nodes in its init container: a Python start (about 0.9 s of
-imports in the slurmctld image), a listing of the nodes and a render, all before slurmctld may
-start. The reconcile loop copies the files the init container wrote here, with the inputs they were
-made from, once per pod (until a copy succeeds: without a pinned pool nothing rewrites them while
-the pod runs):
+from the spec and the Kubernetes nodes in its slurmctld container, before slurmctld starts
+(slurmk8s-config-init, run by the entrypoint): a Python start (about 0.9 s of imports in the
+slurmctld image), a listing of the nodes and a render. The reconcile loop copies the files written
+at start here, with the inputs they were made from, once per pod (until a copy succeeds: without a
+pinned pool nothing rewrites them while the pod runs):
 
   <state>/slurmk8s/config/          (STATE_DIR, the slurmctld-state volume)
     slurm.conf, topology.conf, ...  the files of the configuration directory, as slurmctld runs them
-    spec.json, site.json            the spec files they were made from: the init container's copies
+    spec.json, site.json            the spec files they were made from: config-init's copies
                                     (<config dir>/.inputs/), taken as it rendered or copied; kept
                                     only while the mounted spec is still the same (a changed spec
                                     rolls the pod, and the new one renders)
@@ -18,7 +18,7 @@ the pod runs):
     complete                        written last (after every file and the directory are synced to
                                     disk), removed first: `sha256sum -c` lines of every file above
 
-The init container (images/entrypoint/config-init.sh, shell: no Python) reuses the copy when
+slurmk8s-config-init (images/entrypoint/config-init.sh, shell: no Python) reuses the copy when
 `complete` is there and spec.json, site.json and render-id are byte for byte the pod's; else it
 renders as before. Only a spec without a pinned pool is kept: a pinned pool's Slurm nodes follow
 Kubernetes nodes that may have changed while the pod was away, and the job that woke the tier
@@ -40,7 +40,7 @@ from .live import PENDING
 CACHE_SUBDIR = "slurmk8s/config"
 RENDER_ID = "/opt/slurmk8s/render-id"
 INPUTS = ("spec.json", "site.json")
-INPUTS_DIR = ".inputs"  # in the config directory: the spec files the init container rendered or copied from
+INPUTS_DIR = ".inputs"  # in the config directory: the spec files config-init rendered or copied from
 COMPLETE = "complete"
 
 
@@ -71,7 +71,7 @@ class ConfigCache:
         if files.get("slurm.conf") is None:
             return None
         ident = _read(self.render_id)
-        if ident is None:  # an image without the id: the init container could never match it
+        if ident is None:  # an image without the id: config-init could never match it
             return None
         inputs = {n: _read(self.conf_dir / INPUTS_DIR / n) for n in INPUTS}
         if inputs["spec.json"] is None:  # not said what the files were made from

@@ -1,7 +1,7 @@
 """The Slurm configuration of a cluster on Kubernetes, from its spec and its Kubernetes nodes.
 
 One function for every place that renders it: ``slurmk8s up`` (the ``slurm-config`` ConfigMap),
-the slurmctld pod's render-config init container (both the Pulumi program's and the chart's) and
+the slurmctld pod's start (its slurmctld container; both the Pulumi program's and the chart's) and
 the reconcile loop (:mod:`provisioner.livenodes.live`), so they cannot disagree.
 """
 

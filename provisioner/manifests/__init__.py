@@ -28,7 +28,7 @@ from .cluster import (all_objects, auth_secret, check_home_access, check_names, 
 from .common import ClusterSecrets, K8sSite, controller_address, dns_searches, login_sleeps, service_fqdn, sleeps
 from .login import authorized_keys_secret, login_deployment, login_service, ssh_host_keys_secret
 from .names import (ACTIVITY_DIR, ACTIVITY_PORT, AUTHORIZED_KEYS_SECRET, AUTH_SECRET, A_CONFIG_HASH, A_MULTUS, CONFIG_INIT,
-                    A_SPEC_HASH, A_USERS_HASH, BASE_CAPS, BIN_DIR, CONTROLLER, CONTROLLER_GRACE_SECONDS,
+                    CONFIG_READY, A_SPEC_HASH, A_USERS_HASH, BASE_CAPS, BIN_DIR, CONTROLLER, CONTROLLER_GRACE_SECONDS,
                     CONTROLLER_POD, CONTROLLER_STATE_PVC, DATABASE_PVC, DB_SECRET, HOME_PVC, LOGIN, LOGIN_AGENT,
                     LOGIN_HOST, L_CLUSTER, L_COMPONENT, L_NODE, L_POOL, L_SUBDOMAIN, L_TIER, MUNGE_DIR, SA_TOKEN_DIR,
                     JWT_DIR, JWT_KEY_FILE, JWT_KEY_PATH, JWT_SECRET, REST, REST_CONFIG, REST_FRONT, REST_LOCAL_PORT,
@@ -56,7 +56,7 @@ __all__ = [
     "jwt_objects", "jwt_secret", "rest_conf", "rest_config_map", "rest_deployment", "rest_objects", "rest_openapi_plugins",
     "rest_service",
     "ACTIVITY_DIR", "ACTIVITY_PORT", "AUTHORIZED_KEYS_SECRET", "AUTH_SECRET", "A_CONFIG_HASH", "A_MULTUS",
-    "A_SPEC_HASH", "A_USERS_HASH", "BASE_CAPS", "BIN_DIR", "CONFIG_INIT", "CONTROLLER", "CONTROLLER_GRACE_SECONDS", "CONTROLLER_POD",
+    "A_SPEC_HASH", "A_USERS_HASH", "BASE_CAPS", "BIN_DIR", "CONFIG_INIT", "CONFIG_READY", "CONTROLLER", "CONTROLLER_GRACE_SECONDS", "CONTROLLER_POD",
     "CONTROLLER_STATE_PVC", "ClusterSecrets", "DATABASE_PVC", "DB_SECRET", "HOME_PVC", "K8sSite", "LOGIN",
     "LOGIN_AGENT", "LOGIN_HOST", "L_CLUSTER", "L_COMPONENT", "L_NODE", "L_POOL", "L_SUBDOMAIN", "L_TIER", "MUNGE_DIR",
     "SA_TOKEN_DIR", "SLURMCTLD_PORT", "SLURMDBD_CONF_SECRET", "SLURMDBD_PORT", "SLURMK8S_LOG_DIR", "SLURM_CONFIG",

@@ -110,11 +110,13 @@ def controller_statefulset(spec: ClusterSpec, files: Mapping[str, str], site: K8
     """slurmctld: one pod (hostname slurmctld-0), state on a PVC, the resume/suspend programs inside.
 
     ``replicas`` is left out on purpose (see the module docstring). The Slurm configuration is
-    rendered in the pod, by the render-config init container, from the spec and the Kubernetes nodes
-    (the same function as `up`, :mod:`provisioner.livenodes`), into an emptyDir that the reconcile
-    container keeps current as nodes are cordoned, relabelled, added and removed (with `scontrol
-    reconfigure`, no restart). So the pod carries no hash of those files: a change of the spec or
-    of the users rolls it (annotations), a change of the nodes does not.
+    rendered in the pod, by the slurmctld container's entrypoint before slurmctld starts (CONFIG_INIT,
+    once per pod), from the spec and the Kubernetes nodes (the same function as `up`,
+    :mod:`provisioner.livenodes`), into an emptyDir that the reconcile container keeps current as
+    nodes are cordoned, relabelled, added and removed (with `scontrol reconfigure`, no restart). The
+    reconcile and accounting containers wait for it (``--wait-config``). So the pod carries no hash
+    of those files: a change of the spec or of the users rolls it (annotations), a change of the
+    nodes does not.
     """
     labels = {**base_labels(spec, CONTROLLER)}
     annotations = {
@@ -125,8 +127,16 @@ def controller_statefulset(spec: ClusterSpec, files: Mapping[str, str], site: K8
         "name": "slurmctld",
         "image": spec.images.controller,
         "imagePullPolicy": spec.images.pull_policy,
-        # for commands run in the container (kubectl exec); the programs Slurm starts read elastic.env
-        "env": [{"name": k, "value": v} for k, v in elastic_env(spec).items()],
+        # for commands run in the container (kubectl exec); the programs Slurm starts read elastic.env.
+        # SLURMK8S_CONFIG_INIT: the entrypoint fills the slurm-config emptyDir with it before slurmctld
+        # starts, once per pod: slurm.conf, topology.conf, gres.conf(s) and inventory.json from the spec
+        # and the Kubernetes nodes as they are then (the files `up` wrote into the slurm-config
+        # ConfigMap, from the nodes as they were then); or, without a Python start, the files slurmctld
+        # last ran with, which the reconcile loop keeps on the state volume, when made from this very
+        # spec by this very image (images/entrypoint/config-init.sh, provisioner/livenodes/cache.py).
+        # Not an init container: the kubelet would start this container up to a second after its end.
+        "env": [{"name": k, "value": v} for k, v in elastic_env(spec).items()]
+        + [{"name": "SLURMK8S_CONFIG_INIT", "value": CONFIG_INIT}],
         "ports": [{"name": "slurmctld", "containerPort": SLURMCTLD_PORT, "protocol": "TCP"}],
         # a wake waits for readiness: each second (a TCP connect; the kernel answers it from the backlog)
         "readinessProbe": {"tcpSocket": {"port": SLURMCTLD_PORT}, "periodSeconds": 1, "failureThreshold": 3},
@@ -135,7 +145,7 @@ def controller_statefulset(spec: ClusterSpec, files: Mapping[str, str], site: K8
         "resources": {"requests": {"cpu": "250m", "memory": "512Mi"}},
         "securityContext": _container_security(BASE_CAPS),
         "volumeMounts": [
-            {"name": "slurm-config", "mountPath": SLURM_CONF_DIR, "readOnly": True},
+            {"name": "slurm-config", "mountPath": SLURM_CONF_DIR},  # written by CONFIG_INIT (as slurm)
             {"name": "spec", "mountPath": SPEC_DIR, "readOnly": True},
             {"name": "spec", "mountPath": ELASTIC_ENV, "subPath": ELASTIC_ENV_KEY, "readOnly": True},
             {"name": "users", "mountPath": USERS_DIR, "readOnly": True},
@@ -154,7 +164,7 @@ def controller_statefulset(spec: ClusterSpec, files: Mapping[str, str], site: K8
         "image": spec.images.controller,
         "imagePullPolicy": spec.images.pull_policy,
         "command": [f"{BIN_DIR}/slurmk8s-reconcile", "--period", str(RECONCILE_PERIOD),
-                    "--metrics-port", str(METRICS_PORT)],
+                    "--metrics-port", str(METRICS_PORT), "--wait-config", SLURM_CONF_DIR],
         "env": [{"name": k, "value": v} for k, v in elastic_env(spec).items()],
         "ports": [{"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"}],
         # the pod's readiness is what a wake waits for (controltier/tier.py): a probe every 10 s made
@@ -173,23 +183,6 @@ def controller_statefulset(spec: ClusterSpec, files: Mapping[str, str], site: K8
             {"name": "slurmk8s-log", "mountPath": SLURMK8S_LOG_DIR},
             {"name": "programs-socket", "mountPath": PROGRAM_SOCKET_DIR},
         ],
-    }
-    # slurm.conf, topology.conf, gres.conf(s) and inventory.json from the spec and the Kubernetes
-    # nodes as they are when the pod starts (the files `up` wrote into the slurm-config ConfigMap,
-    # from the nodes as they were then); or, without a Python start, the files slurmctld last ran
-    # with, which the reconcile loop keeps on the state volume, when made from this very spec by this
-    # very image (images/entrypoint/config-init.sh, provisioner/livenodes/cache.py)
-    render_config = {
-        "name": "render-config",
-        "image": spec.images.controller,
-        "imagePullPolicy": spec.images.pull_policy,
-        "command": [CONFIG_INIT, "--out", SLURM_CONF_DIR],
-        "env": container["env"],
-        "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}},
-        "securityContext": reconcile["securityContext"],
-        "volumeMounts": [{"name": "slurm-config", "mountPath": SLURM_CONF_DIR},
-                         {"name": "spec", "mountPath": SPEC_DIR, "readOnly": True},
-                         {"name": "state", "mountPath": STATE_DIR, "readOnly": True}],
     }
     volumes = [
         {"name": "slurm-config", "emptyDir": {"sizeLimit": "64Mi"}},
@@ -223,7 +216,6 @@ def controller_statefulset(spec: ClusterSpec, files: Mapping[str, str], site: K8
                     # slurmctld saves its state on SIGTERM; when the idle teardown stops it, the
                     # reconcile container then scales slurmdbd and the database down in order
                     "terminationGracePeriodSeconds": CONTROLLER_GRACE_SECONDS,
-                    "initContainers": [render_config],
                     "containers": [container, reconcile] + (
                         [accounting_container(spec)] if spec.accounting.enabled else []),
                     "volumes": volumes,
@@ -243,7 +235,7 @@ def accounting_container(spec: ClusterSpec) -> dict[str, Any]:
         # under tini, not PID 1 (which the kernel shields from SIGTERM): a pod deletion stops it at
         # once instead of after the pod's whole termination grace period
         "command": ["/usr/bin/tini", "--", f"{BIN_DIR}/slurmk8s-accounting", "--spec", f"{SPEC_DIR}/spec.json",
-                    "--period", "30"],
+                    "--period", "30", "--wait-config", SLURM_CONF_DIR],
         "resources": {"requests": {"cpu": "10m", "memory": "64Mi"}},
         "securityContext": {**_container_security(()), "runAsUser": SLURM_UID, "runAsGroup": SLURM_UID,
                             "runAsNonRoot": True},

@@ -152,6 +152,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--grace", type=float, default=None, help="seconds before a worker / boot is judged")
     parser.add_argument("--pending-timeout", type=float, default=None)
     parser.add_argument("--unschedulable-timeout", type=float, default=None)
+    parser.add_argument("--wait-config", metavar="DIR", default="",
+                        help="wait until the slurmctld container has filled the configuration directory DIR "
+                             "(DIR/.ready) before the first pass (the slurmctld pod's containers)")
     parser.add_argument("--metrics-table", action="store_true",
                         help="print the metrics as a Markdown table and exit")
     args = parser.parse_args(argv)
@@ -172,6 +175,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if metrics is not None:
         metrics.serve(args.metrics_port)
         log.write(f"metrics on :{args.metrics_port}/metrics")
+    if args.wait_config:  # the metrics endpoint (the container's readiness) serves meanwhile
+        from ..livenodes.ready import wait_for_config
+
+        wait_for_config(args.wait_config, log.write)
     events = EventTail(env.get("SLURMK8S_EVENTS", DEFAULT_EVENTS))
     events.read()  # start at the end
     started = time.time()

@@ -8,8 +8,8 @@ slurmk8s.spec: the values with the spec's defaults filled in where the builders 
 JSON. Use: {{- $s := include "slurmk8s.spec" . | fromJson }}
 Every default comes from "slurmk8s.defaults" ($d; _defaults.tpl, generated from provisioner/config.py);
 none is written here (tests/test_chart.py fails on a literal one).
-Full validation (cross-field rules, pool and user checks) runs in the cluster, in the
-render-config init container, with the same Python code as `slurmk8s up`.
+Full validation (cross-field rules, pool and user checks) runs in the cluster, in the slurmctld
+container's render at start, with the same Python code as `slurmk8s up`.
 */}}
 {{- define "slurmk8s.spec" -}}
 {{- $v := .Values -}}
