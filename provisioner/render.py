@@ -145,6 +145,11 @@ def render_slurm_conf(spec: ClusterSpec, inventory: Inventory, topology: Topolog
         ctld_params += ["power_save_interval=1", "power_save_min_interval=0"]
         # schedule a batch job at submit time instead of up to 3 s later (idle nodes: ~0.8 s, not ~2.9 s)
         _add_scheduler_parameter(extra_conf, "batch_sched_delay", "0")
+        # Slurm reads batch_sched_delay only in its first scheduling pass, which its compiled default
+        # (3 s) puts 3 s after slurmctld's start: a job submitted to a woken controller waited for it.
+        # The backfill pass reads its settings at start; each second (not 30) it starts such a job, and
+        # any that fits beside a blocked one. Its cycle stays capped (bf_max_time = bf_interval).
+        _add_scheduler_parameter(extra_conf, "bf_interval", "1")
     # the pools' job environment reaches every task through the TaskProlog; a TaskProlog of the
     # user's own (slurm.extra_conf) replaces it (it may run ours first)
     task_prolog = None
