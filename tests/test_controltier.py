@@ -13,6 +13,7 @@ import sys
 import tempfile
 import threading
 import time
+import unittest.mock
 from pathlib import Path
 
 import kubernetes_validate
@@ -152,6 +153,46 @@ def test_wake_says_when_everything_is_scaled_before_waiting_for_readiness():
     looks = [i for i, c in enumerate(api.calls) if c[0] == "ready?"]
     assert marks == [max(scales) + 1] and marks[0] <= min(looks), (marks, api.calls)
     assert tier.wake("again", scaled=lambda: marks.append("awake")) is False and marks[-1] == "awake"
+
+
+def test_a_wake_ends_once_slurmctld_takes_connections_before_its_pod_is_ready():
+    """The login agent's wake: slurmctld's port answering ends the wait for slurmctld (its pod's
+    readiness waits for every container and the next probe); asked only once it is scaled up."""
+    tier, api = _asleep_tier()
+    asked = []
+
+    def answers() -> bool:
+        asked.append(api.workloads[("StatefulSet", "slurmctld")]["spec"]["replicas"])
+        return len(asked) >= 2
+
+    progress: list[str] = []
+    assert tier.wake("sbatch by alice", progress.append, running_in=m.LOGIN, answers=answers) is True
+    assert asked == [1, 1]  # ready_after=3: the pod would be Ready only at the third look
+    assert progress[-2].startswith("statefulset/slurmctld takes connections on its port ("), progress
+    assert not any(p.startswith("statefulset/slurmctld ready") for p in progress)
+
+
+def test_controller_listens_connects_to_the_pods_address_from_the_api():
+    """No address yet, a pod being deleted, a port that refuses: not up. Listening: up."""
+    from provisioner.controltier.tier import controller_listens
+
+    api = FakeTierApi()
+    listens = controller_listens(api, "ns", connect_timeout=0.5)
+    assert listens() is False and api.calls[-1] == ("get_pod", m.CONTROLLER_POD)  # no podIP yet
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    with unittest.mock.patch.object(m, "SLURMCTLD_PORT", port):
+        api.pod_ips[m.CONTROLLER_POD] = "127.0.0.1"
+        assert listens() is False  # bound, not listening: refused
+        server.listen(1)
+        assert listens() is True
+        get = api.get_pod
+        api.get_pod = lambda ns, name: {**get(ns, name), "metadata": {"deletionTimestamp": "2026-12-03T08:00:00Z"}}
+        assert listens() is False  # the pod of the sleep, going
+    server.close()
+    api.forbidden.add("get_pod")
+    assert controller_listens(api, "ns")() is False  # RBAC: the wake waits for readiness instead
 
 
 def test_submit_wakes_in_a_thread_and_hands_its_failure_over(monkeypatch):
@@ -487,7 +528,11 @@ def test_tier_labels_and_rbac_name_exactly_the_tier(login_sleeps):
             assert r["resources"] in (["statefulsets/scale"], ["deployments/scale"], ["events"], ["statefulsets"])
             if r["resources"] != ["events"]:
                 assert r["resourceNames"], r
-        assert not any("pods" in r["resources"] or "secrets" in r["resources"] for r in rules)
+        assert not any("secrets" in r["resources"] for r in rules)
+        # the agent reads the slurmctld pod's address (controller_listens), no other pod, nothing else
+        pods = [r for r in rules if "pods" in r["resources"]]
+        assert pods == ([{"apiGroups": [""], "resources": ["pods"], "resourceNames": [m.CONTROLLER_POD],
+                          "verbs": ["get"]}] if name == m.LOGIN_AGENT else []), pods
     agent_rules = roles[m.LOGIN_AGENT]
     assert not any(r["resources"] == ["statefulsets"] and "patch" in r["verbs"] for r in agent_rules)
     scale = {n for r in agent_rules if r["resources"][0].endswith("/scale") for n in r["resourceNames"]}

@@ -26,7 +26,7 @@ from ..logs import Log
 from .activity import activity_doc, serve_activity
 from .api import ClientTierApi
 from .decision import DEFAULT_WAKE_TIMEOUT, TierError
-from .tier import Tier
+from .tier import Tier, controller_listens
 
 MAX_LINE = 512  # bytes of a request line (without its newline); a longer one is refused
 READ_TIMEOUT = 15.0  # a client that sends no request line does not hold a connection for ever
@@ -40,8 +40,9 @@ class Agent:
     protocol on a Unix socket, :class:`WakeServer`) and serves the session count to the reconcile loop."""
 
     def __init__(self, tier: Tier, activity_file: str, timeout: float = DEFAULT_WAKE_TIMEOUT,
-                 awake_cache: float = 2.0) -> None:
+                 awake_cache: float = 2.0, answers: Callable[[], bool] | None = None) -> None:
         self.tier = tier
+        self.answers = answers  # slurmctld takes connections (tier.controller_listens): done waking
         self.activity_file = activity_file
         self.timeout = timeout
         self.awake_cache = awake_cache
@@ -78,7 +79,7 @@ class Agent:
             self._waking = reason
             try:
                 woke = self.tier.wake(reason, progress=lambda t: send(f"progress {t}"), timeout=self.timeout,
-                                      running_in=m.LOGIN)
+                                      running_in=m.LOGIN, answers=self.answers)
             except TierError as err:
                 self.tier.log(f"wake for {reason} failed: {err}")
                 send(f"error {err}")
@@ -339,8 +340,11 @@ def agent_main(argv: Sequence[str] | None = None) -> int:
         except OSError:
             log("no --namespace and no ServiceAccount namespace file")
             return 2
-    tier = Tier(ClientTierApi(api_client()), namespace, "slurmk8s-login-agent", log=log)
-    agent = Agent(tier, args.activity_file, timeout=args.timeout)
+    api = ClientTierApi(api_client())
+    # polled each 0.2 s while a Slurm command waits for the wake (a read of the StatefulSet, of the
+    # slurmctld pod and a TCP connect)
+    tier = Tier(api, namespace, "slurmk8s-login-agent", log=log, poll=0.2)
+    agent = Agent(tier, args.activity_file, timeout=args.timeout, answers=controller_listens(api, namespace))
     try:
         server = WakeServer(agent, args.wake_socket, UserNames(args.users_file), log)
     except OSError as err:

@@ -22,6 +22,8 @@ class TierApi(Protocol):
 
     def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]: ...
 
+    def get_pod(self, namespace: str, name: str) -> dict[str, Any]: ...
+
     def create_event(self, namespace: str, body: Mapping[str, Any]) -> None: ...
 
     def list_events(self, namespace: str, field_selector: str) -> list[dict[str, Any]]: ...
@@ -61,6 +63,9 @@ class ClientTierApi(RawClient):
 
     def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
         return self._call(self._core.list_namespaced_pod, namespace, label_selector=selector).get("items", [])
+
+    def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
+        return self._call(self._core.read_namespaced_pod, name, namespace)
 
     def create_event(self, namespace: str, body: Mapping[str, Any]) -> None:
         self._call(self._core.create_namespaced_event, namespace, dict(body))

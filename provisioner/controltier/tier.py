@@ -134,7 +134,7 @@ class Tier:
 
     def wake(self, reason: str, progress: Callable[[str], None] = lambda _l: None,
              timeout: float = DEFAULT_WAKE_TIMEOUT, running_in: str = "",
-             scaled: Callable[[], None] = lambda: None) -> bool:
+             scaled: Callable[[], None] = lambda: None, answers: Callable[[], bool] | None = None) -> bool:
         """Scale every tier workload at zero back to one, all at once, and wait until slurmctld (and
         the login pod, when it sleeps with the tier) is ready; accounting (slurmdbd, its database)
         finishes starting on its own. Idempotent; True when something was asleep or still starting
@@ -148,7 +148,10 @@ class Tier:
         one (or was up): from then on a command that reaches slurmctld is not lost to a sleep, so
         a caller may go on before the readiness this call still waits for. (A sleep that did not
         finish within SLEEP_WAIT, its pod killed half-way, is not waited for longer: `scaled` then
-        follows the scale-up of what it left at zero.)"""
+        follows the scale-up of what it left at zero.)
+        `answers`: slurmctld is up as soon as this says so (:func:`controller_listens`: its port takes
+        connections), before its pod's readiness, which waits for every container of the pod and
+        for the kubelet's next probe."""
         ws = [w for w in self.workloads() if not running_in or w.component != running_in]
         if not any(w.component == m.CONTROLLER for w in ws):
             raise TierError(f"no statefulset/{m.CONTROLLER} labelled {TIER_SELECTOR} in namespace {self.namespace}: "
@@ -180,16 +183,20 @@ class Tier:
                      + " (slurmctld queues accounting records until slurmdbd answers)")
         for w in wake_order([w for w in ws if w.component in WAKE_WAITS_FOR]):
             t0 = self.clock()
+            how = "ready"
             while True:
                 cur = self._ready(w)
                 if cur.ready >= 1:
+                    break
+                if w.component == m.CONTROLLER and answers is not None and cur.replicas >= 1 and answers():
+                    how = "takes connections on its port"
                     break
                 if self.clock() > deadline:
                     why = self._why_not_ready(w)
                     raise TierError(f"{w.ref} not ready after {timeout:.0f}s" + (f": {why}" if why else "")
                                     + f"; see kubectl -n {self.namespace} describe {w.ref}")
                 self.sleep(self.poll)
-            progress(f"{w.ref} ready ({self.clock() - t0:.1f}s)")
+            progress(f"{w.ref} {how} ({self.clock() - t0:.1f}s)")
         progress(f"control tier awake ({self.clock() - start:.1f}s)")
         return True
 
@@ -299,3 +306,28 @@ class Tier:
             reason = max(requests)[1]
         self.record(AWAKE, f"woken: {reason}", EV_WAKE)
         return f"recorded awake ({reason})"
+
+
+def controller_listens(api: TierApi, namespace: str, connect_timeout: float = 0.25) -> Callable[[], bool]:
+    """`answers` for :meth:`Tier.wake`: True once the slurmctld pod (not being deleted) takes TCP
+    connections on slurmctld's port at its pod IP (the API names the address: no DNS answer of the
+    pod gone to sleep can be cached here), as its readiness probe checks, but at the wake's own poll."""
+    import socket
+
+    from ..kubeapi import ApiError
+
+    def listens() -> bool:
+        try:
+            pod = api.get_pod(namespace, m.CONTROLLER_POD)
+        except ApiError:
+            return False
+        ip = (pod.get("status") or {}).get("podIP")
+        if not ip or (pod.get("metadata") or {}).get("deletionTimestamp"):
+            return False
+        try:
+            socket.create_connection((ip, m.SLURMCTLD_PORT), timeout=connect_timeout).close()
+        except OSError:
+            return False
+        return True
+
+    return listens

@@ -7,7 +7,7 @@ from typing import Any
 from ..config import ClusterSpec
 from .common import _meta, login_sleeps, sleeps
 from .names import base_labels
-from .names import CONTROLLER, LOGIN, LOGIN_AGENT, MARIADB, REST, REST_FRONT, SLURMDBD, TIER_ROLE, WORKER_ROLE
+from .names import CONTROLLER, CONTROLLER_POD, LOGIN, LOGIN_AGENT, MARIADB, REST, REST_FRONT, SLURMDBD, TIER_ROLE, WORKER_ROLE
 
 
 # ---------------------------------------------------------------- RBAC for the resume/suspend programs
@@ -53,7 +53,8 @@ def read_nodes_name(spec: ClusterSpec) -> str:
 
 def read_nodes_cluster_role(spec: ClusterSpec) -> dict[str, Any]:
     """get / list of the Kubernetes nodes (cluster-scoped, named per namespace): the slurmctld pod
-    renders pinned pools from the nodes at start (render-config) and the reconcile loop follows them."""
+    renders pinned pools from the nodes at start (the slurmctld container, before slurmctld) and the
+    reconcile loop follows them."""
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
         "metadata": {"name": read_nodes_name(spec), "labels": base_labels(spec, CONTROLLER)},
@@ -139,8 +140,12 @@ def login_agent_service_account(spec: ClusterSpec) -> dict[str, Any]:
 
 
 def login_agent_role(spec: ClusterSpec) -> dict[str, Any]:
-    """Wake only: read the tier's workloads, scale exactly those, leave a WakeRequested Event."""
-    return _role(spec, LOGIN_AGENT, LOGIN, _tier_rules(spec, controller=False))
+    """Wake only: read the tier's workloads, scale exactly those, leave a WakeRequested Event; and
+    read the slurmctld pod (its address), to see its port take connections before the pod is Ready
+    (controltier.tier.controller_listens)."""
+    rules = _tier_rules(spec, controller=False)
+    rules.append({"apiGroups": [""], "resources": ["pods"], "resourceNames": [CONTROLLER_POD], "verbs": ["get"]})
+    return _role(spec, LOGIN_AGENT, LOGIN, rules)
 
 
 def login_agent_role_binding(spec: ClusterSpec) -> dict[str, Any]:

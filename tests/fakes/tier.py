@@ -21,6 +21,7 @@ class FakeTierApi:
     calls: list[tuple[Any, ...]] = field(default_factory=list)
     ready_after: int = 1  # get_workload calls until a scaled-up workload reports ready
     forbidden: set[str] = field(default_factory=set)  # verbs that fail with 403 (RBAC)
+    pod_ips: dict[str, str] = field(default_factory=dict)  # get_pod: a pod's status.podIP
     _pending: dict[tuple[str, str], int] = field(default_factory=dict)
 
     def add(self, kind: str, name: str, component: str, replicas: int = 1, tier: bool = True,
@@ -77,6 +78,13 @@ class FakeTierApi:
                 pods += [{"metadata": {"name": f"{obj['metadata']['name']}-{i}"}}
                          for i in range(max(obj["spec"]["replicas"], obj["status"]["readyReplicas"]))]
         return pods
+
+    def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
+        """The pod with the IP `pod_ips` gives it (none: the pod has no address yet)."""
+        self._check("get_pod")
+        self.calls.append(("get_pod", name))
+        ip = self.pod_ips.get(name)
+        return {"metadata": {"name": name}, "status": {"podIP": ip} if ip else {}}
 
     def create_event(self, namespace: str, body: Mapping[str, Any]) -> None:
         self._check("event")
