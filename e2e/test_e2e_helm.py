@@ -100,7 +100,7 @@ def release(cluster_reachable, tmp_path_factory) -> Iterator[Release]:
     key = asyncssh.generate_private_key("ssh-ed25519")
     values = e2e_spec(key.export_public_key().decode().strip() + " e2e-helm")
     values["name"] = "helm"  # namespace slurm-helm
-    # plus a pool pinned to the local node: the init container reads the Nodes (chart ClusterRole)
+    # plus a pool pinned to the local node: slurmctld's start reads the Nodes (chart ClusterRole)
     values["pools"].append({"name": "pin", "node_selector": {"kubernetes.io/os": "linux"}, "reserve_cpu": "1",
                             "reserve_memory": "16Gi", "partition": "pinned", "feature_labels": [FEATURE_LABEL]})
     values["chart"] = {}
@@ -196,7 +196,7 @@ def test_upgrade_with_a_changed_pool_leaves_the_running_job_alone(release: Relea
     assert out.returncode == 0, out.stdout + out.stderr
     print(f"helm upgrade --wait (pool changed, slurmctld re-rendered): {time.monotonic() - t0:.1f} s")
     assert kjson("get", "pod", "-n", NAMESPACE, "slurmctld-0")["metadata"]["uid"] != ctld_uid, \
-        "a changed spec must roll slurmctld (its init container renders the new slurm.conf)"
+        "a changed spec must roll slurmctld (its start renders the new slurm.conf)"
     pod = worker_pods().get(node)
     assert pod is not None and pod["metadata"]["uid"] == uid, f"the upgrade touched busy worker {node}"
     final = wait_job(login, job, hold + 120)

@@ -148,8 +148,10 @@ def render_slurm_conf(spec: ClusterSpec, inventory: Inventory, topology: Topolog
         # Slurm reads batch_sched_delay only in its first scheduling pass, which its compiled default
         # (3 s) puts 3 s after slurmctld's start: a job submitted to a woken controller waited for it.
         # The backfill pass reads its settings at start; each second (not 30) it starts such a job, and
-        # any that fits beside a blocked one. Its cycle stays capped (bf_max_time = bf_interval).
+        # any that fits beside a blocked one. A cycle may still take Slurm's default 30 s (bf_max_time
+        # follows bf_interval unless set), releasing its locks as usual, so a long queue is walked whole.
         _add_scheduler_parameter(extra_conf, "bf_interval", "1")
+        _add_scheduler_parameter(extra_conf, "bf_max_time", "30")
     # the pools' job environment reaches every task through the TaskProlog; a TaskProlog of the
     # user's own (slurm.extra_conf) replaces it (it may run ours first)
     task_prolog = None

@@ -174,7 +174,7 @@ def test_a_failed_render_leaves_the_directory_not_ready(pod):
     assert not (pod["out"] / ".ready").exists()
 
 
-def test_the_other_containers_wait_for_the_directory_and_say_so():
+def test_the_other_containers_wait_for_the_directory_and_say_so(monkeypatch):
     """wait_for_config returns at once on a ready directory; else it looks every POLL s, says what it
     waits for at the start, every SAY_EVERY s and at the end."""
     import tempfile
@@ -182,6 +182,7 @@ def test_the_other_containers_wait_for_the_directory_and_say_so():
     from provisioner.livenodes.ready import wait_for_config
     from tests.fakes.clock import Clock
 
+    monkeypatch.delenv("SLURMK8S_NAMESPACE", raising=False)
     with tempfile.TemporaryDirectory() as d:
         lines: list[str] = []
         clock = Clock()
@@ -196,10 +197,12 @@ def test_the_other_containers_wait_for_the_directory_and_say_so():
         assert wait_for_config(d, lines.append, clock=clock, sleep=sleep, poll=0.5, say_every=30.0) >= 61.0
         assert set(looks) == {0.5}
         assert "waiting for the Slurm configuration in" in lines[0]
-        assert [line.split(" after ")[1] for line in lines[1:-1]] == ["30s: see the slurmctld container's log "
-                                                                      "(kubectl -n NAMESPACE logs slurmctld-0 -c slurmctld)",
-                                                                      "60s: see the slurmctld container's log "
-                                                                      "(kubectl -n NAMESPACE logs slurmctld-0 -c slurmctld)"]
+        hint = "see the slurmctld container's log (kubectl -n NAMESPACE logs slurmctld-0 -c slurmctld)"
+        assert [line.split(" after ")[1] for line in lines[1:-1]] == [f"30s: {hint}", f"60s: {hint}"]
         assert lines[-1].endswith("is ready after 61.00s")
         lines.clear()
         assert wait_for_config(d, lines.append, clock=clock, sleep=sleep) == 0.0 and lines == []
+        Path(d, ".ready").unlink()  # never made: a SIGTERM ends the wait
+        stops = iter([False, False, True])
+        assert wait_for_config(d, lines.append, clock=clock, sleep=clock.sleep, stop=lambda: next(stops)) is None
+        assert lines[-1].startswith("stopped while waiting for")

@@ -304,6 +304,26 @@ def test_agent_wakes_once_and_answers_awake_after(tmp_path):
     assert agent.last_request is not None
 
 
+def test_after_a_wake_that_ended_at_the_port_the_next_caller_is_not_told_awake_from_the_cache(tmp_path):
+    """slurmctld may take connections before it serves RPCs: a caller right after such a wake looks
+    at the tier again (and hears `ok woken` while the pod is not Ready), so its wrapper pings
+    slurmctld before running the command; only a look that found everything up is cached."""
+    api = FakeTierApi(ready_after=10**6)
+    api.add("StatefulSet", "slurmctld", "slurmctld", replicas=0)
+    tier, _ = _tier(api)
+    agent = Agent(tier, str(tmp_path / "sessions"), answers=lambda: True)
+    for command in ("sbatch", "squeue"):
+        out: list[str] = []
+        agent.handle(f"wake alice {command}", out.append, "alice")
+        assert any(line.startswith("progress statefulset/slurmctld takes connections on its port") for line in out)
+        assert out[-1] == "ok woken", out
+    api.workloads[("StatefulSet", "slurmctld")]["status"]["readyReplicas"] = 1  # the pod is Ready now
+    for _ in range(2):
+        out = []
+        agent.handle("wake alice sinfo", out.append, "alice")
+        assert out == ["ok awake"]
+
+
 def test_the_agent_never_waits_for_its_own_login_pod(tmp_path):
     # login sleeps with the tier; its restarted pod asks to wake before it can become ready
     api = FakeTierApi(ready_after=10**6)

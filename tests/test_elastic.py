@@ -453,7 +453,7 @@ def test_fast_start_settings_are_rendered_and_off_means_slurm_defaults():
     on = _conf(True)
     assert on["PrologSlurmctld"] == "/opt/slurmk8s/bin/slurmk8s-prolog-slurmctld"
     assert "power_save_interval=1" in on["SlurmctldParameters"].split(",")
-    assert on["SchedulerParameters"] == "batch_sched_delay=0,bf_interval=1"
+    assert on["SchedulerParameters"] == "batch_sched_delay=0,bf_interval=1,bf_max_time=30"
     off = _conf(False)
     assert "PrologSlurmctld" not in off and "SchedulerParameters" not in off
     assert "power_save_interval" not in off["SlurmctldParameters"]
@@ -461,9 +461,9 @@ def test_fast_start_settings_are_rendered_and_off_means_slurm_defaults():
 
 def test_fast_start_merges_into_the_users_scheduler_parameters():
     merged = _conf(True, {"SchedulerParameters": "bf_continue,bf_interval=60"})
-    assert merged["SchedulerParameters"] == "bf_continue,bf_interval=60,batch_sched_delay=0"
+    assert merged["SchedulerParameters"] == "bf_continue,bf_interval=60,batch_sched_delay=0,bf_max_time=30"
     own = _conf(True, {"SchedulerParameters": "batch_sched_delay=5"})
-    assert own["SchedulerParameters"] == "batch_sched_delay=5,bf_interval=1"  # the user's choice wins
+    assert own["SchedulerParameters"] == "batch_sched_delay=5,bf_interval=1,bf_max_time=30"  # the user's wins
 
 
 def test_burst_sized_job_limits_by_default_and_the_users_own_win():

@@ -86,9 +86,10 @@ class Agent:
                 return
             finally:
                 self._waking = ""
-            self._awake_at = time.monotonic()
-            if woke:
+            if woke:  # slurmctld may take connections before it serves RPCs: the next caller asks again
                 self._woken += 1
+            else:
+                self._awake_at = time.monotonic()
         if woke:
             self.tier.log(f"woke the control tier for {reason}")
         send("ok woken" if woke else "ok awake")

@@ -178,7 +178,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.wait_config:  # the metrics endpoint (the container's readiness) serves meanwhile
         from ..livenodes.ready import wait_for_config
 
-        wait_for_config(args.wait_config, log.write)
+        # a pod deleted while the configuration never came (a spec that does not render) stops at once
+        if wait_for_config(args.wait_config, log.write, stop=_stop_on_sigterm(log).is_set) is None:
+            return 0
     events = EventTail(env.get("SLURMK8S_EVENTS", DEFAULT_EVENTS))
     events.read()  # start at the end
     started = time.time()
