@@ -141,9 +141,10 @@ def test_accounting_sync_against_a_real_slurmdbd_is_idempotent(daemons):
 
 
 def test_accounting_container_stops_at_once_on_sigterm(daemons):
-    """The container exactly as the manifest builds it (command, SlurmUser), waiting for a slurmdbd
-    it cannot reach (no munged): `docker stop` (SIGTERM, as a pod deletion sends) must end it at
-    once. A Python PID 1 ignores SIGTERM and would hold the slurmctld pod for its whole grace period."""
+    """The container exactly as the manifest builds it (command, SlurmUser): it waits for the Slurm
+    configuration until the slurmctld container's `.ready` is there (as in the pod), then for a
+    slurmdbd it cannot reach (no munged): `docker stop` (SIGTERM, as a pod deletion sends) must end
+    it at once. A Python PID 1 ignores SIGTERM and would hold the slurmctld pod for its whole grace period."""
     work = daemons["work"]
     container = m.accounting_container(parse_spec(SPEC))
     name = f"acct-loop-{uuid.uuid4().hex[:8]}"
@@ -153,6 +154,12 @@ def test_accounting_container_stops_at_once_on_sigterm(daemons):
            "-v", f"{work}/spec:/etc/slurmk8s/spec:ro", IMAGES["ctld"], *container["command"][1:])
     try:
         deadline = time.monotonic() + 60
+        while "waiting for the Slurm configuration in /etc/slurm" not in (
+                logs := docker("logs", name, check=False)).stdout + logs.stderr:
+            assert time.monotonic() < deadline, f"the container never waited for .ready:\n{logs.stdout}{logs.stderr}"
+            time.sleep(0.5)
+        assert "waiting for slurmdbd" not in logs.stdout + logs.stderr  # nothing read before .ready
+        (Path(work) / "etc-slurm" / m.CONFIG_READY).write_text("")  # what the slurmctld container writes last
         while "waiting for slurmdbd" not in (logs := docker("logs", name, check=False)).stdout + logs.stderr:
             assert time.monotonic() < deadline, f"the loop never started:\n{logs.stdout}{logs.stderr}"
             time.sleep(0.5)
