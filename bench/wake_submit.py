@@ -27,6 +27,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import asyncssh
 
@@ -54,9 +55,13 @@ echo "$s $e $j"
 """
 
 
+def connect(c: sleepy.Sleepy) -> Any:
+    """An SSH connection to the login pod as alice (an async context manager)."""
+    return asyncssh.connect(c.login().host, port=22, username="alice", client_keys=[c.key], known_hosts=None)
+
+
 async def seen_running(c: sleepy.Sleepy, job: str) -> float:
-    login = c.login()
-    async with asyncssh.connect(login.host, port=22, username="alice", client_keys=[c.key], known_hosts=None) as conn:
+    async with connect(c) as conn:
         res = await conn.run(f"bash -s {job}", input=POLL, check=True, timeout=300)
     return float(str(res.stdout).strip())
 
@@ -64,8 +69,7 @@ async def seen_running(c: sleepy.Sleepy, job: str) -> float:
 async def plain_sbatch(c: sleepy.Sleepy) -> tuple[str, float, float]:
     """-> (job id, sbatch's seconds to the job id, seconds from sbatch's start to RUNNING seen), in
     the login pod's clock; the SSH login is made before the first stamp."""
-    login = c.login()
-    async with asyncssh.connect(login.host, port=22, username="alice", client_keys=[c.key], known_hosts=None) as conn:
+    async with connect(c) as conn:
         res = await conn.run("bash -s", input=PLAIN, check=True, timeout=300)
         start, end, job = str(res.stdout).split()[-3:]
         seen = await conn.run(f"bash -s {job}", input=POLL, check=True, timeout=300)

@@ -312,9 +312,8 @@ def controller_listens(api: TierApi, namespace: str, connect_timeout: float = 0.
     """`answers` for :meth:`Tier.wake`: True once the slurmctld pod (not being deleted) takes TCP
     connections on slurmctld's port at its pod IP (the API names the address: no DNS answer of the
     pod gone to sleep can be cached here), as its readiness probe checks, but at the wake's own poll."""
-    import socket
-
     from ..kubeapi import ApiError
+    from .activity import port_open
 
     def listens() -> bool:
         try:
@@ -324,10 +323,6 @@ def controller_listens(api: TierApi, namespace: str, connect_timeout: float = 0.
         ip = (pod.get("status") or {}).get("podIP")
         if not ip or (pod.get("metadata") or {}).get("deletionTimestamp"):
             return False
-        try:
-            socket.create_connection((ip, m.SLURMCTLD_PORT), timeout=connect_timeout).close()
-        except OSError:
-            return False
-        return True
+        return port_open(ip, m.SLURMCTLD_PORT, timeout=connect_timeout)
 
     return listens

@@ -21,29 +21,26 @@ POLL = 0.05  # s between looks: the file comes within a second of the pod's star
 SAY_EVERY = 30.0  # s between "still waiting" lines
 
 
-def config_ready(conf_dir: str) -> bool:
-    return os.path.exists(os.path.join(conf_dir, m.CONFIG_READY))
-
-
 def wait_for_config(conf_dir: str, log: Callable[[str], None], clock: Callable[[], float] = time.monotonic,
                     sleep: Callable[[float], None] = time.sleep, poll: float = POLL,
                     say_every: float = SAY_EVERY, stop: Callable[[], bool] = lambda: False) -> float | None:
     """Return once `conf_dir`/.ready exists -> the seconds waited; None once `stop()` (SIGTERM).
     Logs once when it has to wait, then every `say_every` s, and when the wait ends."""
-    if config_ready(conf_dir):
+    marker = os.path.join(conf_dir, m.CONFIG_READY)
+    if os.path.exists(marker):
         return 0.0
     start = clock()
     said = start
     log(f"waiting for the Slurm configuration in {conf_dir} (the slurmctld container writes it, "
         f"then {m.CONFIG_READY})")
     namespace = os.environ.get("SLURMK8S_NAMESPACE") or "NAMESPACE"
-    while not config_ready(conf_dir):
+    while not os.path.exists(marker):
         if stop():
-            log(f"stopped while waiting for {os.path.join(conf_dir, m.CONFIG_READY)}")
+            log(f"stopped while waiting for {marker}")
             return None
         if clock() - said >= say_every:
             said = clock()
-            log(f"still waiting for {os.path.join(conf_dir, m.CONFIG_READY)} after {said - start:.0f}s: see the "
+            log(f"still waiting for {marker} after {said - start:.0f}s: see the "
                 f"slurmctld container's log (kubectl -n {namespace} logs {m.CONTROLLER_POD} -c slurmctld)")
         sleep(poll)
     waited = clock() - start

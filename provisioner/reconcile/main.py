@@ -175,11 +175,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if metrics is not None:
         metrics.serve(args.metrics_port)
         log.write(f"metrics on :{args.metrics_port}/metrics")
+    # SIGTERM only sets `stop`: a sleep of the control tier under way (slurmctld's own pod is
+    # stopping) still scales slurmdbd and the database down before the loop ends
+    stop = _stop_on_sigterm(log)
     if args.wait_config:  # the metrics endpoint (the container's readiness) serves meanwhile
         from ..livenodes.ready import wait_for_config
 
         # a pod deleted while the configuration never came (a spec that does not render) stops at once
-        if wait_for_config(args.wait_config, log.write, stop=_stop_on_sigterm(log).is_set) is None:
+        if wait_for_config(args.wait_config, log.write, stop=stop.is_set) is None:
             return 0
     events = EventTail(env.get("SLURMK8S_EVENTS", DEFAULT_EVENTS))
     events.read()  # start at the end
@@ -204,11 +207,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             backend = made if args.once else watched(made, log)
         return backend
 
-    # SIGTERM only sets `stop` (below): a sleep of the control tier under way (slurmctld's own pod
-    # is stopping) still scales slurmdbd and the database down before the loop ends
     idle = idle_watch_from_env(env, log, slurm, get_backend)
     code = 0
-    stop = _stop_on_sigterm(log)
     live = _live_nodes(env, inventory_path, slurm, log)
     cache: ConfigCache | None = cache_from_env(env, os.path.dirname(inventory_path))
     cache_error = ""
