@@ -7,9 +7,10 @@ gets its client from :func:`api_client` and sees failures as :class:`ApiError`.
   set), else ``KUBECONFIG`` / ``~/.kube/config``. Slurm runs ResumeProgram with a reduced
   environment, so inside a pod the API is reached as ``kubernetes.default.svc`` when
   ``KUBERNETES_SERVICE_HOST`` is missing.
-- :func:`raw_call`: a call of the official client for its raw JSON (no model objects), with a
-  request timeout; refusals become :class:`ApiError` with the API's own words. :func:`raw_watch`:
-  a watch the same way, as raw events.
+- :class:`RawClient`: requests by REST path (:func:`api_path`) for raw JSON, and watches as raw
+  events, with request timeouts; refusals become :class:`ApiError` with the API's own words. The
+  hot paths (the CLI's wake, the login agent, the resume / suspend programs and the reconcile
+  loop) use it. :func:`raw_call`: a call of a generated API method the same way (the deploy code).
 - :func:`pod_exec`: a command in a pod's container (`kubectl exec`), as (exit code, stdout, stderr).
 """
 
@@ -52,19 +53,22 @@ def api_error_from(exc: Exception) -> ApiError:
     status = getattr(exc, "status", None)
     if status is None or status == 0:
         return ApiError(0, "Unreachable", str(exc).splitlines()[0][:MAX_REASON] if str(exc) else type(exc).__name__)
-    reason = getattr(exc, "reason", "") or ""
+    return http_error(int(status), getattr(exc, "reason", "") or "", getattr(exc, "body", None))
+
+
+def http_error(status: int, reason: str, body: Any) -> ApiError:
+    """An answer outside 2xx -> ApiError; reason and message from its Status body when it has one."""
     message = ""
-    body = getattr(exc, "body", None)
     if body:
         try:
             doc = json.loads(body)
         except (TypeError, ValueError):
-            message = str(body)[:MAX_REASON]
+            message = (body.decode(errors="replace") if isinstance(body, bytes) else str(body))[:MAX_REASON]
         else:
             if isinstance(doc, dict):
                 message = str(doc.get("message", ""))
                 reason = str(doc.get("reason") or reason)
-    return ApiError(int(status), reason, message)
+    return ApiError(status, reason, message)
 
 
 def transport_error(exc: Exception) -> ApiError:
@@ -92,21 +96,11 @@ def raw_call(fn: Callable[..., Any], timeout: tuple[float, float], *args: Any, *
     return json.loads(data) if data else {}
 
 
-def raw_watch(fn: Callable[..., Any], timeout: tuple[float, float], *args: Any,
-              **kwargs: Any) -> Iterator[dict[str, Any]]:
-    """A watch through a kubernetes-client list method (``watch=True``) as raw events, one JSON
-    object per line, without the client's model objects. The read timeout (`timeout`'s second)
-    should outlast the watch's own ``timeout_seconds``: it catches a connection that went silent.
-    Refusals and a broken stream raise ApiError, as :func:`raw_call` does."""
-    from kubernetes.client.exceptions import ApiException
+def json_lines(resp: Any) -> Iterator[dict[str, Any]]:
+    """A streamed response (urllib3's) as the JSON objects of its lines (a watch's events); a broken
+    stream raises ApiError; the response is closed however the consumer stops."""
     from urllib3.exceptions import HTTPError
 
-    try:
-        resp = fn(*args, watch=True, _preload_content=False, _request_timeout=timeout, **kwargs)
-    except ApiException as exc:
-        raise api_error_from(exc) from None
-    except (HTTPError, OSError) as exc:
-        raise transport_error(exc) from None
     try:
         rest = b""
         for chunk in resp.stream(1 << 16):
@@ -124,19 +118,71 @@ def raw_watch(fn: Callable[..., Any], timeout: tuple[float, float], *args: Any,
         resp.release_conn()
 
 
+JSON = "application/json"
+MERGE_PATCH = "application/merge-patch+json"
+
+
+def api_path(group_version: str, namespace: str, plural: str, name: str = "", sub: str = "") -> str:
+    """The REST path of a namespaced resource: ("v1", "ns", "pods", "p") -> /api/v1/namespaces/ns/pods/p;
+    a group's version ("apps/v1") goes under /apis; `sub` is a subresource (scale, log)."""
+    from urllib.parse import quote
+
+    root = "/api/v1" if group_version == "v1" else f"/apis/{group_version}"
+    parts = [root, "namespaces", quote(namespace, safe=""), plural] + [quote(x, safe="") for x in (name, sub) if x]
+    return "/".join(parts)
+
+
 class RawClient:
-    """Base of the small API classes (pods, the control tier, the image check): the core and apps
-    APIs over one client, every call through :func:`raw_call` with the same request timeouts."""
+    """Base of the small API classes (pods, the control tier, the image check): requests by REST path
+    over one ``ApiClient`` (its credentials, TLS and connection pool), raw JSON in and out, with the
+    same request timeouts, refusals as :class:`ApiError`.
+
+    By path, not through the generated ``CoreV1Api`` / ``AppsV1Api``: importing their modules costs
+    0.2-0.5 s each on a 2-core machine (kubernetes 37 builds a pydantic validator for each of their
+    hundreds of methods), paid before the first call by every command line and every starting pod
+    (`slurmk8s submit`'s wake spent 0.6 s there before its first scale)."""
 
     def __init__(self, api_client: Any, timeout: tuple[float, float] = (5.0, 15.0)) -> None:
-        from kubernetes import client
-
-        self._core = client.CoreV1Api(api_client)
-        self._apps = client.AppsV1Api(api_client)
+        self._client = api_client
         self._timeout = timeout
 
-    def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        return raw_call(fn, self._timeout, *args, **kwargs)
+    def request(self, method: str, path: str, query: Mapping[str, Any] | None = None, body: Any = None,
+                content_type: str = JSON, timeout: tuple[float, float] | None = None) -> Any:
+        """`method` on `path` (:func:`api_path`) -> the answer's JSON ({} when empty)."""
+        data = self._send(method, path, query, body, content_type, timeout).data
+        return json.loads(data) if data else {}
+
+    def text(self, path: str, query: Mapping[str, Any] | None = None) -> str:
+        """GET of a plain-text answer (a container's log; the API server answers it in plain text,
+        though it accepts only JSON, YAML or protobuf in the request's Accept)."""
+        return self._send("GET", path, query, None, JSON, None).data.decode(errors="replace")
+
+    def watch_path(self, path: str, query: Mapping[str, Any], timeout: tuple[float, float]) -> Iterator[dict[str, Any]]:
+        """A watch of the collection at `path` (``watch=true`` is added) as its raw events; the read
+        timeout should outlast the watch's ``timeoutSeconds`` (it catches a silent connection)."""
+        return json_lines(self._send("GET", path, {**query, "watch": True}, None, JSON, timeout))
+
+    def _send(self, method: str, path: str, query: Mapping[str, Any] | None, body: Any, content_type: str,
+              timeout: tuple[float, float] | None) -> Any:
+        """The urllib3 response of a 2xx answer, unread; else ApiError."""
+        from kubernetes.client.exceptions import ApiException
+        from urllib3.exceptions import HTTPError
+
+        headers = {"Accept": JSON}
+        if body is not None:
+            headers["Content-Type"] = content_type
+        params = [(k, v) for k, v in (query or {}).items() if v is not None]
+        try:
+            req = self._client.param_serialize(method, path, query_params=params, header_params=headers,
+                                               body=body, auth_settings=["BearerToken"])
+            resp = self._client.call_api(*req, _request_timeout=timeout or self._timeout)
+        except ApiException as exc:
+            raise api_error_from(exc) from None
+        except (HTTPError, OSError) as exc:
+            raise transport_error(exc) from None
+        if not 200 <= resp.status <= 299:
+            raise http_error(resp.status, resp.reason or "", resp.read())
+        return resp.response
 
 
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"

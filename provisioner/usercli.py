@@ -21,7 +21,6 @@ e.g. on the local cluster; elsewhere `kubectl -n NS port-forward svc/login 2222:
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import re
 import shlex
@@ -83,16 +82,17 @@ def _split(address: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def login_endpoint(core: Any, namespace: str, address: str | None) -> tuple[str, int]:
-    """(host, port) where the login pod's sshd answers (see the module docstring)."""
+def login_endpoint(api: Any, namespace: str, address: str | None) -> tuple[str, int]:
+    """(host, port) where the login pod's sshd answers (see the module docstring); `api` is a
+    :class:`provisioner.kubeapi.RawClient`."""
     from . import manifests as m
 
     if address:
         return _split(address)
-    from .kubeapi import ApiError, raw_call
+    from .kubeapi import ApiError, api_path
 
     try:
-        svc = raw_call(core.read_namespaced_service, (5.0, 15.0), m.LOGIN, namespace)
+        svc = api.request("GET", api_path("v1", namespace, "services", m.LOGIN))
     except ApiError as err:
         if err.status == 0:
             raise UserError(f"cannot read service/{m.LOGIN} in {namespace}: the Kubernetes API did not answer "
@@ -109,7 +109,7 @@ def login_endpoint(core: Any, namespace: str, address: str | None) -> tuple[str,
         raise UserError(f"service/{m.LOGIN} has no LoadBalancer address yet; wait, or pass --address")
     if kind == "NodePort":
         port = (spec.get("ports") or [{}])[0].get("nodePort")
-        nodes = json.loads(core.list_node(_preload_content=False).data).get("items", [])
+        nodes = api.request("GET", "/api/v1/nodes").get("items", [])
         for n in nodes:
             for a in (n.get("status") or {}).get("addresses") or []:
                 if a.get("type") == "InternalIP":
@@ -277,7 +277,7 @@ def _prepare(spec: Path | None, namespace: str | None, kubeconfig: str | None, u
              address: str | None, known_hosts: Path | None, insecure: bool, why: str, timeout: float,
              wait: bool = True) -> tuple[Ssh, Waking | None]:
     """Where to SSH, after waking the tier; with `wait` False the wake goes on in a thread (returned)."""
-    from kubernetes import client
+    from .kubeapi import RawClient
 
     ns = namespace_of(spec, namespace)
     who = user or os.environ.get("USER") or ""
@@ -290,7 +290,7 @@ def _prepare(spec: Path | None, namespace: str | None, kubeconfig: str | None, u
     else:
         waking = Waking(api, ns, why, timeout)
     try:
-        host, port = login_endpoint(client.CoreV1Api(api), ns, address)
+        host, port = login_endpoint(RawClient(api), ns, address)
     except Exception:
         if waking is not None:  # the wake's own failure (an API that does not answer) says it better
             waking.settle()

@@ -864,24 +864,3 @@ def test_a_connection_lost_before_sbatch_is_retried_but_never_after(monkeypatch)
         ssh.submit("#!/bin/sh\n", [], 30)
     assert [w for w, _ in login.ran].count("sbatch") == 1  # never twice
 
-
-def test_the_login_service_read_says_what_failed():
-    from kubernetes.client.exceptions import ApiException
-    from urllib3.exceptions import MaxRetryError
-
-    from provisioner import usercli
-
-    class Core:
-        def __init__(self, exc):
-            self.exc = exc
-
-        def read_namespaced_service(self, *args, **kwargs):
-            assert kwargs["_request_timeout"] == (5.0, 15.0)  # never hangs on a silent API server
-            raise self.exc
-
-    gone = ApiException(status=404, reason="Not Found")
-    gone.body = '{"kind": "Status", "reason": "NotFound", "message": "services \\"login\\" not found"}'
-    with pytest.raises(usercli.UserError, match="cannot read service/login in slurm-x: 404 NotFound .is the cluster"):
-        usercli.login_endpoint(Core(gone), "slurm-x", None)
-    with pytest.raises(usercli.UserError, match="slurm-x: the Kubernetes API did not answer .*MaxRetryError"):
-        usercli.login_endpoint(Core(MaxRetryError(None, "/api", "refused")), "slurm-x", None)

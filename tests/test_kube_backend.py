@@ -20,7 +20,7 @@ from provisioner.elastic.k8s_backend import (LIST_BY_NAME_MAX, ClientPodApi, Kub
                                              worker_from_pod)
 from provisioner.generate import generate
 from provisioner.inventory import SlurmNode, nodes_from_api
-from provisioner.kubeapi import ApiError, api_error_from
+from provisioner.kubeapi import ApiError, api_error_from, api_path
 
 NS = "slurm-t"
 
@@ -398,7 +398,7 @@ def test_e2e_rbac_allows_pods_only_in_the_own_namespace(live):
 
     spec, inv, api, core, ns = live
     with pytest.raises(ApiError) as err:
-        api._call(api._core.list_namespaced_secret, ns)
+        api.request("GET", api_path("v1", ns, "secrets"))
     assert err.value.status == 403
     other = KubernetesBackend(spec, api, namespace="default")
     with pytest.raises(BackendError) as berr:

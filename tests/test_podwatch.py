@@ -249,41 +249,27 @@ class Stream:
         self.released = True
 
 
-def test_raw_watch_joins_lines_across_chunks_and_closes_the_response():
-    from provisioner.kubeapi import raw_watch
+def test_json_lines_joins_lines_across_chunks_and_closes_the_response():
+    from provisioner.kubeapi import json_lines
 
     resp = Stream([b'{"type":"ADDED","object":{"metadata":{"name":"a"}}}\n{"ty', b'pe":"BOOKMARK","object":{}}\n',
                    b'\n{"type":"DELETED","object":{"metadata":{"name":"a"}}}'])  # the last line unterminated
-    seen = {}
-
-    def fn(*args, **kwargs):
-        seen.update(kwargs, args=args)
-        return resp
-
-    events = list(raw_watch(fn, (5.0, 90.0), "ns", label_selector="x=y", timeout_seconds=60))
+    events = list(json_lines(resp))
     assert [e["type"] for e in events] == ["ADDED", "BOOKMARK", "DELETED"]
-    assert seen["watch"] is True and seen["_preload_content"] is False and seen["_request_timeout"] == (5.0, 90.0)
     assert resp.closed and resp.released
     early = Stream([b'{"type":"ADDED","object":{}}\n{"type":"ADDED","object":{}}\n'])
-    gen = raw_watch(lambda *a, **k: early, (5.0, 90.0))
+    gen = json_lines(early)
     next(gen)
     gen.close()  # the consumer stopped (e.g. an Expired): the connection is closed, not reused half read
     assert early.closed and early.released
 
 
-def test_raw_watch_errors_are_api_errors():
-    from kubernetes.client.exceptions import ApiException
+def test_a_broken_watch_stream_is_an_api_error():
     from urllib3.exceptions import ProtocolError
 
-    from provisioner.kubeapi import raw_watch
+    from provisioner.kubeapi import json_lines
 
-    def refused(*a, **k):
-        raise ApiException(status=410, reason="Gone")
-
-    with pytest.raises(ApiError) as err:
-        list(raw_watch(refused, (5.0, 90.0)))
-    assert err.value.status == 410
     broken = Stream([b'{"type":"ADDED","object":{}}\n'], error=ProtocolError("Connection broken: IncompleteRead"))
     with pytest.raises(ApiError) as err:
-        list(raw_watch(lambda *a, **k: broken, (5.0, 90.0)))
+        list(json_lines(broken))
     assert err.value.status == 0 and "IncompleteRead" in err.value.message and broken.closed

@@ -317,8 +317,9 @@ def test_waiting_prologs_share_one_sinfo(tmp_path: Path):
     elapsed = time.monotonic() - t0
     lines = (tmp_path / "elastic.log").read_text().splitlines()
     assert len([line for line in lines if ": booted after " in line]) == 64, lines[:3]
-    assert 0.5 < elapsed < 2.5, elapsed
-    # about one read per 0.1 s for all 64 waiters (each polling itself: 64 reads per 0.1 s)
+    assert elapsed > 0.5, elapsed  # none saw its node booted before it was
+    # about one read per 0.1 s for all 64 waiters (each polling itself: 64 reads per 0.1 s), however
+    # long a loaded machine took to run the threads (a bound on the elapsed time flaked in a full run)
     assert shared.reads <= elapsed / prolog.PROLOG_POLL + 3, (shared.reads, elapsed)
 
 

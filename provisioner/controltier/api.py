@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Protocol
 
 from .. import manifests as m
-from ..kubeapi import RawClient
+from ..kubeapi import MERGE_PATCH, RawClient, api_path
 from .decision import rfc3339
 
 
@@ -32,46 +32,46 @@ class TierApi(Protocol):
 TIER_SELECTOR = f"{m.L_TIER}={m.TIER_CONTROL}"
 
 
-MERGE_PATCH = "application/merge-patch+json"  # the client would pick json-patch for a dict body
-
-
 class ClientTierApi(RawClient):
-    """TierApi over the official client (raw JSON), with request timeouts."""
+    """TierApi over the Kubernetes API by REST path (raw JSON), with request timeouts."""
 
     def list_workloads(self, namespace: str) -> list[dict[str, Any]]:
         out = []
-        for kind, fn in (("StatefulSet", self._apps.list_namespaced_stateful_set),
-                         ("Deployment", self._apps.list_namespaced_deployment)):
-            for item in self._call(fn, namespace, label_selector=TIER_SELECTOR).get("items", []):
-                out.append({**item, "kind": kind})
+        for kind in ("StatefulSet", "Deployment"):
+            doc = self.request("GET", _workload_path(namespace, kind), {"labelSelector": TIER_SELECTOR})
+            out += [{**item, "kind": kind} for item in doc.get("items", [])]
         return out
 
     def get_workload(self, namespace: str, kind: str, name: str) -> dict[str, Any]:
-        fn = self._apps.read_namespaced_stateful_set if kind == "StatefulSet" else self._apps.read_namespaced_deployment
-        return {**self._call(fn, name, namespace), "kind": kind}
+        return {**self.request("GET", _workload_path(namespace, kind, name)), "kind": kind}
 
     def scale(self, namespace: str, kind: str, name: str, replicas: int) -> None:
-        fn = (self._apps.patch_namespaced_stateful_set_scale if kind == "StatefulSet"
-              else self._apps.patch_namespaced_deployment_scale)
-        self._call(fn, name, namespace, {"spec": {"replicas": replicas}}, field_manager="slurmk8s-control-tier",
-                   _content_type=MERGE_PATCH)
+        self.request("PATCH", _workload_path(namespace, kind, name, "scale"), {"fieldManager": FIELD_MANAGER},
+                     {"spec": {"replicas": replicas}}, MERGE_PATCH)
 
     def annotate(self, namespace: str, kind: str, name: str, annotations: Mapping[str, str]) -> None:
-        fn = self._apps.patch_namespaced_stateful_set if kind == "StatefulSet" else self._apps.patch_namespaced_deployment
-        self._call(fn, name, namespace, {"metadata": {"annotations": dict(annotations)}},
-                   field_manager="slurmk8s-control-tier", _content_type=MERGE_PATCH)
+        self.request("PATCH", _workload_path(namespace, kind, name), {"fieldManager": FIELD_MANAGER},
+                     {"metadata": {"annotations": dict(annotations)}}, MERGE_PATCH)
 
     def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
-        return self._call(self._core.list_namespaced_pod, namespace, label_selector=selector).get("items", [])
+        return self.request("GET", api_path("v1", namespace, "pods"), {"labelSelector": selector}).get("items", [])
 
     def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
-        return self._call(self._core.read_namespaced_pod, name, namespace)
+        return self.request("GET", api_path("v1", namespace, "pods", name))
 
     def create_event(self, namespace: str, body: Mapping[str, Any]) -> None:
-        self._call(self._core.create_namespaced_event, namespace, dict(body))
+        self.request("POST", api_path("v1", namespace, "events"), None, dict(body))
 
     def list_events(self, namespace: str, field_selector: str) -> list[dict[str, Any]]:
-        return self._call(self._core.list_namespaced_event, namespace, field_selector=field_selector).get("items", [])
+        return self.request("GET", api_path("v1", namespace, "events"),
+                            {"fieldSelector": field_selector}).get("items", [])
+
+
+FIELD_MANAGER = "slurmk8s-control-tier"
+
+
+def _workload_path(namespace: str, kind: str, name: str = "", sub: str = "") -> str:
+    return api_path("apps/v1", namespace, "statefulsets" if kind == "StatefulSet" else "deployments", name, sub)
 
 
 def event_body(namespace: str, reason: str, message: str, at: float, source: str,

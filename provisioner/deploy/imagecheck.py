@@ -52,7 +52,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from ..config import ClusterSpec, Images
 from ..errors import Issue, Problem
-from ..kubeapi import ApiError, RawClient
+from ..kubeapi import ApiError, RawClient, api_path
 from ..manifests.common import _container_security, _pod_security
 from ..manifests.names import (A_IMAGE_INTERFACE, BASE_CAPS, IMAGE_INTERFACE, L_CLUSTER, L_COMPONENT, L_MANAGED_BY,
                                LOGIN, TEMPLATE_PREFIX, base_labels)
@@ -361,35 +361,27 @@ def base_image(spec: ClusterSpec, want: Want) -> str:
 
 class CheckApi(RawClient):
     """The calls the check makes (create, get, log, delete of pods; reading what the cluster runs),
-    over the official client with request timeouts; tests replace it with a fake."""
+    over the Kubernetes API with request timeouts; tests replace it with a fake."""
 
     def create(self, namespace: str, body: Mapping[str, Any]) -> dict[str, Any]:
-        return self._call(self._core.create_namespaced_pod, namespace, dict(body), field_manager="slurmk8s-up")
+        return self.request("POST", api_path("v1", namespace, "pods"), {"fieldManager": "slurmk8s-up"}, dict(body))
 
     def get(self, namespace: str, name: str) -> dict[str, Any]:
-        return self._call(self._core.read_namespaced_pod, name, namespace)
+        return self.request("GET", api_path("v1", namespace, "pods", name))
 
     def log(self, namespace: str, name: str) -> str:
-        from kubernetes.client.exceptions import ApiException
-
-        from ..kubeapi import api_error_from
-
-        try:
-            return str(self._core.read_namespaced_pod_log(name, namespace, tail_lines=200,
-                                                          _request_timeout=self._timeout))
-        except ApiException as exc:
-            raise api_error_from(exc) from None
+        return self.text(api_path("v1", namespace, "pods", name, "log"), {"tailLines": 200})
 
     def delete(self, namespace: str, name: str) -> None:
-        self._call(self._core.delete_namespaced_pod, name, namespace,
-                   body={"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0})
+        self.request("DELETE", api_path("v1", namespace, "pods", name), None,
+                     {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0})
 
     def config_maps(self, namespace: str, selector: str) -> list[dict[str, Any]]:
-        return self._call(self._core.list_namespaced_config_map, namespace, label_selector=selector).get("items") or []
+        return self.request("GET", api_path("v1", namespace, "configmaps"), {"labelSelector": selector}).get("items") or []
 
     def deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:
-            return self._call(self._apps.read_namespaced_deployment, name, namespace)
+            return self.request("GET", api_path("apps/v1", namespace, "deployments", name))
         except ApiError as err:
             if err.status == 404:
                 return None

@@ -33,7 +33,7 @@ from .. import manifests as m
 from ..config import ClusterSpec, parse_spec
 from ..errors import SlurmK8sError
 from ..inventory import SlurmNode
-from ..kubeapi import MAX_REASON, ApiError, KubeConfigError, RawClient, api_client, raw_watch
+from ..kubeapi import MAX_REASON, ApiError, KubeConfigError, RawClient, api_client, api_path
 from ..manifests.admission import PREFIX as ADMISSION_PREFIX
 from .backend import BackendError, Worker, WorkerReplaced
 
@@ -76,14 +76,13 @@ class PodApi(Protocol):
 
 
 class ClientPodApi(RawClient):
-    """PodApi over the official client (raw JSON, no model objects), with request timeouts."""
+    """PodApi over the Kubernetes API by REST path (raw JSON, no model objects), with request timeouts."""
 
     def create(self, namespace: str, body: Mapping[str, Any]) -> dict[str, Any]:
-        return self._call(self._core.create_namespaced_pod, namespace, dict(body),
-                          field_manager="slurmk8s-resume")
+        return self.request("POST", api_path("v1", namespace, "pods"), {"fieldManager": "slurmk8s-resume"}, dict(body))
 
     def get(self, namespace: str, name: str) -> dict[str, Any]:
-        return self._call(self._core.read_namespaced_pod, name, namespace)
+        return self.request("GET", api_path("v1", namespace, "pods", name))
 
     def delete(self, namespace: str, name: str, *, grace_seconds: int | None = None, uid: str | None = None) -> None:
         body: dict[str, Any] = {"apiVersion": "v1", "kind": "DeleteOptions"}
@@ -91,17 +90,15 @@ class ClientPodApi(RawClient):
             body["gracePeriodSeconds"] = grace_seconds
         if uid is not None:
             body["preconditions"] = {"uid": uid}
-        self._call(self._core.delete_namespaced_pod, name, namespace, body=body)
+        self.request("DELETE", api_path("v1", namespace, "pods", name), None, body)
 
     def list(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
         return list_all(self, namespace, label_selector)[0]
 
     def list_page(self, namespace: str, label_selector: str, limit: int, cont: str = "") -> dict[str, Any]:
         """One page of a list (`limit` pods from continue token `cont`), as the API's PodList."""
-        kwargs: dict[str, Any] = {"label_selector": label_selector, "limit": limit}
-        if cont:
-            kwargs["_continue"] = cont
-        return self._call(self._core.list_namespaced_pod, namespace, **kwargs)
+        return self.request("GET", api_path("v1", namespace, "pods"),
+                            {"labelSelector": label_selector, "limit": limit, "continue": cont or None})
 
     def watch(self, namespace: str, label_selector: str, resource_version: str,
               timeout_s: int) -> Iterator[dict[str, Any]]:
@@ -109,12 +106,12 @@ class ClientPodApi(RawClient):
         "object"}; bookmarks on), until the API server ends the watch after `timeout_s` seconds.
         A refusal raises ApiError (410 when the version is too old), as does a broken stream; an
         expiry found later comes as an ERROR event whose object is the Status (code 410)."""
-        return raw_watch(self._core.list_namespaced_pod, (self._timeout[0], timeout_s + 30.0), namespace,
-                         label_selector=label_selector, resource_version=resource_version,
-                         allow_watch_bookmarks=True, timeout_seconds=timeout_s)
+        query = {"labelSelector": label_selector, "resourceVersion": resource_version,
+                 "allowWatchBookmarks": True, "timeoutSeconds": timeout_s}
+        return self.watch_path(api_path("v1", namespace, "pods"), query, (self._timeout[0], timeout_s + 30.0))
 
     def get_statefulset(self, namespace: str, name: str) -> dict[str, Any]:
-        return self._call(self._apps.read_namespaced_stateful_set, name, namespace)
+        return self.request("GET", api_path("apps/v1", namespace, "statefulsets", name))
 
 
 def _epoch(ts: str | None) -> float | None:
