@@ -34,6 +34,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 # ---------------------------------------------------------------- time per tier
 
 _TIER_SECONDS: dict[str, list[float]] = {}
+_MODULE_SECONDS: dict[str, float] = {}
+SLOWEST_MODULES = 12
 
 
 def tier_of(keywords: Mapping[str, object]) -> str:
@@ -47,12 +49,15 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
         return
     counts = _TIER_SECONDS.setdefault(tier_of(report.keywords), [0.0, 0])
     counts[0] += report.duration
+    module = report.nodeid.split("::")[0]
+    _MODULE_SECONDS[module] = _MODULE_SECONDS.get(module, 0.0) + report.duration
     if report.when == "call":
         counts[1] += 1
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:  # noqa: ANN001
-    """One line per tier that ran: tests and seconds (what CI's time budget is made of)."""
+    """One line per tier that ran: tests and seconds (what CI's time budget is made of); then the
+    slowest test modules (their fixtures included), where a cut would count."""
     ran = {tier: v for tier, v in _TIER_SECONDS.items() if v[1]}
     if not ran:
         return
@@ -61,3 +66,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
         if tier in ran:
             seconds, count = ran[tier]
             terminalreporter.write_line(f"{tier:12s} {count:4d} tests {seconds:8.0f} s")
+    slowest = sorted(_MODULE_SECONDS.items(), key=lambda kv: -kv[1])[:SLOWEST_MODULES]
+    if len(ran) > 1 or len(_MODULE_SECONDS) > SLOWEST_MODULES:
+        terminalreporter.section(f"slowest {len(slowest)} test modules")
+        for module, seconds in slowest:
+            terminalreporter.write_line(f"{seconds:8.0f} s  {module}")

@@ -11,7 +11,7 @@ NAME is a bench's script name or one of its rows' ids (case does not matter):
   resume_500                          P4b       the local cluster, the toolchain's kwok
   queue_32k                           P4        a cluster at KUBECONFIG
   k8s_submit_latency   --runs 5       P1, P5    a cluster at KUBECONFIG (default the local one)
-  wake_submit          --runs 1       P7        a cluster at KUBECONFIG
+  wake_submit          --runs 3       P7        a cluster at KUBECONFIG
   mpi_p6                              P6        the local cluster, Docker (the host-process floor)
   bursty_day (slow)                   P3        a cluster at KUBECONFIG, ~20 min: run only when --only
                                                 names it, or with --slow
@@ -104,7 +104,7 @@ BENCHES = (
     Bench("resume_500", ("P4b",), (), 600, ("cluster", "local", "kwok"), p4b_rows),
     Bench("queue_32k", ("P4",), (), 1800, ("cluster",), p4_rows),
     Bench("k8s_submit_latency", ("P1", "P5"), ("--runs", "5"), 1800, ("cluster",), p1_rows),
-    Bench("wake_submit", ("P7",), ("--runs", "1"), 1200, ("cluster",), p7_rows),
+    Bench("wake_submit", ("P7",), ("--runs", "3"), 1200, ("cluster",), p7_rows),
     Bench("mpi_p6", ("P6",), (), 1800, ("cluster", "local", "docker"), p6_rows),
     Bench("bursty_day", ("P3",), (), 3600, ("cluster",), p3_rows, slow=True, json_on_miss=True),
 )

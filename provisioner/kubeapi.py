@@ -157,7 +157,8 @@ class RawClient:
         though it accepts only JSON, YAML or protobuf in the request's Accept)."""
         return self._send("GET", path, query, None, JSON, None).data.decode(errors="replace")
 
-    def watch_path(self, path: str, query: Mapping[str, Any], timeout: tuple[float, float]) -> Iterator[dict[str, Any]]:
+    def watch_path(self, path: str, query: Mapping[str, Any],
+                   timeout: tuple[float, float]) -> Iterator[dict[str, Any]]:
         """A watch of the collection at `path` (``watch=true`` is added) as its raw events; the read
         timeout should outlast the watch's ``timeoutSeconds`` (it catches a silent connection)."""
         return json_lines(self._send("GET", path, {**query, "watch": True}, None, JSON, timeout))

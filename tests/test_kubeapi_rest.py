@@ -37,7 +37,8 @@ class Api:
                 size = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(size) if size else b""
                 api.requests.append({"method": self.command, "path": url.path, "query": dict(parse_qsl(url.query)),
-                                     "headers": {k.lower(): v for k, v in self.headers.items()}, "body": json.loads(body) if body else None})
+                                     "headers": {k.lower(): v for k, v in self.headers.items()},
+                                     "body": json.loads(body) if body else None})
                 answer = api.answers.get(url.path, (404, {"kind": "Status", "reason": "NotFound",
                                                           "message": f"{url.path} not found"}, "application/json"))
                 if isinstance(answer, list):  # a watch: chunked transfer, one chunk per item

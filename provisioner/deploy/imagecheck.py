@@ -377,7 +377,8 @@ class CheckApi(RawClient):
                      {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0})
 
     def config_maps(self, namespace: str, selector: str) -> list[dict[str, Any]]:
-        return self.request("GET", api_path("v1", namespace, "configmaps"), {"labelSelector": selector}).get("items") or []
+        doc = self.request("GET", api_path("v1", namespace, "configmaps"), {"labelSelector": selector})
+        return doc.get("items") or []
 
     def deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:
