@@ -20,6 +20,7 @@ import json
 import os
 import re
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
@@ -80,18 +81,26 @@ def transport_error(exc: Exception) -> ApiError:
     return ApiError(0, "Unreachable", f"{type(exc).__name__}: {text[:MAX_REASON]}")
 
 
-def raw_call(fn: Callable[..., Any], timeout: tuple[float, float], *args: Any, **kwargs: Any) -> Any:
-    """Call a kubernetes-client API method for its raw JSON (no model objects), with a request
-    timeout; refusals become ApiError with the API's words, transport failures an 'Unreachable' one."""
+@contextmanager
+def api_errors() -> Iterator[None]:
+    """Failures of a call through the client as ApiError: a refusal with the API's own words (its
+    Status), a transport failure as 'Unreachable' (or 'TLSVerify', not retryable)."""
     from kubernetes.client.exceptions import ApiException
     from urllib3.exceptions import HTTPError
 
     try:
-        resp = fn(*args, _preload_content=False, _request_timeout=timeout, **kwargs)
+        yield
     except ApiException as exc:
         raise api_error_from(exc) from None
     except (HTTPError, OSError) as exc:
         raise transport_error(exc) from None
+
+
+def raw_call(fn: Callable[..., Any], timeout: tuple[float, float], *args: Any, **kwargs: Any) -> Any:
+    """Call a kubernetes-client API method for its raw JSON (no model objects), with a request
+    timeout; refusals become ApiError with the API's words, transport failures an 'Unreachable' one."""
+    with api_errors():
+        resp = fn(*args, _preload_content=False, _request_timeout=timeout, **kwargs)
     data = resp.data
     return json.loads(data) if data else {}
 
@@ -99,20 +108,17 @@ def raw_call(fn: Callable[..., Any], timeout: tuple[float, float], *args: Any, *
 def json_lines(resp: Any) -> Iterator[dict[str, Any]]:
     """A streamed response (urllib3's) as the JSON objects of its lines (a watch's events); a broken
     stream raises ApiError; the response is closed however the consumer stops."""
-    from urllib3.exceptions import HTTPError
-
     try:
-        rest = b""
-        for chunk in resp.stream(1 << 16):
-            lines = (rest + chunk).split(b"\n")
-            rest = lines.pop()
-            for line in lines:
-                if line.strip():
-                    yield json.loads(line)
-        if rest.strip():
-            yield json.loads(rest)
-    except (HTTPError, OSError) as exc:
-        raise transport_error(exc) from None
+        with api_errors():
+            rest = b""
+            for chunk in resp.stream(1 << 16):
+                lines = (rest + chunk).split(b"\n")
+                rest = lines.pop()
+                for line in lines:
+                    if line.strip():
+                        yield json.loads(line)
+            if rest.strip():
+                yield json.loads(rest)
     finally:
         resp.close()  # a consumer that stopped early leaves the rest unread: the connection is not reused
         resp.release_conn()
@@ -166,21 +172,14 @@ class RawClient:
     def _send(self, method: str, path: str, query: Mapping[str, Any] | None, body: Any, content_type: str,
               timeout: tuple[float, float] | None) -> Any:
         """The urllib3 response of a 2xx answer, unread; else ApiError."""
-        from kubernetes.client.exceptions import ApiException
-        from urllib3.exceptions import HTTPError
-
         headers = {"Accept": JSON}
         if body is not None:
             headers["Content-Type"] = content_type
         params = [(k, v) for k, v in (query or {}).items() if v is not None]
-        try:
+        with api_errors():
             req = self._client.param_serialize(method, path, query_params=params, header_params=headers,
                                                body=body, auth_settings=["BearerToken"])
             resp = self._client.call_api(*req, _request_timeout=timeout or self._timeout)
-        except ApiException as exc:
-            raise api_error_from(exc) from None
-        except (HTTPError, OSError) as exc:
-            raise transport_error(exc) from None
         if not 200 <= resp.status <= 299:
             raise http_error(resp.status, resp.reason or "", resp.read())
         return resp.response
