@@ -172,6 +172,23 @@ def test_a_wake_ends_once_slurmctld_takes_connections_before_its_pod_is_ready():
     assert not any(p.startswith("statefulset/slurmctld ready") for p in progress)
 
 
+def test_a_wake_asks_slurmctlds_port_more_often_than_it_reads_readiness():
+    """The login agent asks the port each answer_poll (the pod's address appears up to a second
+    after slurmctld listens) and reads the StatefulSet's ready count only each poll."""
+    tier, api = _asleep_tier()
+    tier.answer_poll = 0.25  # poll is 1.0
+    asked = []
+
+    def answers() -> bool:
+        asked.append(tier.clock())
+        return len(asked) >= 6
+
+    assert tier.wake("sbatch by alice", running_in=m.LOGIN, answers=answers) is True
+    looks = [c for c in api.calls if c == ("ready?", "slurmctld")]
+    assert len(asked) == 6 and len(looks) == 2, (asked, api.calls)  # 1.25 s waited: a look at 0 s and at 1 s
+    assert [round(b - a, 2) for a, b in zip(asked, asked[1:])] == [0.25] * 5
+
+
 def test_controller_listens_connects_to_the_pods_address_from_the_api():
     """No address yet, a pod being deleted, a port that refuses: not up. Listening: up."""
     from provisioner.controltier.tier import controller_listens

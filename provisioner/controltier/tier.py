@@ -48,6 +48,8 @@ class Tier:
     clock: Callable[[], float] = time.time
     sleep: Callable[[float], None] = time.sleep
     poll: float = 0.5
+    # how often a wake asks `answers` (slurmctld's port) while it waits; None: each poll
+    answer_poll: float | None = None
 
     def _api_error(self, what: str, err: Exception) -> TierError:
         status = getattr(err, "status", None)
@@ -184,18 +186,26 @@ class Tier:
         for w in wake_order([w for w in ws if w.component in WAKE_WAITS_FOR]):
             t0 = self.clock()
             how = "ready"
+            # slurmctld's port is asked each answer_poll; its ready count is read about each poll
+            quick = w.component == m.CONTROLLER and answers is not None
+            nap = self.answer_poll if quick and self.answer_poll else self.poll
+            looks_every = max(1, round(self.poll / nap))
+            looks, scaled_up = 0, False
             while True:
-                cur = self._ready(w)
-                if cur.ready >= 1:
-                    break
-                if w.component == m.CONTROLLER and answers is not None and cur.replicas >= 1 and answers():
+                if looks % looks_every == 0:
+                    cur = self._ready(w)
+                    if cur.ready >= 1:
+                        break
+                    scaled_up = cur.replicas >= 1
+                looks += 1
+                if quick and scaled_up and answers():
                     how = "takes connections on its port"
                     break
                 if self.clock() > deadline:
                     why = self._why_not_ready(w)
                     raise TierError(f"{w.ref} not ready after {timeout:.0f}s" + (f": {why}" if why else "")
                                     + f"; see kubectl -n {self.namespace} describe {w.ref}")
-                self.sleep(self.poll)
+                self.sleep(nap)
             progress(f"{w.ref} {how} ({self.clock() - t0:.1f}s)")
         progress(f"control tier awake ({self.clock() - start:.1f}s)")
         return True
