@@ -189,27 +189,41 @@ def test_a_wake_asks_slurmctlds_port_more_often_than_it_reads_readiness():
     assert [round(b - a, 2) for a, b in zip(asked, asked[1:])] == [0.25] * 5
 
 
-def test_controller_listens_connects_to_the_pods_address_from_the_api():
-    """No address yet, a pod being deleted, a port that refuses: not up. Listening: up."""
+def test_controller_listens_connects_to_the_address_slurmctlds_service_publishes():
+    """No address in the Service's EndpointSlices yet (the DNS name does not resolve), a pod being
+    deleted, a port that refuses: not up. Listening at the published address: up."""
     from provisioner.controltier.tier import controller_listens
 
     api = FakeTierApi()
     listens = controller_listens(api, "ns", connect_timeout=0.5)
-    assert listens() is False and api.calls[-1] == ("get_pod", m.CONTROLLER_POD)  # no podIP yet
+    assert listens() is False and api.calls[-1] == ("list_endpoint_slices", m.CONTROLLER)  # no address yet
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
     port = server.getsockname()[1]
     with unittest.mock.patch.object(m, "SLURMCTLD_PORT", port):
-        api.pod_ips[m.CONTROLLER_POD] = "127.0.0.1"
-        assert listens() is False  # bound, not listening: refused
+        api.endpoint_ips["login-5d8f7-abcde"] = "127.0.0.1"  # another pod of the slice: not slurmctld's name
         server.listen(1)
+        assert listens() is False
+        api.endpoint_ips[m.CONTROLLER_POD] = "127.0.0.2"
+        assert listens() is False  # published, but nothing listens at that address
+        api.endpoint_ips[m.CONTROLLER_POD] = "127.0.0.1"
         assert listens() is True
-        get = api.get_pod
-        api.get_pod = lambda ns, name: {**get(ns, name), "metadata": {"deletionTimestamp": "2026-12-03T08:00:00Z"}}
+        api.terminating.add(m.CONTROLLER_POD)
         assert listens() is False  # the pod of the sleep, going
     server.close()
-    api.forbidden.add("get_pod")
+    api.forbidden.add("list_endpoint_slices")
     assert controller_listens(api, "ns")() is False  # RBAC: the wake waits for readiness instead
+
+
+def test_controller_addresses_reads_endpoint_slices_as_the_controller_writes_them():
+    from provisioner.controltier.tier import controller_addresses
+
+    slices = [{"endpoints": [{"addresses": ["10.0.0.7"], "conditions": {"ready": False}, "hostname": "slurmctld-0",
+                              "targetRef": {"kind": "Pod", "name": "slurmctld-0"}}]},
+              {"endpoints": None},
+              {"endpoints": [{"addresses": ["10.0.0.7"], "targetRef": {"kind": "Pod", "name": "slurmctld-0"}},
+                             {"addresses": ["10.0.0.9"], "conditions": {"terminating": True}, "hostname": "slurmctld-0"}]}]
+    assert controller_addresses(slices) == ["10.0.0.7"]  # not-ready counts (published), terminating does not
 
 
 def test_submit_wakes_in_a_thread_and_hands_its_failure_over(monkeypatch):
@@ -566,10 +580,11 @@ def test_tier_labels_and_rbac_name_exactly_the_tier(login_sleeps):
             if r["resources"] != ["events"]:
                 assert r["resourceNames"], r
         assert not any("secrets" in r["resources"] for r in rules)
-        # the agent reads the slurmctld pod's address (controller_listens), no other pod, nothing else
-        pods = [r for r in rules if "pods" in r["resources"]]
-        assert pods == ([{"apiGroups": [""], "resources": ["pods"], "resourceNames": [m.CONTROLLER_POD],
-                          "verbs": ["get"]}] if name == m.LOGIN_AGENT else []), pods
+        # no pod at all; the agent lists EndpointSlices (slurmctld's published address, controller_listens)
+        assert not any("pods" in r["resources"] for r in rules)
+        slices = [r for r in rules if r["apiGroups"] == ["discovery.k8s.io"]]
+        assert slices == ([{"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list"]}]
+                          if name == m.LOGIN_AGENT else []), slices
     agent_rules = roles[m.LOGIN_AGENT]
     assert not any(r["resources"] == ["statefulsets"] and "patch" in r["verbs"] for r in agent_rules)
     scale = {n for r in agent_rules if r["resources"][0].endswith("/scale") for n in r["resourceNames"]}

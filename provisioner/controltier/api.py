@@ -22,7 +22,7 @@ class TierApi(Protocol):
 
     def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]: ...
 
-    def get_pod(self, namespace: str, name: str) -> dict[str, Any]: ...
+    def list_endpoint_slices(self, namespace: str, service: str) -> list[dict[str, Any]]: ...
 
     def create_event(self, namespace: str, body: Mapping[str, Any]) -> None: ...
 
@@ -30,6 +30,7 @@ class TierApi(Protocol):
 
 
 TIER_SELECTOR = f"{m.L_TIER}={m.TIER_CONTROL}"
+SERVICE_NAME_LABEL = "kubernetes.io/service-name"  # the EndpointSlice controller's label: its Service
 
 
 class ClientTierApi(RawClient):
@@ -56,8 +57,9 @@ class ClientTierApi(RawClient):
     def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
         return self.request("GET", api_path("v1", namespace, "pods"), {"labelSelector": selector}).get("items", [])
 
-    def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
-        return self.request("GET", api_path("v1", namespace, "pods", name))
+    def list_endpoint_slices(self, namespace: str, service: str) -> list[dict[str, Any]]:
+        return self.request("GET", api_path("discovery.k8s.io/v1", namespace, "endpointslices"),
+                            {"labelSelector": f"{SERVICE_NAME_LABEL}={service}"}).get("items", [])
 
     def create_event(self, namespace: str, body: Mapping[str, Any]) -> None:
         self.request("POST", api_path("v1", namespace, "events"), None, dict(body))

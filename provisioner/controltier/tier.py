@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 from .. import manifests as m
 from .api import TIER_SELECTOR, TierApi, event_body
@@ -318,21 +318,36 @@ class Tier:
         return f"recorded awake ({reason})"
 
 
+def controller_addresses(slices: list[dict[str, Any]]) -> list[str]:
+    """The addresses that slurmctld's headless Service publishes for the pod slurmctld-0 (its DNS
+    name, SlurmctldHost), from the Service's EndpointSlices; a terminating pod's (the one of a sleep)
+    left out. The Service publishes not-ready addresses, so the pod is there before it is Ready."""
+    out = []
+    for s in slices:
+        for ep in s.get("endpoints") or []:
+            if m.CONTROLLER_POD not in (ep.get("hostname"), (ep.get("targetRef") or {}).get("name")):
+                continue
+            if (ep.get("conditions") or {}).get("terminating"):
+                continue
+            out += [a for a in ep.get("addresses") or [] if a not in out]
+    return out
+
+
 def controller_listens(api: TierApi, namespace: str, connect_timeout: float = 0.25) -> Callable[[], bool]:
-    """`answers` for :meth:`Tier.wake`: True once the slurmctld pod (not being deleted) takes TCP
-    connections on slurmctld's port at its pod IP (the API names the address: no DNS answer of the
-    pod gone to sleep can be cached here), as its readiness probe checks, but at the wake's own poll."""
+    """`answers` for :meth:`Tier.wake`: True once slurmctld takes TCP connections on its port at
+    the address its Service publishes (as its readiness probe checks, but at the wake's own poll).
+    The address is read from the Service's EndpointSlices, which the cluster DNS serves, not from the
+    pod: the kubelet posts the pod's IP a moment before the EndpointSlice has it, and a Slurm command
+    that looked up slurmctld's name in that moment would get an NXDOMAIN, which the cluster DNS
+    caches for seconds (CoreDNS: 5 s by default)."""
     from ..kubeapi import ApiError
     from .activity import port_open
 
     def listens() -> bool:
         try:
-            pod = api.get_pod(namespace, m.CONTROLLER_POD)
+            slices = api.list_endpoint_slices(namespace, m.CONTROLLER)
         except ApiError:
             return False
-        ip = (pod.get("status") or {}).get("podIP")
-        if not ip or (pod.get("metadata") or {}).get("deletionTimestamp"):
-            return False
-        return port_open(ip, m.SLURMCTLD_PORT, timeout=connect_timeout)
+        return any(port_open(ip, m.SLURMCTLD_PORT, timeout=connect_timeout) for ip in controller_addresses(slices))
 
     return listens

@@ -7,7 +7,7 @@ from typing import Any
 from ..config import ClusterSpec
 from .common import _meta, login_sleeps, sleeps
 from .names import base_labels
-from .names import CONTROLLER, CONTROLLER_POD, LOGIN, LOGIN_AGENT, MARIADB, REST, REST_FRONT, SLURMDBD, TIER_ROLE, WORKER_ROLE
+from .names import CONTROLLER, LOGIN, LOGIN_AGENT, MARIADB, REST, REST_FRONT, SLURMDBD, TIER_ROLE, WORKER_ROLE
 
 
 # ---------------------------------------------------------------- RBAC for the resume/suspend programs
@@ -141,10 +141,12 @@ def login_agent_service_account(spec: ClusterSpec) -> dict[str, Any]:
 
 def login_agent_role(spec: ClusterSpec) -> dict[str, Any]:
     """Wake only: read the tier's workloads, scale exactly those, leave a WakeRequested Event; and
-    read the slurmctld pod (its address), to see its port take connections before the pod is Ready
-    (controltier.tier.controller_listens)."""
+    list the namespace's EndpointSlices (the address slurmctld's Service publishes, which the cluster
+    DNS serves), to see slurmctld's port take connections before its pod is Ready
+    (controltier.tier.controller_listens). EndpointSlices are named by the controller that writes
+    them, so the rule cannot name them: `list` with the Service's label."""
     rules = _tier_rules(spec, controller=False)
-    rules.append({"apiGroups": [""], "resources": ["pods"], "resourceNames": [CONTROLLER_POD], "verbs": ["get"]})
+    rules.append({"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list"]})
     return _role(spec, LOGIN_AGENT, LOGIN, rules)
 
 

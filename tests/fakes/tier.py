@@ -21,7 +21,10 @@ class FakeTierApi:
     calls: list[tuple[Any, ...]] = field(default_factory=list)
     ready_after: int = 1  # get_workload calls until a scaled-up workload reports ready
     forbidden: set[str] = field(default_factory=set)  # verbs that fail with 403 (RBAC)
-    pod_ips: dict[str, str] = field(default_factory=dict)  # get_pod: a pod's status.podIP
+    # list_endpoint_slices: the address each pod of a Service has in its EndpointSlice, and the
+    # pods marked terminating there
+    endpoint_ips: dict[str, str] = field(default_factory=dict)
+    terminating: set[str] = field(default_factory=set)
     _pending: dict[tuple[str, str], int] = field(default_factory=dict)
 
     def add(self, kind: str, name: str, component: str, replicas: int = 1, tier: bool = True,
@@ -79,12 +82,16 @@ class FakeTierApi:
                          for i in range(max(obj["spec"]["replicas"], obj["status"]["readyReplicas"]))]
         return pods
 
-    def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
-        """The pod with the IP `pod_ips` gives it (none: the pod has no address yet)."""
-        self._check("get_pod")
-        self.calls.append(("get_pod", name))
-        ip = self.pod_ips.get(name)
-        return {"metadata": {"name": name}, "status": {"podIP": ip} if ip else {}}
+    def list_endpoint_slices(self, namespace: str, service: str) -> list[dict[str, Any]]:
+        """One EndpointSlice of `service` with an endpoint per pod of `endpoint_ips` (none: no pod
+        has an address yet), shaped as the EndpointSlice controller writes them."""
+        self._check("list_endpoint_slices")
+        self.calls.append(("list_endpoint_slices", service))
+        return [{"metadata": {"name": f"{service}-x7k2p", "labels": {"kubernetes.io/service-name": service}},
+                 "addressType": "IPv4",
+                 "endpoints": [{"addresses": [ip], "hostname": pod, "targetRef": {"kind": "Pod", "name": pod},
+                                "conditions": {"ready": True, "serving": True, "terminating": pod in self.terminating}}
+                               for pod, ip in self.endpoint_ips.items()]}]
 
     def create_event(self, namespace: str, body: Mapping[str, Any]) -> None:
         self._check("event")
