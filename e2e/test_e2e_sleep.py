@@ -132,6 +132,25 @@ def test_plain_sbatch_on_the_running_login_pod_wakes_the_controller(sleepy_clust
     assert "by alice on the login pod" in woke["slurmk8s.io/state-reason"], woke
 
 
+def test_the_wake_agents_account_lists_endpoint_slices_and_reads_no_pod_or_secret(sleepy_cluster: sleepy.Sleepy):
+    """The login pod's wake agent learns slurmctld's address from its Service's EndpointSlices (what
+    the cluster DNS serves; controltier.tier.controller_listens): its account may list those in its
+    own namespace, and may not read pods, Secrets, or anything of another namespace."""
+    who = f"--as=system:serviceaccount:{sleepy.NS}:login-agent"
+
+    def can(verb: str, resource: str, namespace: str) -> bool:
+        proc = kubectl("auth", "can-i", verb, resource, who, "-n", namespace, check=False)
+        assert proc.stdout.strip() in ("yes", "no"), (proc.stdout, proc.stderr)
+        return proc.stdout.strip() == "yes"
+
+    assert can("list", "endpointslices.discovery.k8s.io", sleepy.NS)
+    never = [("get", "pods", sleepy.NS), ("list", "pods", sleepy.NS), ("get", "secrets", sleepy.NS),
+             ("list", "secrets", sleepy.NS), ("watch", "endpointslices.discovery.k8s.io", sleepy.NS),
+             ("list", "endpointslices.discovery.k8s.io", "default"), ("create", "pods/exec", sleepy.NS)]
+    granted = [f"{verb} {res} -n {ns}" for verb, res, ns in never if can(verb, res, ns)]
+    assert granted == [], granted
+
+
 def test_slurmk8s_ssh_runs_a_command_on_the_login_pod(sleepy_cluster: sleepy.Sleepy):
     c = sleepy_cluster
     proc = subprocess.run(

@@ -218,12 +218,48 @@ def test_controller_listens_connects_to_the_address_slurmctlds_service_publishes
 def test_controller_addresses_reads_endpoint_slices_as_the_controller_writes_them():
     from provisioner.controltier.tier import controller_addresses
 
-    slices = [{"endpoints": [{"addresses": ["10.0.0.7"], "conditions": {"ready": False}, "hostname": "slurmctld-0",
+    slices = [{"endpoints": [{"addresses": ["10.0.0.7"], "conditions": {"ready": True}, "hostname": "slurmctld-0",
                               "targetRef": {"kind": "Pod", "name": "slurmctld-0"}}]},
               {"endpoints": None},
               {"endpoints": [{"addresses": ["10.0.0.7"], "targetRef": {"kind": "Pod", "name": "slurmctld-0"}},
+                             {"addresses": ["10.0.0.8"], "conditions": {"ready": False}, "hostname": "slurmctld-0"},
                              {"addresses": ["10.0.0.9"], "conditions": {"terminating": True}, "hostname": "slurmctld-0"}]}]
-    assert controller_addresses(slices) == ["10.0.0.7"]  # not-ready counts (published), terminating does not
+    # the DNS serves ready endpoints and those that do not say (conditions unset); not the others
+    assert controller_addresses(slices) == ["10.0.0.7"]
+
+
+def test_a_slow_port_check_does_not_space_out_the_readiness_reads():
+    """Each ask of the port takes 0.3 s (a connect that waits out its timeout): the ready count is
+    still read about each poll (1.0 s here), not each 4 asks of 0.55 s."""
+    tier, api = _asleep_tier()
+    tier.answer_poll = 0.25
+
+    def slow() -> bool:
+        tier.sleep(0.3)
+        return False
+
+    assert tier.wake("sbatch by alice", running_in=m.LOGIN, answers=slow) is True
+    looks = [i for i, c in enumerate(api.calls) if c == ("ready?", "slurmctld")]
+    assert len(looks) == 3  # Ready at the third look (ready_after=3): at 0 s, ~1.1 s, ~2.2 s
+    assert tier.clock() - 1000.0 < 2.5, tier.clock()
+
+
+def test_a_wake_that_asks_the_port_still_ends_at_its_deadline():
+    """answers() never True and the pod never Ready: the wake gives up at its timeout with the reason."""
+    tier, api = _asleep_tier()
+    api.ready_after = 10**6
+    tier.answer_poll = 0.25
+    with pytest.raises(TierError, match=r"statefulset/slurmctld not ready after 5s"):
+        tier.wake("sbatch by alice", running_in=m.LOGIN, timeout=5, answers=lambda: False)
+
+
+def test_a_wake_that_asks_the_port_ends_at_readiness_too():
+    """The port never answers (e.g. the probe of another network), the pod becomes Ready: done."""
+    tier, api = _asleep_tier()  # Ready at the third look
+    tier.answer_poll = 0.25
+    progress: list[str] = []
+    assert tier.wake("sbatch by alice", progress.append, running_in=m.LOGIN, answers=lambda: False) is True
+    assert any(p.startswith("statefulset/slurmctld ready (") for p in progress), progress
 
 
 def test_submit_wakes_in_a_thread_and_hands_its_failure_over(monkeypatch):

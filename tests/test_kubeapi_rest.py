@@ -104,6 +104,18 @@ def test_a_get_sends_the_query_and_the_credentials_and_returns_the_json(api):
     assert req["headers"]["accept"] == "application/json"
 
 
+def test_the_tier_lists_a_services_endpoint_slices_by_its_label(api):
+    from provisioner.controltier.api import ClientTierApi
+
+    server, _ = api
+    path = "/apis/discovery.k8s.io/v1/namespaces/slurm-x/endpointslices"
+    server.answers[path] = (200, {"kind": "EndpointSliceList", "items": [{"endpoints": []}]}, "application/json")
+    tier = ClientTierApi(_client(server.url), timeout=(2.0, 5.0))
+    assert tier.list_endpoint_slices("slurm-x", "slurmctld") == [{"endpoints": []}]
+    req = server.requests[-1]
+    assert (req["method"], req["query"]) == ("GET", {"labelSelector": "kubernetes.io/service-name=slurmctld"})
+
+
 def test_a_merge_patch_is_sent_as_one(api):
     server, raw = api
     path = api_path("apps/v1", "slurm-x", "statefulsets", "slurmctld", "scale")

@@ -342,9 +342,9 @@ def agent_main(argv: Sequence[str] | None = None) -> int:
             log("no --namespace and no ServiceAccount namespace file")
             return 2
     api = ClientTierApi(api_client())
-    # while a Slurm command waits for the wake: slurmctld's port asked each 0.05 s (a read of its
-    # pod for the address, then a TCP connect: the kubelet posts the address up to a second after
-    # slurmctld listens), the StatefulSet's ready count read each 0.5 s
+    # while a Slurm command waits for the wake: slurmctld's port asked each 0.05 s (a list of its
+    # Service's EndpointSlices for the address, then a TCP connect: the kubelet posts the pod's
+    # address up to a second after slurmctld listens), the StatefulSet's ready count each 0.5 s
     tier = Tier(api, namespace, "slurmk8s-login-agent", log=log, poll=0.5, answer_poll=0.05)
     agent = Agent(tier, args.activity_file, timeout=args.timeout, answers=controller_listens(api, namespace))
     try:

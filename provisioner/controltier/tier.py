@@ -186,17 +186,19 @@ class Tier:
         for w in wake_order([w for w in ws if w.component in WAKE_WAITS_FOR]):
             t0 = self.clock()
             how = "ready"
-            # slurmctld's port is asked each answer_poll; its ready count is read about each poll
+            # slurmctld's port is asked each answer_poll; its ready count is read each poll: every
+            # poll/answer_poll passes, or sooner when the passes take longer than their naps (a
+            # connect that waits out its timeout)
             quick = w.component == m.CONTROLLER and answers is not None
             nap = self.answer_poll if quick and self.answer_poll else self.poll
             looks_every = max(1, round(self.poll / nap))
-            looks, scaled_up = 0, False
+            looks, scaled_up, look_at = 0, False, t0
             while True:
-                if looks % looks_every == 0:
+                if looks % looks_every == 0 or self.clock() >= look_at:
                     cur = self._ready(w)
                     if cur.ready >= 1:
                         break
-                    scaled_up = cur.replicas >= 1
+                    scaled_up, look_at = cur.replicas >= 1, self.clock() + self.poll
                 looks += 1
                 if quick and scaled_up and answers():
                     how = "takes connections on its port"
@@ -320,14 +322,17 @@ class Tier:
 
 def controller_addresses(slices: list[dict[str, Any]]) -> list[str]:
     """The addresses that slurmctld's headless Service publishes for the pod slurmctld-0 (its DNS
-    name, SlurmctldHost), from the Service's EndpointSlices; a terminating pod's (the one of a sleep)
-    left out. The Service publishes not-ready addresses, so the pod is there before it is Ready."""
+    name, SlurmctldHost), from the Service's EndpointSlices, as the cluster DNS serves them: an
+    endpoint marked not ready or terminating (the pod of a sleep) left out. The Service publishes
+    not-ready addresses (the EndpointSlice controller then writes them ready), so the pod is there
+    before its readiness probe passes."""
     out = []
     for s in slices:
         for ep in s.get("endpoints") or []:
             if m.CONTROLLER_POD not in (ep.get("hostname"), (ep.get("targetRef") or {}).get("name")):
                 continue
-            if (ep.get("conditions") or {}).get("terminating"):
+            conditions = ep.get("conditions") or {}
+            if conditions.get("terminating") or conditions.get("ready") is False:
                 continue
             out += [a for a in ep.get("addresses") or [] if a not in out]
     return out
