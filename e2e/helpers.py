@@ -69,6 +69,19 @@ class NotOurs(Exception):
     """The namespace a run would deploy into holds something this kind of run did not make."""
 
 
+def can_i(account: str, verb: str, resource: str, namespace: str | None) -> bool:
+    """`kubectl auth can-i` as the ServiceAccount `account` ("NAMESPACE:NAME"); resource may be
+    'pods/exec' (a subresource); namespace None: across all namespaces."""
+    resource, _, sub = resource.partition("/")
+    args = ["auth", "can-i", verb, resource, f"--as=system:serviceaccount:{account}"]
+    args += [f"--subresource={sub}"] if sub else []
+    args += ["-n", namespace] if namespace else ["--all-namespaces"]
+    proc = kubectl(*args, check=False)
+    answer = proc.stdout.strip()
+    assert answer in ("yes", "no"), f"kubectl {' '.join(args)}: {proc.stdout} {proc.stderr}"
+    return answer == "yes"
+
+
 def namespace_doc(ns: str) -> dict[str, Any] | None:
     got = kubectl("get", "namespace", ns, "-o", "json", check=False)
     if got.returncode != 0:

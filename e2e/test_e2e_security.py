@@ -28,7 +28,7 @@ from provisioner import manifests as m
 from provisioner.config import load_spec
 from provisioner.deploy.secrets import public_key
 
-from helpers import (ISSUED_TOKENS, NAMESPACE, Cluster, kjson, kubectl, slurmk8s, submit, wait_for, wait_job,
+from helpers import (ISSUED_TOKENS, NAMESPACE, Cluster, can_i, kjson, kubectl, slurmk8s, submit, wait_for, wait_job,
                      worker_pods)
 
 pytestmark = pytest.mark.e2e
@@ -288,14 +288,7 @@ def _archive_logs(directory: Path, pods: dict[str, dict[str, Any]]) -> None:
 
 def _can_i(sa: str, verb: str, resource: str, namespace: str | None) -> bool:
     """`kubectl auth can-i` as a ServiceAccount of the namespace; resource may be 'pods/exec'."""
-    resource, _, sub = resource.partition("/")
-    args = ["auth", "can-i", verb, resource, f"--as=system:serviceaccount:{NAMESPACE}:{sa}"]
-    args += [f"--subresource={sub}"] if sub else []
-    args += ["-n", namespace] if namespace else ["--all-namespaces"]
-    proc = kubectl(*args, check=False)
-    answer = proc.stdout.strip()
-    assert answer in ("yes", "no"), f"kubectl {' '.join(args)}: {proc.stdout} {proc.stderr}"
-    return answer == "yes"
+    return can_i(f"{NAMESPACE}:{sa}", verb, resource, namespace)
 
 
 def test_rbac_controller_manages_pods_in_its_own_namespace_only(cluster: Cluster):

@@ -18,7 +18,7 @@ import asyncssh
 import pytest
 
 import sleepy
-from helpers import ISSUED_TOKENS, SLURMK8S, TOOLCHAIN_BIN, kjson, kubeconfig, kubectl, wait_for, wait_job
+from helpers import ISSUED_TOKENS, SLURMK8S, TOOLCHAIN_BIN, can_i, kjson, kubeconfig, kubectl, wait_for, wait_job
 
 pytestmark = pytest.mark.e2e
 NAMESPACE = sleepy.NS  # conftest's failure report collects this namespace's pod logs
@@ -136,12 +136,8 @@ def test_the_wake_agents_account_lists_endpoint_slices_and_reads_no_pod_or_secre
     """The login pod's wake agent learns slurmctld's address from its Service's EndpointSlices (what
     the cluster DNS serves; controltier.tier.controller_listens): its account may list those in its
     own namespace, and may not read pods, Secrets, or anything of another namespace."""
-    who = f"--as=system:serviceaccount:{sleepy.NS}:login-agent"
-
     def can(verb: str, resource: str, namespace: str) -> bool:
-        proc = kubectl("auth", "can-i", verb, resource, who, "-n", namespace, check=False)
-        assert proc.stdout.strip() in ("yes", "no"), (proc.stdout, proc.stderr)
-        return proc.stdout.strip() == "yes"
+        return can_i(f"{sleepy.NS}:login-agent", verb, resource, namespace)
 
     assert can("list", "endpointslices.discovery.k8s.io", sleepy.NS)
     never = [("get", "pods", sleepy.NS), ("list", "pods", sleepy.NS), ("get", "secrets", sleepy.NS),
