@@ -186,20 +186,18 @@ class Tier:
         for w in wake_order([w for w in ws if w.component in WAKE_WAITS_FOR]):
             t0 = self.clock()
             how = "ready"
-            # slurmctld's port is asked each answer_poll; its ready count is read each poll: every
-            # poll/answer_poll passes, or sooner when the passes take longer than their naps (a
-            # connect that waits out its timeout)
+            # slurmctld's port is asked each answer_poll, its ready count read each poll (by the
+            # clock: a pass whose connect waits out its timeout does not space the reads out);
+            # without a port to ask, the ready count is read each pass
             quick = w.component == m.CONTROLLER and answers is not None
             nap = self.answer_poll if quick and self.answer_poll else self.poll
-            looks_every = max(1, round(self.poll / nap))
-            looks, scaled_up, look_at = 0, False, t0
+            scaled_up, look_at = False, t0
             while True:
-                if looks % looks_every == 0 or self.clock() >= look_at:
+                if not quick or self.clock() >= look_at:
                     cur = self._ready(w)
                     if cur.ready >= 1:
                         break
                     scaled_up, look_at = cur.replicas >= 1, self.clock() + self.poll
-                looks += 1
                 if quick and scaled_up and answers():
                     how = "takes connections on its port"
                     break
