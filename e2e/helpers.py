@@ -69,11 +69,11 @@ class NotOurs(Exception):
     """The namespace a run would deploy into holds something this kind of run did not make."""
 
 
-def can_i(account: str, verb: str, resource: str, namespace: str | None) -> bool:
+def can_i(account: str, verb: str, resource: str, namespace: str | None, name: str = "") -> bool:
     """`kubectl auth can-i` as the ServiceAccount `account` ("NAMESPACE:NAME"); resource may be
-    'pods/exec' (a subresource); namespace None: across all namespaces."""
+    'pods/exec' (a subresource); namespace None: across all namespaces; name: that object alone."""
     resource, _, sub = resource.partition("/")
-    args = ["auth", "can-i", verb, resource, f"--as=system:serviceaccount:{account}"]
+    args = ["auth", "can-i", verb, f"{resource}/{name}" if name else resource, f"--as=system:serviceaccount:{account}"]
     args += [f"--subresource={sub}"] if sub else []
     args += ["-n", namespace] if namespace else ["--all-namespaces"]
     proc = kubectl(*args, check=False)

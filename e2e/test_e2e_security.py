@@ -296,7 +296,7 @@ def test_rbac_controller_manages_pods_in_its_own_namespace_only(cluster: Cluster
     must = [(v, "pods", NAMESPACE) for v in ("create", "delete", "get", "list", "watch")]
     missing = [f"{v} {r} -n {ns}" for v, r, ns in must if not _can_i(sa, v, r, ns)]
     assert missing == [], f"{sa} cannot {missing} (the resume/suspend programs need it)"
-    # nothing outside its namespace, nothing that reads secrets, writes nodes or escalates
+    # nothing outside its namespace, no Secret but its own pod's (below), nothing that writes nodes or escalates
     never = [
         ("create", "pods", "default"), ("delete", "pods", "kube-system"), ("list", "pods", None),
         ("get", "secrets", NAMESPACE), ("list", "secrets", NAMESPACE), ("get", "secrets", "kube-system"),
@@ -309,6 +309,12 @@ def test_rbac_controller_manages_pods_in_its_own_namespace_only(cluster: Cluster
     ]
     granted = [f"{v} {r} " + (f"-n {ns}" if ns else "cluster-wide") for v, r, ns in never if _can_i(sa, v, r, ns)]
     assert granted == [], f"{sa} may {granted}"
+    # its pod reads its own spec, users and keys at its start (provisioner.podfiles): those, by name
+    files = {(f"{kind}s", name) for kind, name, _ in m.pod_files(load_spec(cluster.spec_path))}
+    others = {("secrets", m.DB_SECRET), ("secrets", m.SSH_HOST_KEYS_SECRET), ("configmaps", m.SLURM_CONFIG)}
+    assert {f"{r}/{n}" for r, n in files | others if can_i(f"{NAMESPACE}:{sa}", "get", r, NAMESPACE, n)} == {
+        f"{r}/{n}" for r, n in files}
+    assert not {r for r, _ in files if _can_i(sa, "list", r, NAMESPACE)}, "a list would show every object's content"
 
 
 # ---------------------------------------------------------------- the controller's pods: the pool templates only

@@ -330,8 +330,8 @@ def test_a_builder_change_the_chart_does_not_follow_fails_naming_object_and_fiel
     monkeypatch.setattr(m, "login_service", svc)
     spec, pulumi, chart, nodes = _render("local", pulumi_run)
     problems = compare(spec, chart, pulumi, nodes)
-    assert any(p.startswith("StatefulSet slurm-local/slurmctld: spec.template.spec.containers[0].env: 6 items in "
-                            "the chart, 7 in pulumi") for p in problems), problems
+    assert any(p.startswith("StatefulSet slurm-local/slurmctld: spec.template.spec.containers[0].env: 7 items in "
+                            "the chart, 8 in pulumi") for p in problems), problems
     assert "Service slurm-local/login: spec.ports[0].name: chart \"ssh\", pulumi \"sshd\"" in problems, problems
 
 

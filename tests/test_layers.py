@@ -23,7 +23,8 @@ PKG = ROOT / "provisioner"
 # Layers, lowest first. A module may import from a lower layer, or from its own package
 # (e.g. provisioner.reconcile.act from provisioner.reconcile.classify); nothing else.
 LAYERS: list[tuple[str, ...]] = [
-    ("provisioner", "provisioner.errors", "provisioner.logs"),
+    # podfiles: the slurmctld pod's first step, standard library only
+    ("provisioner", "provisioner.errors", "provisioner.logs", "provisioner.podfiles"),
     ("provisioner.config",),
     ("provisioner.inventory",),
     ("provisioner.topology",),

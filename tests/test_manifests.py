@@ -143,7 +143,12 @@ def test_rbac_is_pods_only_in_the_own_namespace_and_reading_nodes(fabric, secret
                                   "verbs": ["create", "get", "list", "watch", "delete"]},
                                  # the worker pods' owner's uid (ownerReferences), nothing else of apps
                                  {"apiGroups": ["apps"], "resources": ["statefulsets"], "resourceNames": ["slurmctld"],
-                                  "verbs": ["get"]}]
+                                  "verbs": ["get"]},
+                                 # what slurmctld's pod reads at its start (podfiles), by name: no list, no other
+                                 {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"],
+                                  "resourceNames": ["slurmk8s-spec", "slurm-users"]},
+                                 {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"],
+                                  "resourceNames": ["slurm-auth"] + (["slurm-jwt"] if spec.rest.enabled else [])}]
     (binding,) = [o for o in objs if o["kind"] == "RoleBinding"]
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": m.WORKER_ROLE}
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "slurmctld", "namespace": "slurm-fab"}]
@@ -275,16 +280,23 @@ def test_controller_and_login_shape(local, secrets, tmp_path):
     assert sts["spec"]["serviceName"] == "slurmctld"
     ps = sts["spec"]["template"]["spec"]
     mounts = {v["mountPath"]: v["name"] for v in ps["containers"][0]["volumeMounts"]}
-    assert mounts == {"/etc/slurm": "slurm-config", "/etc/slurmk8s/spec": "spec", "/etc/slurmk8s/users": "users",
-                      "/etc/slurmk8s/secret": "munge-key", "/var/spool/slurmctld": "state",
-                      "/etc/slurmk8s/elastic.env": "spec", "/run/munge": "munge-socket",
+    assert mounts == {"/etc/slurm": "slurm-config", "/etc/slurmk8s": "pod-files", "/var/spool/slurmctld": "state",
+                      "/run/munge": "munge-socket",
                       "/var/log/slurmk8s": "slurmk8s-log", "/run/slurmk8s/programs": "programs-socket"}
+    # no Secret or ConfigMap volume: the node authorizer refuses the kubelet's first read of one for
+    # about a second when it comes before the authorizer has seen the pod (provisioner.podfiles)
+    assert not [v for v in ps["volumes"] if "secret" in v or "configMap" in v or "projected" in v]
+    assert next(v for v in ps["volumes"] if v["name"] == "pod-files")["emptyDir"]["medium"] == "Memory"
+    for c in ps["containers"][1:]:  # reconcile, accounting: the spec alone
+        assert [(v["mountPath"], v.get("subPath")) for v in c["volumeMounts"] if v["name"] == "pod-files"] == [
+            ("/etc/slurmk8s/spec", "spec")]
     reconcile = ps["containers"][1]
     assert reconcile["name"] == "reconcile" and reconcile["command"][0].endswith("/slurmk8s-reconcile")
     assert reconcile["securityContext"]["runAsUser"] == 64030 and reconcile["securityContext"]["runAsNonRoot"]
     assert {m["mountPath"] for m in reconcile["volumeMounts"]} >= {"/run/munge", "/var/spool/slurmctld", "/etc/slurm"}
     assert "/etc/slurmk8s/secret" not in {m["mountPath"] for m in reconcile["volumeMounts"]}
     env = {e["name"]: e.get("value") for e in ps["containers"][0]["env"]}
+    assert env.pop("SLURMK8S_POD_FILES") == "configmap/slurmk8s-spec:spec configmap/slurm-users:users secret/slurm-auth:secret"
     assert env["SLURMK8S_BACKEND"] == "kubernetes" and env["SLURMK8S_INVENTORY"] == "/etc/slurm/inventory.json"
     # Slurm starts ResumeProgram without slurmctld's environment: the same settings as a file
     from provisioner.elastic.programs import read_env_file
@@ -294,8 +306,6 @@ def test_controller_and_login_shape(local, secrets, tmp_path):
     # (SLURMK8S_CONFIG_INIT is the entrypoint's alone: it fills /etc/slurm before slurmctld starts)
     assert env.pop("SLURMK8S_CONFIG_INIT") == m.CONFIG_INIT and "initContainers" not in ps
     assert read_env_file(str(envfile)) == {**env, "SLURMK8S_NAMESPACE": "slurm-local"}
-    secret_vol = next(v for v in ps["volumes"] if v["name"] == "munge-key")
-    assert secret_vol["secret"] == {"secretName": "slurm-auth", "defaultMode": 0o400}
     cfg = m.slurm_config_map(spec, gen.files)
     assert set(cfg["data"]) == {"slurm.conf"} and set(cfg["binaryData"]) == {"inventory.json.gz"}  # grows with the nodes
     assert "SlurmctldHost=slurmctld-0" in cfg["data"]["slurm.conf"]

@@ -4,6 +4,8 @@
 #                             here by $SLURMK8S_CONFIG_INIT (slurmk8s-config-init) when that is set
 #   /var/spool/slurmctld      StateSaveLocation (a volume); made owned by SlurmUser
 #   /etc/slurmk8s/jwt/jwt_hs256.key  the JWT key, when slurm.conf sets AuthAltParameters=jwt_key=
+#   /etc/slurmk8s/{spec,users,secret,jwt}/, elastic.env  mounted; or read from the API here when
+#                             $SLURMK8S_POD_FILES is set (slurmk8s-pod-files)
 #   arguments                 appended to the slurmctld command line (e.g. -vvv)
 # slurmctld runs in the foreground as SlurmUser (which must be set and must not be root).
 set -euo pipefail
@@ -13,6 +15,16 @@ set -euo pipefail
 CONF_DIR="${SLURMK8S_SLURM_CONF_DIR:-/etc/slurm}"
 CONF="$CONF_DIR/slurm.conf"
 log "starting slurmctld"
+
+# SLURMK8S_POD_FILES (set by the pod spec): the spec, the users and the keys are read from the API
+# into $SLURMK8S_DIR (an in-memory emptyDir), once per pod, with the pod's ServiceAccount token
+# (slurmk8s-pod-files, provisioner/podfiles.py). Mounted as Secret and ConfigMap volumes, the kubelet
+# would fetch them as the node, which the node authorizer refuses for about a second when it asks
+# before the authorizer has seen the new pod. Without it (Docker, tests) the files are mounted.
+if [ -n "${SLURMK8S_POD_FILES:-}" ] && [ ! -e "$SLURMK8S_DIR/.fetched" ]; then
+    /opt/slurmk8s/bin/slurmk8s-pod-files --out "$SLURMK8S_DIR" \
+        || die "cannot read the pod's files from the Kubernetes API into $SLURMK8S_DIR (why: above)"
+fi
 
 # SLURMK8S_CONFIG_INIT (set by the pod spec): the Slurm configuration directory is an emptyDir of the
 # pod, filled here once per pod before slurmctld starts (images/entrypoint/config-init.sh: the copy

@@ -142,19 +142,21 @@ class Controller(_Component):
                  wait: bool, depends_on: Sequence[pulumi.Resource], opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("slurmk8s:index:Controller", name, spec, wait, opts, depends_on)
         files = gen.files
-        self._add(m.auth_secret(spec, pulumi.Output.secret(secrets.munge_key_b64)))
-        # the JWT key (rest.enabled): slurmctld and slurmdbd mount it, so it comes before both
+        # what slurmctld's pod reads at its start (m.pod_files) and the Role that lets it: before the
+        # StatefulSet, so that a pod started by this update reads this update's spec and users
+        before_pod = [self._add(m.auth_secret(spec, pulumi.Output.secret(secrets.munge_key_b64)))]
+        # the JWT key (rest.enabled): slurmctld and slurmdbd read it, so it comes before both
         self.jwt_secret: pulumi.Resource | None = None
         if spec.rest.enabled:
             if secrets.jwt_key_b64 is None:
                 raise pulumi.RunError(missing_jwt_key_error())
             self.jwt_secret = self._add(m.jwt_secret(spec, pulumi.Output.secret(secrets.jwt_key_b64)))
+            before_pod.append(self.jwt_secret)
         self._add(m.slurm_config_map(spec, files))
-        self._add(m.users_config_map(spec, files))
-        self._add(m.spec_config_map(spec, site))
+        before_pod.append(self._add(m.users_config_map(spec, files)))
+        before_pod.append(self._add(m.spec_config_map(spec, site)))
         sa = self._add(m.controller_service_account(spec))
-        self._add(m.worker_role(spec))
-        self._add(m.worker_role_binding(spec))
+        before_pod += [sa, self._add(m.worker_role(spec)), self._add(m.worker_role_binding(spec))]
         # the pods that account may create: those of the pool templates (cluster-scoped, named per
         # namespace; `down` deletes them with the rest). In place before slurmctld starts.
         policy = self._add(m.worker_pod_policy(spec, site))
@@ -166,7 +168,7 @@ class Controller(_Component):
             self._add(m.control_tier_role_binding(spec))
         self._add(m.controller_state_pvc(spec), retain=True)
         self._add(m.controller_service(spec))
-        sts = self._add(m.controller_statefulset(spec, files, site), after=[policy, binding, *read_nodes])
+        sts = self._add(m.controller_statefulset(spec, files, site), after=[policy, binding, *read_nodes, *before_pod])
         self.address = pulumi.Output.from_input(m.controller_address(spec, site))
         self.statefulset = sts.metadata.name
         self.service_account = sa.metadata.name

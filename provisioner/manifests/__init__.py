@@ -46,11 +46,12 @@ from .rbac import (control_tier_role, control_tier_role_binding, control_tier_wo
                    rest_front_role_binding, rest_front_service_account, worker_role,
                    worker_role_binding)
 from .slurmctld import (accounting_container, config_map_files, controller_service, controller_state_pvc,
-                        controller_statefulset, slurm_config_map, spec_config_map)
+                        controller_statefulset, pod_files, slurm_config_map, spec_config_map)
 from .workers import (task_prolog_env, worker_pod, worker_pod_template, worker_template_config_map, workers_pdb,
                       workers_service)
 
 __all__ = [
+    "pod_files",
     "JWT_DIR", "JWT_KEY_FILE", "JWT_KEY_PATH", "JWT_SECRET", "REST", "REST_CONFIG", "REST_FRONT", "REST_LOCAL_PORT",
     "REST_PORT", "REST_UID",
     "jwt_objects", "jwt_secret", "rest_conf", "rest_config_map", "rest_deployment", "rest_objects", "rest_openapi_plugins",

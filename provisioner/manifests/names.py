@@ -85,6 +85,9 @@ JWT_DIR = "/etc/slurmk8s/jwt"  # the mounted Secret; the entrypoints install the
 # JWT_KEY_PATH (provisioner.render): AuthAltParameters=jwt_key= of slurm.conf and slurmdbd.conf
 ELASTIC_ENV = "/etc/slurmk8s/elastic.env"  # read by the resume/suspend programs (provisioner.elastic)
 ELASTIC_ENV_KEY = "elastic.env"
+# slurmctld's pod: an in-memory emptyDir that its entrypoint fills from the API with the spec, users
+# and keys (spec/, users/, secret/, jwt/, elastic.env: provisioner.podfiles), no Secret or ConfigMap volumes
+POD_FILES_DIR = "/etc/slurmk8s"
 SLURM_CONF_DIR = "/etc/slurm"
 STATE_DIR = "/var/spool/slurmctld"
 SSH_HOST_KEY_TYPES = ("ed25519", "ecdsa", "rsa")

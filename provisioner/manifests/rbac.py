@@ -7,6 +7,7 @@ from typing import Any
 from ..config import ClusterSpec
 from .common import _meta, login_sleeps, sleeps
 from .names import base_labels
+from .slurmctld import pod_files
 from .names import CONTROLLER, LOGIN, LOGIN_AGENT, MARIADB, REST, REST_FRONT, SLURMDBD, TIER_ROLE, WORKER_ROLE
 
 
@@ -18,15 +19,20 @@ def controller_service_account(spec: ClusterSpec) -> dict[str, Any]:
 
 
 def worker_role(spec: ClusterSpec) -> dict[str, Any]:
-    """Pods, in this namespace only: what ResumeProgram / SuspendProgram need; and a get of the
-    slurmctld StatefulSet alone, whose uid every worker pod's ownerReference names."""
+    """Pods, in this namespace only: what ResumeProgram / SuspendProgram need; a get of the
+    slurmctld StatefulSet alone, whose uid every worker pod's ownerReference names; and a get of
+    the ConfigMaps and Secrets slurmctld's pod reads at its start instead of mounting them
+    (:func:`.slurmctld.pod_files`), by name."""
+    files = pod_files(spec)
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
         "metadata": _meta(spec, WORKER_ROLE, CONTROLLER),
         "rules": [{"apiGroups": [""], "resources": ["pods"],
                    "verbs": ["create", "get", "list", "watch", "delete"]},
                   {"apiGroups": ["apps"], "resources": ["statefulsets"], "resourceNames": [CONTROLLER],
-                   "verbs": ["get"]}],
+                   "verbs": ["get"]},
+                  *({"apiGroups": [""], "resources": [f"{kind}s"], "verbs": ["get"],
+                     "resourceNames": [name for k, name, _ in files if k == kind]} for kind in ("configmap", "secret"))],
     }
 
 

@@ -10,14 +10,14 @@ import json
 from typing import Any, Mapping
 
 from ..config import ClusterSpec
-from .common import (K8sSite, _config_volume, _container_security, _meta, _pod_security, _pvc, _pvc_volume,
-                     _secret_volume, content_hash, dns_searches, tier_labels)
+from .common import (K8sSite, _container_security, _meta, _pod_security, _pvc, _pvc_volume, content_hash,
+                     dns_searches, tier_labels)
 from .names import (A_SPEC_HASH, A_USERS_HASH, AUTH_SECRET, BASE_CAPS, BIN_DIR, CONFIG_INIT, CONTROLLER,
-                    CONTROLLER_GRACE_SECONDS, CONTROLLER_STATE_PVC, ELASTIC_ENV, ELASTIC_ENV_KEY, JWT_DIR, JWT_SECRET,
-                    METRICS_PORT, MUNGE_DIR, MUNGE_SOCKET_DIR, PROGRAM_SOCKET_DIR, RECONCILE_PERIOD, SLURM_CONF_DIR,
+                    CONTROLLER_GRACE_SECONDS, CONTROLLER_STATE_PVC, ELASTIC_ENV_KEY, JWT_SECRET,
+                    METRICS_PORT, MUNGE_SOCKET_DIR, POD_FILES_DIR, PROGRAM_SOCKET_DIR, RECONCILE_PERIOD, SLURM_CONF_DIR,
                     SLURM_CONFIG, SLURM_FILES, GZIPPED_FILES,
                     SLURM_UID, SLURMCTLD_PORT, SLURMK8S_LOG_DIR, SPEC_CONFIG, SPEC_DIR, STATE_DIR, USER_FILES,
-                    USERS_CONFIG, USERS_DIR, base_labels, selector)
+                    USERS_CONFIG, base_labels, selector)
 
 
 # ---------------------------------------------------------------- configuration
@@ -84,6 +84,20 @@ def spec_config_map(spec: ClusterSpec, site: K8sSite) -> dict[str, Any]:
     }
 
 
+def pod_files(spec: ClusterSpec) -> list[tuple[str, str, str]]:
+    """(kind, name, directory under POD_FILES_DIR) of what slurmctld's entrypoint reads from the API
+    (provisioner.podfiles): the spec, the users, the munge key, and the JWT key when slurmctld signs
+    users' JWTs (rest.enabled). The Role of the pod's ServiceAccount may get exactly these."""
+    out = [("configmap", SPEC_CONFIG, "spec"), ("configmap", USERS_CONFIG, "users"), ("secret", AUTH_SECRET, "secret")]
+    if spec.rest.enabled:
+        out.append(("secret", JWT_SECRET, "jwt"))
+    return out
+
+
+def pod_files_env(spec: ClusterSpec) -> list[dict[str, Any]]:
+    return [{"name": "SLURMK8S_POD_FILES", "value": " ".join(f"{k}/{n}:{d}" for k, n, d in pod_files(spec))}]
+
+
 # ---------------------------------------------------------------- state, Service, StatefulSet
 
 
@@ -136,7 +150,7 @@ def controller_statefulset(spec: ClusterSpec, files: Mapping[str, str], site: K8
         # spec by this very image (images/entrypoint/config-init.sh, provisioner/livenodes/cache.py).
         # Not an init container: the kubelet would start this container up to a second after its end.
         "env": [{"name": k, "value": v} for k, v in elastic_env(spec).items()]
-        + [{"name": "SLURMK8S_CONFIG_INIT", "value": CONFIG_INIT}],
+        + [{"name": "SLURMK8S_CONFIG_INIT", "value": CONFIG_INIT}] + pod_files_env(spec),
         "ports": [{"name": "slurmctld", "containerPort": SLURMCTLD_PORT, "protocol": "TCP"}],
         # a wake waits for readiness: each second (a TCP connect; the kernel answers it from the backlog)
         "readinessProbe": {"tcpSocket": {"port": SLURMCTLD_PORT}, "periodSeconds": 1, "failureThreshold": 3},
@@ -146,10 +160,7 @@ def controller_statefulset(spec: ClusterSpec, files: Mapping[str, str], site: K8
         "securityContext": _container_security(BASE_CAPS),
         "volumeMounts": [
             {"name": "slurm-config", "mountPath": SLURM_CONF_DIR},  # written by CONFIG_INIT (as slurm)
-            {"name": "spec", "mountPath": SPEC_DIR, "readOnly": True},
-            {"name": "spec", "mountPath": ELASTIC_ENV, "subPath": ELASTIC_ENV_KEY, "readOnly": True},
-            {"name": "users", "mountPath": USERS_DIR, "readOnly": True},
-            {"name": "munge-key", "mountPath": MUNGE_DIR, "readOnly": True},
+            {"name": "pod-files", "mountPath": POD_FILES_DIR},  # written by the entrypoint (podfiles)
             {"name": "state", "mountPath": STATE_DIR},
             {"name": "munge-socket", "mountPath": MUNGE_SOCKET_DIR},
             {"name": "slurmk8s-log", "mountPath": SLURMK8S_LOG_DIR},
@@ -176,8 +187,9 @@ def controller_statefulset(spec: ClusterSpec, files: Mapping[str, str], site: K8
         "volumeMounts": [
             # written: the loop keeps the configuration in line with the Kubernetes nodes
             {"name": "slurm-config", "mountPath": SLURM_CONF_DIR},
-            {"name": "spec", "mountPath": SPEC_DIR, "readOnly": True},
-            {"name": "spec", "mountPath": ELASTIC_ENV, "subPath": ELASTIC_ENV_KEY, "readOnly": True},
+            # the spec alone (filled by the slurmctld container before slurm-config's .ready); the
+            # programs' settings come from the env above
+            {"name": "pod-files", "mountPath": SPEC_DIR, "subPath": "spec", "readOnly": True},
             {"name": "state", "mountPath": STATE_DIR},
             {"name": "munge-socket", "mountPath": MUNGE_SOCKET_DIR},
             {"name": "slurmk8s-log", "mountPath": SLURMK8S_LOG_DIR},
@@ -186,18 +198,14 @@ def controller_statefulset(spec: ClusterSpec, files: Mapping[str, str], site: K8
     }
     volumes = [
         {"name": "slurm-config", "emptyDir": {"sizeLimit": "64Mi"}},
-        _config_volume("spec", SPEC_CONFIG),
-        _config_volume("users", USERS_CONFIG),
-        _secret_volume("munge-key", AUTH_SECRET),
+        # in memory: the munge and JWT keys land here, as on a Secret volume's tmpfs
+        {"name": "pod-files", "emptyDir": {"medium": "Memory", "sizeLimit": "16Mi"}},
         _pvc_volume("state", CONTROLLER_STATE_PVC),
         {"name": "munge-socket", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
         {"name": "slurmk8s-log", "emptyDir": {"sizeLimit": "256Mi"}},
         # the reconcile loop's socket for the power-saving programs slurmctld starts (elastic/warm.py)
         {"name": "programs-socket", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
     ]
-    if spec.rest.enabled:  # slurmctld signs and checks users' JWTs (the entrypoint installs the key)
-        container["volumeMounts"].append({"name": "jwt-key", "mountPath": JWT_DIR, "readOnly": True})
-        volumes.append(_secret_volume("jwt-key", JWT_SECRET))
     return {
         "apiVersion": "apps/v1", "kind": "StatefulSet",
         "metadata": {**_meta(spec, CONTROLLER, CONTROLLER), "labels": tier_labels(spec, CONTROLLER)},
@@ -241,7 +249,7 @@ def accounting_container(spec: ClusterSpec) -> dict[str, Any]:
                             "runAsNonRoot": True},
         "volumeMounts": [
             {"name": "slurm-config", "mountPath": SLURM_CONF_DIR, "readOnly": True},
-            {"name": "spec", "mountPath": SPEC_DIR, "readOnly": True},
+            {"name": "pod-files", "mountPath": SPEC_DIR, "subPath": "spec", "readOnly": True},
             {"name": "munge-socket", "mountPath": MUNGE_SOCKET_DIR},
         ],
     }
