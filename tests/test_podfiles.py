@@ -118,19 +118,12 @@ def test_the_files_land_where_the_volumes_were_with_secret_modes(server, tmp_pat
     assert "munge-key" not in "".join(logged) and "slurm-auth" in logged[-1]
 
 
-def test_an_api_that_fails_for_a_while_is_asked_again(server, tmp_path):
+@pytest.mark.parametrize("failures", [(503, 429), (403, 404)], ids=["api-busy", "role-or-object-not-yet-there"])
+def test_failures_and_refusals_are_read_again_until_the_wait(server, tmp_path, failures):
+    """An API under load, or a first `up` that starts the pod a moment before its Role or an object."""
     server.serve_cluster()
     path = server.path("secrets", "slurm-auth")
-    server.answers[path] = [(503, {"kind": "Status"}), (429, {"kind": "Status"})] + server.answers[path]
-    _fetch(server, tmp_path / "etc")
-    assert (tmp_path / "etc/secret/munge.key").read_bytes() == KEY
-
-
-def test_a_refusal_is_read_again_until_the_role_and_object_come(server, tmp_path):
-    """A first `up` may start the pod a moment before the Role or an object exists (Helm, a race)."""
-    server.serve_cluster()
-    path = server.path("secrets", "slurm-auth")
-    server.answers[path] = [(403, {"kind": "Status"}), (404, {"kind": "Status"})] + server.answers[path]
+    server.answers[path] = [(code, {"kind": "Status"}) for code in failures] + server.answers[path]
     _fetch(server, tmp_path / "etc")
     assert (tmp_path / "etc/secret/munge.key").read_bytes() == KEY
 

@@ -176,7 +176,8 @@ def test_jwt_key_is_generated_once_per_stack():
     assert secrets_from_values(keys).jwt_key_b64 == keys[JWT_KEY]
 
 
-def test_jwt_key_is_mounted_by_slurmctld_and_slurmdbd_only(cluster):
+def test_jwt_key_reaches_slurmctld_and_slurmdbd_only(cluster):
+    """slurmdbd mounts it; slurmctld's pod reads it from the API at its start (its Role names it)."""
     _, _, objs = cluster
     mounted = {}
     for name, pod in _pod_specs(objs):
@@ -184,13 +185,19 @@ def test_jwt_key_is_mounted_by_slurmctld_and_slurmdbd_only(cluster):
         for c in pod["containers"] + pod.get("initContainers", []):
             if any(vm["name"] in vols for vm in c.get("volumeMounts", [])):
                 mounted.setdefault(name, []).append(c["name"])
-    assert mounted == {m.CONTROLLER: ["slurmctld"], "slurmdbd": ["slurmdbd"]}
-    for name in (m.CONTROLLER, "slurmdbd"):
-        pod = dict(_pod_specs(objs))[name]
-        (vol,) = [v for v in pod["volumes"] if v["name"] == "jwt-key"]
-        assert vol["secret"] == {"secretName": m.JWT_SECRET, "defaultMode": 0o400}
-        (mount,) = [vm for c in pod["containers"] for vm in c["volumeMounts"] if vm["name"] == "jwt-key"]
-        assert mount == {"name": "jwt-key", "mountPath": m.JWT_DIR, "readOnly": True}
+    assert mounted == {"slurmdbd": ["slurmdbd"]}
+    pod = dict(_pod_specs(objs))["slurmdbd"]
+    (vol,) = [v for v in pod["volumes"] if v["name"] == "jwt-key"]
+    assert vol["secret"] == {"secretName": m.JWT_SECRET, "defaultMode": 0o400}
+    (mount,) = [vm for c in pod["containers"] for vm in c["volumeMounts"] if vm["name"] == "jwt-key"]
+    assert mount == {"name": "jwt-key", "mountPath": m.JWT_DIR, "readOnly": True}
+    ctld = dict(_pod_specs(objs))[m.CONTROLLER]
+    (files,) = [e["value"] for e in ctld["containers"][0]["env"] if e["name"] == "SLURMK8S_POD_FILES"]
+    assert f"secret/{m.JWT_SECRET}:jwt" in files.split()
+    assert [c["name"] for c in ctld["containers"] if m.JWT_SECRET in json.dumps(c)] == ["slurmctld"]
+    (role,) = [o for o in objs if o["kind"] == "Role" and o["metadata"]["name"] == m.WORKER_ROLE]
+    assert [r["resourceNames"] for r in role["rules"] if r["resources"] == ["secrets"]] == [
+        [m.AUTH_SECRET, m.JWT_SECRET]]
     # nor do worker pods (their template) or the login pod
     spec, gen, _ = cluster
     for pool in spec.pools:
