@@ -149,21 +149,15 @@ class Api:
 
 
 def write_entry(out: Path, entry: Entry, files: Mapping[str, bytes]) -> None:
-    """Replace DIR/entry.dir with the files (each written beside, then renamed)."""
+    """Replace DIR/entry.dir with the files."""
     d = out / entry.dir
     d.mkdir(parents=True, exist_ok=True)
     d.chmod(SECRET_DIRS_MODE if entry.secret else PUBLIC_DIRS_MODE)
     for old in d.iterdir():
         if old.name not in files:
             old.unlink()
-    mode = SECRET_FILES_MODE if entry.secret else PUBLIC_FILES_MODE
     for key, data in files.items():
-        tmp = d / f".{key}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.chmod(tmp, mode)
-        os.replace(tmp, d / key)
+        _write_file(d / key, data, SECRET_FILES_MODE if entry.secret else PUBLIC_FILES_MODE)
 
 
 def fetch(out: Path, entries: list[Entry], get: Callable[[Entry], dict[str, Any]], wait: float,
@@ -192,15 +186,18 @@ def fetch(out: Path, entries: list[Entry], get: Callable[[Entry], dict[str, Any]
         write_entry(out, entry, got[entry])
     spec = next((e for e in entries if e.dir == "spec"), None)
     if spec is not None and ENV_FILE in got[spec]:
-        _write_file(out / ENV_FILE, got[spec][ENV_FILE])
-    _write_file(out / DONE, b"")
+        _write_file(out / ENV_FILE, got[spec][ENV_FILE], PUBLIC_FILES_MODE)
+    _write_file(out / DONE, b"", PUBLIC_FILES_MODE)
     log("read " + ", ".join(f"{e.kind} {e.name} -> {out / e.dir}" for e in entries))
 
 
-def _write_file(path: Path, data: bytes) -> None:
+def _write_file(path: Path, data: bytes, mode: int) -> None:
+    """Written beside, then renamed; created with its mode (a key is never readable by others)."""
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_bytes(data)
-    tmp.chmod(PUBLIC_FILES_MODE)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+    os.chmod(tmp, mode)  # past the umask
     os.replace(tmp, path)
 
 

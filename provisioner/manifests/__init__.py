@@ -51,7 +51,6 @@ from .workers import (task_prolog_env, worker_pod, worker_pod_template, worker_t
                       workers_service)
 
 __all__ = [
-    "pod_files",
     "JWT_DIR", "JWT_KEY_FILE", "JWT_KEY_PATH", "JWT_SECRET", "REST", "REST_CONFIG", "REST_FRONT", "REST_LOCAL_PORT",
     "REST_PORT", "REST_UID",
     "jwt_objects", "jwt_secret", "rest_conf", "rest_config_map", "rest_deployment", "rest_objects", "rest_openapi_plugins",
@@ -69,7 +68,7 @@ __all__ = [
     "control_tier_workloads", "controller_address", "controller_user", "controller_service", "controller_service_account",
     "controller_state_pvc", "controller_statefulset", "db_check_pod", "db_endpoint", "dns_searches", "home_pvc",
     "kept_claims", "login_agent_role", "login_agent_role_binding", "login_agent_service_account", "login_deployment",
-    "pinned", "read_nodes_cluster_role", "read_nodes_cluster_role_binding", "read_nodes_objects",
+    "pinned", "pod_files", "read_nodes_cluster_role", "read_nodes_cluster_role_binding", "read_nodes_objects",
     "rest_front_role", "rest_front_role_binding", "rest_front_service_account",
     "login_service", "login_sleeps", "namespace", "network_policies", "policy_name", "service_fqdn", "sleeps", "slurm_config_map",
     "slurmdbd_conf", "slurmdbd_host", "spec_config_map", "ssh_host_keys_secret", "task_prolog_env", "users_config_map",

@@ -83,8 +83,7 @@ SLURMDBD_CONF_DIR = "/etc/slurmk8s/slurmdbd"
 SPEC_DIR = "/etc/slurmk8s/spec"
 JWT_DIR = "/etc/slurmk8s/jwt"  # the mounted Secret; the entrypoints install the key at JWT_KEY_PATH
 # JWT_KEY_PATH (provisioner.render): AuthAltParameters=jwt_key= of slurm.conf and slurmdbd.conf
-ELASTIC_ENV = "/etc/slurmk8s/elastic.env"  # read by the resume/suspend programs (provisioner.elastic)
-ELASTIC_ENV_KEY = "elastic.env"
+ELASTIC_ENV_KEY = "elastic.env"  # of the spec ConfigMap; also POD_FILES_DIR/elastic.env (provisioner.elastic)
 # slurmctld's pod: an in-memory emptyDir that its entrypoint fills from the API with the spec, users
 # and keys (spec/, users/, secret/, jwt/, elastic.env: provisioner.podfiles), no Secret or ConfigMap volumes
 POD_FILES_DIR = "/etc/slurmk8s"

@@ -7,8 +7,8 @@ from typing import Any
 from ..config import ClusterSpec
 from .common import _meta, login_sleeps, sleeps
 from .names import base_labels
-from .slurmctld import pod_files
 from .names import CONTROLLER, LOGIN, LOGIN_AGENT, MARIADB, REST, REST_FRONT, SLURMDBD, TIER_ROLE, WORKER_ROLE
+from .slurmctld import pod_files
 
 
 # ---------------------------------------------------------------- RBAC for the resume/suspend programs

@@ -7,17 +7,18 @@ import base64
 import gzip
 
 import json
+import posixpath
 from typing import Any, Mapping
 
 from ..config import ClusterSpec
 from .common import (K8sSite, _container_security, _meta, _pod_security, _pvc, _pvc_volume, content_hash,
                      dns_searches, tier_labels)
 from .names import (A_SPEC_HASH, A_USERS_HASH, AUTH_SECRET, BASE_CAPS, BIN_DIR, CONFIG_INIT, CONTROLLER,
-                    CONTROLLER_GRACE_SECONDS, CONTROLLER_STATE_PVC, ELASTIC_ENV_KEY, JWT_SECRET,
-                    METRICS_PORT, MUNGE_SOCKET_DIR, POD_FILES_DIR, PROGRAM_SOCKET_DIR, RECONCILE_PERIOD, SLURM_CONF_DIR,
+                    CONTROLLER_GRACE_SECONDS, CONTROLLER_STATE_PVC, ELASTIC_ENV_KEY, JWT_DIR, JWT_SECRET,
+                    METRICS_PORT, MUNGE_DIR, MUNGE_SOCKET_DIR, POD_FILES_DIR, PROGRAM_SOCKET_DIR, RECONCILE_PERIOD, SLURM_CONF_DIR,
                     SLURM_CONFIG, SLURM_FILES, GZIPPED_FILES,
                     SLURM_UID, SLURMCTLD_PORT, SLURMK8S_LOG_DIR, SPEC_CONFIG, SPEC_DIR, STATE_DIR, USER_FILES,
-                    USERS_CONFIG, base_labels, selector)
+                    USERS_CONFIG, USERS_DIR, base_labels, selector)
 
 
 # ---------------------------------------------------------------- configuration
@@ -84,18 +85,20 @@ def spec_config_map(spec: ClusterSpec, site: K8sSite) -> dict[str, Any]:
     }
 
 
+def _under_pod_files(path: str) -> str:
+    """A directory the images expect (SPEC_DIR, ...) as the name of its part of POD_FILES_DIR."""
+    return posixpath.relpath(path, POD_FILES_DIR)
+
+
 def pod_files(spec: ClusterSpec) -> list[tuple[str, str, str]]:
     """(kind, name, directory under POD_FILES_DIR) of what slurmctld's entrypoint reads from the API
     (provisioner.podfiles): the spec, the users, the munge key, and the JWT key when slurmctld signs
-    users' JWTs (rest.enabled). The Role of the pod's ServiceAccount may get exactly these."""
-    out = [("configmap", SPEC_CONFIG, "spec"), ("configmap", USERS_CONFIG, "users"), ("secret", AUTH_SECRET, "secret")]
+    users' JWTs (rest.enabled), each where the images expect it. The Role of the pod's
+    ServiceAccount may get exactly these."""
+    out = [("configmap", SPEC_CONFIG, SPEC_DIR), ("configmap", USERS_CONFIG, USERS_DIR), ("secret", AUTH_SECRET, MUNGE_DIR)]
     if spec.rest.enabled:
-        out.append(("secret", JWT_SECRET, "jwt"))
-    return out
-
-
-def pod_files_env(spec: ClusterSpec) -> list[dict[str, Any]]:
-    return [{"name": "SLURMK8S_POD_FILES", "value": " ".join(f"{k}/{n}:{d}" for k, n, d in pod_files(spec))}]
+        out.append(("secret", JWT_SECRET, JWT_DIR))
+    return [(kind, name, _under_pod_files(path)) for kind, name, path in out]
 
 
 # ---------------------------------------------------------------- state, Service, StatefulSet
@@ -150,7 +153,8 @@ def controller_statefulset(spec: ClusterSpec, files: Mapping[str, str], site: K8
         # spec by this very image (images/entrypoint/config-init.sh, provisioner/livenodes/cache.py).
         # Not an init container: the kubelet would start this container up to a second after its end.
         "env": [{"name": k, "value": v} for k, v in elastic_env(spec).items()]
-        + [{"name": "SLURMK8S_CONFIG_INIT", "value": CONFIG_INIT}] + pod_files_env(spec),
+        + [{"name": "SLURMK8S_CONFIG_INIT", "value": CONFIG_INIT},
+           {"name": "SLURMK8S_POD_FILES", "value": " ".join(f"{k}/{n}:{d}" for k, n, d in pod_files(spec))}],
         "ports": [{"name": "slurmctld", "containerPort": SLURMCTLD_PORT, "protocol": "TCP"}],
         # a wake waits for readiness: each second (a TCP connect; the kernel answers it from the backlog)
         "readinessProbe": {"tcpSocket": {"port": SLURMCTLD_PORT}, "periodSeconds": 1, "failureThreshold": 3},
@@ -189,7 +193,7 @@ def controller_statefulset(spec: ClusterSpec, files: Mapping[str, str], site: K8
             {"name": "slurm-config", "mountPath": SLURM_CONF_DIR},
             # the spec alone (filled by the slurmctld container before slurm-config's .ready); the
             # programs' settings come from the env above
-            {"name": "pod-files", "mountPath": SPEC_DIR, "subPath": "spec", "readOnly": True},
+            {"name": "pod-files", "mountPath": SPEC_DIR, "subPath": _under_pod_files(SPEC_DIR), "readOnly": True},
             {"name": "state", "mountPath": STATE_DIR},
             {"name": "munge-socket", "mountPath": MUNGE_SOCKET_DIR},
             {"name": "slurmk8s-log", "mountPath": SLURMK8S_LOG_DIR},
@@ -249,7 +253,7 @@ def accounting_container(spec: ClusterSpec) -> dict[str, Any]:
                             "runAsNonRoot": True},
         "volumeMounts": [
             {"name": "slurm-config", "mountPath": SLURM_CONF_DIR, "readOnly": True},
-            {"name": "pod-files", "mountPath": SPEC_DIR, "subPath": "spec", "readOnly": True},
+            {"name": "pod-files", "mountPath": SPEC_DIR, "subPath": _under_pod_files(SPEC_DIR), "readOnly": True},
             {"name": "munge-socket", "mountPath": MUNGE_SOCKET_DIR},
         ],
     }
