@@ -271,12 +271,18 @@ def login_in(namespace: str, user: str, key: asyncssh.SSHKey) -> Login:
     return Login(svc["spec"]["clusterIP"], 22, user, key)
 
 
+REQUEUE_AUTH_INFO = "cred_expire=30"  # Slurm's minimum is 5 s; its default 120 s
+
+
 def e2e_spec(public_key: str) -> dict[str, Any]:
     spec = yaml.safe_load((ROOT / "examples" / "local.yaml").read_text())
     spec["users"][0]["ssh_keys"] = [public_key]
     # a second researcher in another account (dropped from the spec before the second `up`)
     spec["users"].append({"name": "bob", "uid": 2002, "account": "teaching", "ssh_keys": [public_key]})
     spec["elasticity"] = {"suspend_time": SUSPEND_TIME, "resume_timeout": 120}
+    # a requeued job may start again cred_expire + 1 s after its requeue (Slurm's default 120 s):
+    # the node loss, deleted pod and failed resume tests wait 31 s for it instead
+    spec.setdefault("slurm", {}).setdefault("extra_conf", {})["AuthInfo"] = REQUEUE_AUTH_INFO
     # health checks every 15 s (300 s by default), so a check made to fail drains within a test's patience
     spec["health"] = {"interval": HEALTH_INTERVAL}
     # the REST API with JWT auth (e2e/test_e2e_rest.py; the secret scan then covers the JWT key)

@@ -332,7 +332,8 @@ class Elasticity(Model):
         description="Start jobs on resumed nodes in ~2 s instead of ~30 s: a PrologSlurmctld that releases a job "
         "as soon as its nodes booted, a 1 s power-save scan (power_save_interval=1), scheduling at submit "
         "(batch_sched_delay=0) and a backfill pass each second (bf_interval=1, bf_max_time=30: also for a job "
-        "submitted to a controller that just started or woke); false keeps Slurm's defaults.",
+        "submitted to a controller that just started or woke), and a no-op Epilog so that a job's end frees its nodes "
+        "for the next job at once, not on slurmctld's next whole second; false keeps Slurm's defaults.",
     )
 
     @model_validator(mode="after")

@@ -454,8 +454,9 @@ def test_fast_start_settings_are_rendered_and_off_means_slurm_defaults():
     assert on["PrologSlurmctld"] == "/opt/slurmk8s/bin/slurmk8s-prolog-slurmctld"
     assert "power_save_interval=1" in on["SlurmctldParameters"].split(",")
     assert on["SchedulerParameters"] == "batch_sched_delay=0,bf_interval=1,bf_max_time=30"
+    assert on["Epilog"] == "/bin/true"  # slurmd then reports each job's end, on which slurmctld schedules at once
     off = _conf(False)
-    assert "PrologSlurmctld" not in off and "SchedulerParameters" not in off
+    assert "PrologSlurmctld" not in off and "SchedulerParameters" not in off and "Epilog" not in off
     assert "power_save_interval" not in off["SlurmctldParameters"]
 
 
@@ -464,6 +465,13 @@ def test_fast_start_merges_into_the_users_scheduler_parameters():
     assert merged["SchedulerParameters"] == "bf_continue,bf_interval=60,batch_sched_delay=0,bf_max_time=30"
     own = _conf(True, {"SchedulerParameters": "batch_sched_delay=5"})
     assert own["SchedulerParameters"] == "batch_sched_delay=5,bf_interval=1,bf_max_time=30"  # the user's wins
+
+
+def test_a_sites_own_epilog_replaces_the_no_op_one_and_an_empty_value_leaves_it_out():
+    lower = _conf(True, {"epilog": "/etc/slurm/epilog.sh"})  # any spelling of the key
+    assert lower["epilog"] == "/etc/slurm/epilog.sh" and "Epilog" not in lower
+    assert _conf(True, {"Epilog": "/etc/slurm/epilog.sh"})["Epilog"] == "/etc/slurm/epilog.sh"
+    assert not {"Epilog", "epilog"} & set(_conf(True, {"Epilog": ""}))
 
 
 def test_burst_sized_job_limits_by_default_and_the_users_own_win():

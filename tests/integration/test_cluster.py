@@ -111,9 +111,10 @@ def test_worker_that_fails_to_start_goes_down_with_reason_and_job_is_requeued(cl
 
     # once the cause is fixed, the job runs on that same node without anyone touching Slurm:
     # at ResumeTimeout our resume-fail program returns the node to powered-down idle, and the
-    # requeued job (eligible again 120 s after its requeue) resumes it
+    # requeued job (eligible again cred_expire + 1 = 31 s after its requeue, the test bed's AuthInfo)
+    # resumes it
     cluster.set_overrides({})
-    cluster.wait_job(job, {"COMPLETED"}, 60 + 120 + 90)
+    cluster.wait_job(job, {"COMPLETED"}, 60 + 31 + 90)
     assert read_home(cluster, f"fail-{job}.out").split() == [bad]
     assert re.search(rf"resume-fail\[\d+\] returned {bad} to service", cluster.elastic_log())
 

@@ -115,7 +115,8 @@ def cluster_spec(token: str, *, fast_start: bool = True, suspend_time: int = 15,
               nccl_env: dict[str, str] | None = None) -> ClusterSpec:
     return parse_spec({
         "name": f"it-{token}",
-        "slurm": {"cluster_name": f"it_{token}"},
+        # a requeued job may start again cred_expire + 1 s after its requeue (Slurm's default 120 s)
+        "slurm": {"cluster_name": f"it_{token}", "extra_conf": {"AuthInfo": "cred_expire=30"}},
         "pools": [{"name": "cpu", "node_selector": {"pool": "cpu"}, "name_prefix": f"{token}-",
                    "reserve_cpu": "500m", "reserve_memory": "1Gi", "network": {"nccl_env": nccl_env or {}}}],
         "users": [{"name": USER, "uid": UID, "ssh_keys": [pubkey] if pubkey else []}],
