@@ -363,13 +363,19 @@ def versions(docs: Iterable[Mapping[str, Any]], key: str) -> list[str]:
 
 
 def machine_line(*, date: str, cpus: int | None, cpuinfo: str, meminfo: str, kernel: str, python: str,
-                 kubernetes: Sequence[str], slurm: Sequence[str], load: tuple[float, float], command: str) -> str:
+                 kubernetes: Sequence[str], slurm: Sequence[str], load: tuple[float, float], command: str,
+                 ran: bool = True) -> str:
+    """The table's first line; `ran` False: every row came from --use, so nothing was measured now
+    (each row's † note says when its JSON was written) and the load average says nothing."""
     mem = mem_gib(meminfo)
     parts = [f"{cpus or '?'} CPUs ({cpu_model(cpuinfo)})", f"{mem:.1f} GiB memory" if mem else "memory unknown",
              f"Linux {kernel}", f"Python {python}",
              f"Kubernetes {', '.join(kubernetes)}" if kubernetes else "Kubernetes not reported",
              f"Slurm {', '.join(s.removeprefix('slurm ') for s in slurm)}" if slurm else "Slurm not reported",
              f"load average (1 min) {load[0]:.2f} at the start, {load[1]:.2f} at the end"]
+    if not ran:
+        return (f"Assembled {date}, running no bench (every row from an earlier run's JSON, marked †), on "
+                f"{', '.join(parts[:-1])}; `{command}`.")
     return f"Measured {date} on {', '.join(parts)}; `{command}`."
 
 
@@ -384,7 +390,8 @@ def this_machine(outcomes: Mapping[str, Outcome], probed_k8s: str, load: tuple[f
     kube = versions(docs, "kubernetes") or ([probed_k8s] if probed_k8s else [])
     return machine_line(date=date, cpus=os.cpu_count(), cpuinfo=read("/proc/cpuinfo"), meminfo=read("/proc/meminfo"),
                         kernel=platform.release(), python=platform.python_version(), kubernetes=kube,
-                        slurm=versions(docs, "slurm"), load=load, command=command)
+                        slurm=versions(docs, "slurm"), load=load, command=command,
+                        ran=any(not o.source and o.status != "skipped" for o in outcomes.values()))
 
 
 # ---------------------------------------------------------------- running them

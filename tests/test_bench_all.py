@@ -429,6 +429,10 @@ def test_machine_line() -> None:
     assert line == ("Measured 2026-12-01 10:00 UTC on 2 CPUs (Intel(R) Xeon(R) CPU @ 2.20GHz), 7.8 GiB memory, "
                     "Linux 6.1.0-28-amd64, Python 3.11.7, Kubernetes v1.35.0, Slurm 24.11.5, load average (1 min) "
                     "1.50 at the start, 2.25 at the end; `python bench/all.py --markdown docs/benchmarks-table.md`.")
+    assembled = bench_all.machine_line(
+        date="2026-12-01 10:00 UTC", cpus=2, cpuinfo=cpuinfo, meminfo="", kernel="k", python="p", kubernetes=[],
+        slurm=[], load=(1.5, 2.25), command="c", ran=False)
+    assert assembled.startswith("Assembled 2026-12-01 10:00 UTC, running no bench") and "load average" not in assembled
     bare = bench_all.machine_line(date="d", cpus=None, cpuinfo="", meminfo="", kernel="k", python="p", kubernetes=[],
                                   slurm=[], load=(0, 0), command="c")
     assert "? CPUs (model unknown), memory unknown" in bare and "Kubernetes not reported, Slurm not reported" in bare
