@@ -4,8 +4,8 @@
 #
 #   bash back_to_back.sh PARTITION NODES [JOBS] [SECONDS]
 #
-# boots the partition's first NODES nodes with one job, then queues JOBS exclusive jobs of NODES
-# nodes each (`sleep SECONDS`), all at once, so that each starts on the nodes the previous one left.
+# boots NODES nodes of the partition with one job, then queues JOBS exclusive jobs on those NODES
+# nodes (`sleep SECONDS`), all at once, so that each starts on the nodes the previous one left.
 # Each job writes its own start and end times (date, in the job) under ~/back-to-back/; the gaps
 # are end -> next start, in job order. The floor is 0 s: a job starting the moment the last ends.
 set -euo pipefail
@@ -13,9 +13,10 @@ part=${1:?partition}; nodes=${2:?nodes}; jobs=${3:-10}; secs=${4:-1}
 tag=b2b-$$-$RANDOM
 dir=$HOME/back-to-back
 mkdir -p "$dir"
-srun -p "$part" -N "$nodes" --exclusive -J "$tag-boot" true
+# the nodes the boot job got: every job is pinned to them (-w), so none runs beside another
+on=$(srun -p "$part" -N "$nodes" --exclusive -J "$tag-boot" printenv SLURM_JOB_NODELIST | sort -u)
 for _ in $(seq "$jobs"); do
-  sbatch --parsable -p "$part" -N "$nodes" --exclusive -J "$tag" -o /dev/null \
+  sbatch --parsable -p "$part" -N "$nodes" -w "$on" --exclusive -J "$tag" -o /dev/null \
     --wrap "date +%s.%N > $dir/$tag.\$SLURM_JOB_ID.start; sleep $secs; date +%s.%N > $dir/$tag.\$SLURM_JOB_ID.end" >/dev/null
 done
 while squeue -h -n "$tag" | grep -q .; do sleep 0.5; done
