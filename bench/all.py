@@ -371,11 +371,11 @@ def machine_line(*, date: str, cpus: int | None, cpuinfo: str, meminfo: str, ker
     parts = [f"{cpus or '?'} CPUs ({cpu_model(cpuinfo)})", f"{mem:.1f} GiB memory" if mem else "memory unknown",
              f"Linux {kernel}", f"Python {python}",
              f"Kubernetes {', '.join(kubernetes)}" if kubernetes else "Kubernetes not reported",
-             f"Slurm {', '.join(s.removeprefix('slurm ') for s in slurm)}" if slurm else "Slurm not reported",
-             f"load average (1 min) {load[0]:.2f} at the start, {load[1]:.2f} at the end"]
+             f"Slurm {', '.join(s.removeprefix('slurm ') for s in slurm)}" if slurm else "Slurm not reported"]
     if not ran:
         return (f"Assembled {date}, running no bench (every row from an earlier run's JSON, marked †), on "
-                f"{', '.join(parts[:-1])}; `{command}`.")
+                f"{', '.join(parts)}; `{command}`.")
+    parts.append(f"load average (1 min) {load[0]:.2f} at the start, {load[1]:.2f} at the end")
     return f"Measured {date} on {', '.join(parts)}; `{command}`."
 
 
