@@ -4,23 +4,89 @@
 daemons and sshd in Docker containers; `pytest -m e2e` those against the Kubernetes cluster in
 KUBECONFIG. `pytest --all-tiers tests e2e` runs everything (what .ci/run does).
 SLURMK8S_INTEGRATION=1 / SLURMK8S_E2E=1 enable one tier without -m.
+
+Run groups, for `pytest -n 2 --dist loadgroup` (pytest-xdist; what CI runs): each test is in one of
+three groups, and a worker runs a whole group, its tests in their order. `host`: the unit and
+integration tiers; `slurm-local`: the e2e modules on the session's cluster (the `cluster` fixture:
+one per worker that asks, so they must share one); `side`: the e2e modules that deploy clusters of
+their own (SIDE_E2E_MODULES). Every e2e test holds the Kubernetes cluster shared while it runs, and
+one marked `e2e_alone` (it stops the API server) holds it alone (e2e/kubeshare.py).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
-from typing import Mapping
+import tempfile
+from pathlib import Path
+from typing import Iterator, Mapping
 
 import pytest
 
 TIERS = {"integration": "SLURMK8S_INTEGRATION", "e2e": "SLURMK8S_E2E"}
+E2E_DIR = "e2e/"
+# e2e modules that never use the session's cluster; any other e2e module runs in group slurm-local
+SIDE_E2E_MODULES = frozenset(f"{E2E_DIR}test_e2e_{name}.py" for name in
+                             ("helm", "sleep", "sleep_login", "topology", "zz_quickstart"))
+SESSION_CLUSTER_FIXTURE = "cluster"  # e2e/conftest.py
+# the e2e tests of this machine's pytest sessions and workers share the Kubernetes cluster under this lock
+SHARE_LOCK = Path(os.environ.get("SLURMK8S_E2E_SHARE_LOCK") or Path(tempfile.gettempdir()) / f"slurmk8s-e2e-{os.getuid()}.lock")
+
+
+def run_group(nodeid: str) -> str:
+    """host | slurm-local | side: the run group of the test `nodeid` (see the module's docstring)."""
+    module = nodeid.split("::")[0]
+    if not module.startswith(E2E_DIR):
+        return "host"
+    return "side" if module in SIDE_E2E_MODULES else "slurm-local"
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):  # noqa: ANN001, ANN201
+    """`--dist loadgroup` schedules by our run groups (not by xdist_group marks: pytest-xdist 3.8 finds
+    those by rewriting node ids, which pytest 9.2 no longer lets it do). The groups go out in the order
+    they are collected: `tests e2e` gives host and slurm-local a worker each, side to the first one free."""
+    if config.getoption("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling  # pytest-xdist is there: it calls this hook
+
+    class RunGroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return run_group(nodeid)
+
+    config.option.loadscopereorder = False  # by collection order, not by a group's number of tests
+    return RunGroupScheduling(config, log)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--all-tiers", action="store_true", help="also run the integration and e2e tiers")
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "e2e_alone: stops the Kubernetes cluster itself (its API server, its kubelet): "
+                                       "no other e2e test runs meanwhile, in this session's other workers "
+                                       "(pytest -n) or in another session on this machine")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """An e2e test, with its fixtures' setup and teardown, runs holding the Kubernetes cluster shared,
+    or alone (marker e2e_alone)."""
+    if "e2e" not in item.keywords or item.get_closest_marker("skip"):
+        yield
+        return
+    spec = importlib.util.spec_from_file_location("kubeshare", Path(__file__).parent / E2E_DIR / "kubeshare.py")
+    kubeshare = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(kubeshare)
+    with kubeshare.kubernetes_share(SHARE_LOCK, alone=item.get_closest_marker("e2e_alone") is not None):
+        yield
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:  # a wrong group would deploy the session's cluster twice, into one namespace
+        if run_group(item.nodeid) == "side" and SESSION_CLUSTER_FIXTURE in getattr(item, "fixturenames", ()):
+            raise pytest.UsageError(f"{item.nodeid} uses the session's cluster: take its module out of "
+                                    "SIDE_E2E_MODULES (conftest.py)")
     markexpr = config.getoption("-m") or ""
     for tier, env in TIERS.items():
         if config.getoption("--all-tiers") or tier in markexpr or os.environ.get(env) == "1":
@@ -35,6 +101,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 _TIER_SECONDS: dict[str, list[float]] = {}
 _MODULE_SECONDS: dict[str, float] = {}
+_GROUP_SECONDS: dict[str, float] = {}
 SLOWEST_MODULES = 12
 
 
@@ -51,6 +118,8 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     counts[0] += report.duration
     module = report.nodeid.split("::")[0]
     _MODULE_SECONDS[module] = _MODULE_SECONDS.get(module, 0.0) + report.duration
+    group = run_group(report.nodeid)
+    _GROUP_SECONDS[group] = _GROUP_SECONDS.get(group, 0.0) + report.duration
     if report.when == "call":
         counts[1] += 1
 
@@ -66,6 +135,10 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
         if tier in ran:
             seconds, count = ran[tier]
             terminalreporter.write_line(f"{tier:12s} {count:4d} tests {seconds:8.0f} s")
+    if config.getoption("dist", "no") == "loadgroup" and config.getoption("numprocesses", None):
+        terminalreporter.section("time per run group (side by side, one worker each)")
+        for group, seconds in sorted(_GROUP_SECONDS.items(), key=lambda kv: -kv[1]):
+            terminalreporter.write_line(f"{group:12s} {seconds:8.0f} s")
     slowest = sorted(_MODULE_SECONDS.items(), key=lambda kv: -kv[1])[:SLOWEST_MODULES]
     if len(ran) > 1 or len(_MODULE_SECONDS) > SLOWEST_MODULES:
         terminalreporter.section(f"slowest {len(slowest)} test modules")

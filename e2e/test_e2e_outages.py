@@ -188,6 +188,7 @@ def _cluster_restart(component: str, down_for: int) -> float:
     return time.monotonic() - t
 
 
+@pytest.mark.e2e_alone  # every other e2e test would see the API server and the kubelet gone
 def test_apiserver_and_kubelet_restarted_while_jobs_run(cluster: Cluster):
     if kubeconfig() != LOCAL_KUBECONFIG:
         pytest.skip("stops the local cluster's daemons (slurmk8s cluster restart); KUBECONFIG is another cluster")
