@@ -15,6 +15,7 @@ one marked `e2e_alone` (it stops the API server) holds it alone (e2e/kubeshare.p
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import tempfile
@@ -30,7 +31,8 @@ SIDE_E2E_MODULES = frozenset(f"{E2E_DIR}test_e2e_{name}.py" for name in
                              ("helm", "sleep", "sleep_login", "topology", "zz_quickstart"))
 SESSION_CLUSTER_FIXTURE = "cluster"  # e2e/conftest.py
 # the e2e tests of this machine's pytest sessions and workers share the Kubernetes cluster under this lock
-SHARE_LOCK = Path(os.environ.get("SLURMK8S_E2E_SHARE_LOCK") or Path(tempfile.gettempdir()) / f"slurmk8s-e2e-{os.getuid()}.lock")
+SHARE_LOCK = Path(os.environ.get("SLURMK8S_E2E_SHARE_LOCK")
+                  or Path(tempfile.gettempdir()) / f"slurmk8s-e2e-{os.getuid()}.lock")
 
 
 def run_group(nodeid: str) -> str:
@@ -75,11 +77,17 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     if "e2e" not in item.keywords or item.get_closest_marker("skip"):
         yield
         return
-    spec = importlib.util.spec_from_file_location("kubeshare", Path(__file__).parent / E2E_DIR / "kubeshare.py")
-    kubeshare = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(kubeshare)
-    with kubeshare.kubernetes_share(SHARE_LOCK, alone=item.get_closest_marker("e2e_alone") is not None):
+    with _kubeshare().kubernetes_share(SHARE_LOCK, alone=item.get_closest_marker("e2e_alone") is not None):
         yield
+
+
+@functools.cache
+def _kubeshare():  # noqa: ANN202
+    """e2e/kubeshare.py (e2e/ is on the import path only once its conftest is loaded)."""
+    spec = importlib.util.spec_from_file_location("kubeshare", Path(__file__).parent / E2E_DIR / "kubeshare.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -97,7 +97,8 @@ def test_a_test_marked_e2e_alone_runs_while_no_other_e2e_test_does(pytester, mon
         f"\ndef test_{i}():\n    t0 = time.time()\n    time.sleep(0.1)\n    note('side{i}', t0)\n" for i in range(3))
         + "\n@pytest.mark.e2e_alone\ndef test_stops_the_cluster():\n    t0 = time.time()\n    time.sleep(0.5)\n"
           "    note('alone', t0)\n")
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--all-tiers", "-n", "2", "--dist", "loadgroup", "e2e")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--all-tiers", "-n", "2", "--dist", "loadgroup",
+                                           "e2e")
     result.assert_outcomes(passed=16)
     spans = {name: (float(t0), float(t1)) for name, t0, t1 in (line.split() for line in ran.read_text().splitlines())}
     a0, a1 = spans.pop("alone")
