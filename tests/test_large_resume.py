@@ -31,20 +31,29 @@ SPEC = parse_spec({"name": "t", "pools": [{"name": "cpu"}]})
 
 class SlowPodApi(FakePodApi):
     """An API server that serves one create at a time, `per_call` seconds each on its clock; a
-    create of a node in `refuse` is refused (422) after that time."""
+    create of a node in `refuse` is refused (422) after that time. From `hangs_after` seconds on its
+    clock a create does not answer until `release` (or 10 s of real time, then fails: a program that
+    waits for it fails its test instead of hanging it). So the clock stops there, however late the
+    program's main thread runs on a busy machine; the calls' threads would otherwise move it on by
+    `per_call` each while the main thread waits for a core."""
 
-    def __init__(self, per_call: float, refuse: frozenset[str] = frozenset(), **kw) -> None:
+    def __init__(self, per_call: float, refuse: frozenset[str] = frozenset(), hangs_after: float | None = None,
+                 **kw) -> None:
         super().__init__(**kw)
         self.per_call, self.refuse = per_call, refuse
-        self.lock = threading.Lock()
+        self.hangs_at = None if hangs_after is None else self.now + hangs_after
+        self.lock, self.release = threading.Lock(), threading.Event()
 
     def create(self, namespace, body):
         time.sleep(0.001)  # a real API call leaves the program's main thread time to look at outcomes
         with self.lock:
-            self.advance(self.per_call)
-            if body["metadata"]["name"] in self.refuse:
-                raise ApiError(422, "Invalid", "spec.containers[0].image: Required value")
-            return super().create(namespace, body)
+            if self.hangs_at is None or self.now < self.hangs_at:
+                self.advance(self.per_call)
+                if body["metadata"]["name"] in self.refuse:
+                    raise ApiError(422, "Invalid", "spec.containers[0].image: Required value")
+                return super().create(namespace, body)
+        self.release.wait(10)
+        raise ApiError(0, "Unreachable", "the API server never answered")
 
 
 class TimedSlurm(FakeSlurm):
@@ -98,8 +107,12 @@ def test_failures_of_a_large_resume_are_set_down_as_they_come(shipped_conf):
 
 
 def test_calls_still_running_at_slurms_deadline_are_abandoned_not_counted(shipped_conf):
-    api = SlowPodApi(2.0, namespaces={NS})  # 200 creates: 400 s, past ResumeTimeout (300 s)
-    result, slurm, ledger, took = resume(200, api, shipped_conf)
+    # 200 creates would take 400 s, past ResumeTimeout (300 s); from 280 s on they hang
+    api = SlowPodApi(2.0, hangs_after=280, namespaces={NS})
+    try:
+        result, slurm, ledger, took = resume(200, api, shipped_conf)
+    finally:
+        api.release.set()
     assert result.abandoned and result.code == 1
     assert took < 300  # ended before Slurm would kill it (ResumeTimeout 300 s, less a 30 s margin)
     assert len(api.pods) + len(result.pending) >= 200  # those not started were cancelled, their nodes DOWN
