@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from .errors import SlurmK8sError
+from .podfiles import SA_DIR
 
 MAX_REASON = 200
 
@@ -183,9 +184,6 @@ class RawClient:
         if not 200 <= resp.status <= 299:
             raise http_error(resp.status, resp.reason or "", resp.read())
         return resp.response
-
-
-SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 
 
 def api_client(kubeconfig: str | None = None, env: Mapping[str, str] | None = None, sa_dir: str = SA_DIR) -> Any:

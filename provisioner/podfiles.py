@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"  # a pod's ServiceAccount files; the one definition
 DONE = ".fetched"  # written last: a restarted container keeps the files its pod started with
 SECRET_DIRS_MODE, SECRET_FILES_MODE = 0o700, 0o400
 PUBLIC_DIRS_MODE, PUBLIC_FILES_MODE = 0o755, 0o644

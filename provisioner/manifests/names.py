@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..config import ClusterSpec
+from ..podfiles import SA_DIR
 from ..render import JWT_KEY_PATH  # noqa: F401  (re-exported)
 
 
@@ -117,7 +118,7 @@ ACTIVITY_PORT = 9411  # the login agent's /activity (SSH sessions), read by the 
 WAKE_DIR = "/run/slurmk8s/wake"  # an emptyDir of the login pod: the agent's socket (read-only in login)
 WAKE_SOCKET = f"{WAKE_DIR}/wake.sock"  # the login agent's wake requests (Unix socket; peers named by uid)
 ACTIVITY_DIR = "/run/slurmk8s/activity"  # the login container writes its session count here
-SA_TOKEN_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+SA_TOKEN_DIR = SA_DIR  # where a container finds a ServiceAccount token mounted
 AGENT_UID = 65532  # the login agent runs as this unprivileged user (no user of the cluster has it)
 CONTROLLER_GRACE_SECONDS = 60  # slurmctld saves state; a sleeping loop then stops slurmdbd and the database
 
