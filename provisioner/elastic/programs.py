@@ -286,6 +286,21 @@ def _cannot_see(ctx: Context, names: Sequence[str], reason: str, why: str) -> Ru
     return RunResult(1, failures)
 
 
+def _workers_in_view(ctx: Context, names: Sequence[str], reason: str) -> Mapping | RunResult:
+    """Suspend / resume-fail: the workers of these nodes, or, when the backend or its list fails,
+    the result of failing without them (_cannot_see: the nodes DOWN with `reason`)."""
+    from .backend import BackendError
+
+    try:
+        ctx.backend()
+    except BackendError as err:
+        return _cannot_see(ctx, names, reason, f"backend unavailable: {err.reason}")
+    try:
+        return _workers(ctx, names)
+    except BackendError as err:
+        return _cannot_see(ctx, names, reason, f"cannot list workers: {err.reason}")
+
+
 def _finish(ctx: Context, decisions: Sequence["Decision"], failure_prefix: str) -> RunResult:
     """Log decisions, execute, set failures DOWN as they come, log a summary."""
     from .calls import execute
@@ -460,7 +475,6 @@ def run_resume(args: Sequence[str], ctx: Context, resume_file_text: str | None) 
 
 
 def run_suspend(args: Sequence[str], ctx: Context) -> RunResult:
-    from .backend import BackendError
     from .plan import plan_suspend
 
     names = node_names(args, ctx, "suspend")
@@ -469,14 +483,9 @@ def run_suspend(args: Sequence[str], ctx: Context) -> RunResult:
     ctx.log.write(f"suspend {len(names)} nodes: {','.join(names)}")
     if not names:
         return RunResult(0)
-    try:
-        ctx.backend()
-    except BackendError as err:
-        return _cannot_see(ctx, names, "suspend", f"backend unavailable: {err.reason}")
-    try:
-        workers = _workers(ctx, names)
-    except BackendError as err:
-        return _cannot_see(ctx, names, "suspend", f"cannot list workers: {err.reason}")
+    workers = _workers_in_view(ctx, names, "suspend")
+    if isinstance(workers, RunResult):
+        return workers
     result = _finish(ctx, plan_suspend(names, workers), "worker not removed: ")
     # only nodes whose worker this run removed: one that had none (refused for backoff, a worker
     # gone missing: POWER_DOWN_FORCE) keeps SuspendTimeout, which paces its next attempt
@@ -489,7 +498,6 @@ def run_suspend(args: Sequence[str], ctx: Context) -> RunResult:
 
 
 def run_resume_fail(args: Sequence[str], ctx: Context) -> RunResult:
-    from .backend import BackendError
     from .plan import plan_resume_fail
 
     names = node_names(args, ctx, "resume-fail")
@@ -498,14 +506,9 @@ def run_resume_fail(args: Sequence[str], ctx: Context) -> RunResult:
     ctx.log.write(f"resume-fail: Slurm gave up on {len(names)} nodes: {','.join(names)}")
     if not names:
         return RunResult(0)
-    try:
-        ctx.backend()
-    except BackendError as err:
-        return _cannot_see(ctx, names, "resume-failed", f"backend unavailable: {err.reason}")
-    try:
-        workers = _workers(ctx, names)
-    except BackendError as err:
-        return _cannot_see(ctx, names, "resume-failed", f"cannot list workers: {err.reason}")
+    workers = _workers_in_view(ctx, names, "resume-failed")
+    if isinstance(workers, RunResult):
+        return workers
     result = _finish(ctx, plan_resume_fail(names, workers), "worker not removed after failed resume: ")
     try:
         inventory = ctx.inventory()
