@@ -91,7 +91,7 @@ def render_rows(doc: Mapping[str, Any]) -> list[Row]:
 
 
 def p1_rows(doc: Mapping[str, Any]) -> list[Row]:
-    """bench/k8s_submit_latency.py --json: P1, and P5 (not measured by it)."""
+    """bench/k8s_submit_latency.py --json: P1, and P5 (p5_row)."""
     zero = [r["seconds"] for r in doc["zero"]]
     idle = [r["seconds"] for r in doc["idle"]]
     bare = doc["bare_pod_start"]
@@ -102,12 +102,20 @@ def p1_rows(doc: Mapping[str, Any]) -> list[Row]:
         result += f"; from idle workers p50 {statistics.median(idle):.2f} s"
     p1 = _row("P1", result, f"bare pod start p50 {floor:.2f} s ({len(bare)} pods)", f"{ratio:.2f}x",
               [Check("p50 <= 2.5 s", p50 <= 2.5), Check("<= 2.5x the bare pod start", ratio <= 2.5)])
-    up = doc.get("up_seconds")
-    p5 = _row("P5", NONE if up is None else f"`slurmk8s up` of bench-p1 returned after {up:.1f} s", NONE, NONE,
-              [Check("<= 60 s", None, "no bench here times `up` from nothing to the login's SSH answer; the "
-                     "e2e test test_up_from_nothing_and_login_answers does, and k8s_submit_latency's `up` may "
-                     "reuse its cluster's state")])
-    return [p1, p5]
+    return [p1, p5_row(doc)]
+
+
+def p5_row(doc: Mapping[str, Any]) -> Row:
+    """bench/k8s_submit_latency.py --json: P5, measured when its `up` started from nothing."""
+    up, login = doc.get("up_seconds"), doc.get("login_ssh_seconds")
+    if login is not None and doc.get("from_nothing"):
+        return _row("P5", f"login answered SSH {login:.1f} s after `slurmk8s up` of bench-p1 started from nothing "
+                          f"(no namespace, volume data or Pulumi state; images cached on the nodes); `up` returned "
+                          f"after {up:.1f} s", NONE, NONE, [Check("<= 60 s", login <= 60.0)])
+    why = ("its volumes' data could not be emptied (not the local cluster): an earlier run's may remain"
+           if login is not None else "this JSON was written before the bench timed the login's first SSH answer")
+    return _row("P5", NONE if up is None else f"`slurmk8s up` of bench-p1 returned after {up:.1f} s", NONE, NONE,
+                [Check("<= 60 s", None, why)])
 
 
 def p4b_rows(doc: Mapping[str, Any]) -> list[Row]:

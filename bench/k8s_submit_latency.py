@@ -1,14 +1,22 @@
 """P1 on Kubernetes: `sbatch` -> job RUNNING, from zero workers and from idle workers, beside a bare
 pod start (same slurmd image, cached) measured in the same run; each from-zero run split in phases.
 
-Deploys (or reuses, from its own state directory) the e2e cluster shape of examples/local.yaml with a
-short SuspendTime as its own cluster `bench-p1` (namespace slurm-bench-p1, its own static volumes),
-beside whatever else runs, then runs the measuring loop *inside one SSH session* on the login pod so
-SSH set-up never counts. A slurm-bench-p1 namespace this benchmark did not make is never touched
-(refused before anything runs; `slurmk8s up` also refuses a namespace another stack owns).
+Deploys from nothing the e2e cluster shape of examples/local.yaml with a short SuspendTime as its
+own cluster `bench-p1` (namespace slurm-bench-p1, its own static volumes), beside whatever else runs,
+then runs the measuring loop *inside one SSH session* on the login pod so SSH set-up never counts.
+A slurm-bench-p1 namespace this benchmark did not make is never touched (refused before anything
+runs; `slurmk8s up` also refuses a namespace another stack owns); one an earlier run left (--keep,
+or a run stopped midway) is deleted first, with its volumes and its Pulumi state.
+
+P5 comes first: `slurmk8s up` from nothing (no namespace, no volume data, no state; the images
+cached on the nodes, as the quickstart leaves them) until the login pod answers SSH (a session that
+runs `true`, tried every 0.1 s once `up` returned). Only on the local cluster, whose hostPath
+volumes are this machine's directories and are emptied first; elsewhere their data may be an
+earlier run's, and the JSON says so (`from_nothing` false).
 
 Usage: KUBECONFIG=... python bench/k8s_submit_latency.py [--runs 10] [--keep] [--json OUT]
-(--json also writes `slurmk8s up`'s time and `sinfo --version`, asked after the measuring.)
+(--json also writes `slurmk8s up`'s time, P5's and `sinfo --version`, asked after the measuring.)
+At the end `slurmk8s down --purge` (unless --keep): nothing of the run stays.
 Target (issue #6): p50 <= 8 s and <= 3x the bare pod start.
 
 Phases of a run from zero workers (issue #17), each in seconds after t0, so what is left is visible.
@@ -69,6 +77,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -84,8 +93,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "e2e"))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from helpers import (NotOurs, e2e_spec, kjson, kubeconfig, kubectl, kubectl_exe, mark_made_by,  # noqa: E402
-                     refuse_foreign, slurmk8s, static_volumes)
+from helpers import (LOCAL_KUBECONFIG, NotOurs, clear_leftover, e2e_spec, kjson, kubeconfig, kubectl,  # noqa: E402
+                     kubectl_exe, mark_made_by, slurmk8s, static_volumes)
 from p1_phases import (PHASES, Sources, json_stream, parse_runs, pct, phase_table, phases,  # noqa: E402
                        pod_times, prolog_waits, resume_calls, run_table, scheduled_events, slurmctld_events)
 
@@ -94,6 +103,8 @@ NAMESPACE = f"slurm-{NAME}"
 MADE_BY = "bench"
 WORKERS = f"slurmk8s.io/cluster={NAME},app.kubernetes.io/component=worker"
 ELASTIC_LOG = "/var/log/slurmk8s/elastic.log"
+HOST_VOLUMES = Path("/var/lib/slurmk8s/volumes") / NAME  # static_volumes' hostPath directories
+SSH_TRY_EVERY = 0.1  # P5: how often the login pod's sshd is tried once `up` returned
 
 # one line per run: `run I job J t0 NS sbatch NS running NS start S nodes N` (p1_phases.parse_run_line)
 LOOP = r"""
@@ -189,6 +200,35 @@ def read_sources(watch_file: Path, since: float) -> Sources:
                    pods=pod_times(json_stream(watch_file.read_text())), scheduled=scheduled_events(events))
 
 
+def clear_from_nothing(state: Path) -> bool:
+    """Before `up`: what an earlier run left goes (its namespace, its PersistentVolumes, its Pulumi
+    state, and on the local cluster its volumes' host directories); raises NotOurs for a namespace
+    this bench did not make. True when nothing of an earlier run can remain (the local cluster)."""
+    clear_leftover(NAMESPACE, MADE_BY)
+    kubectl("delete", "pv", "-l", f"slurmk8s.io/e2e={NAME}", "--ignore-not-found", "--wait=true", "--timeout=120s",
+            timeout=150)
+    shutil.rmtree(state, ignore_errors=True)
+    if kubeconfig() != LOCAL_KUBECONFIG:
+        return False
+    shutil.rmtree(HOST_VOLUMES, ignore_errors=True)
+    return True
+
+
+async def first_ssh_answer(host: str, key: asyncssh.SSHKey, t0: float, within: float = 120) -> float:
+    """P5: seconds from `t0` until an SSH session to the login pod ran `true` (tried every SSH_TRY_EVERY)."""
+    end = time.monotonic() + within
+    while True:
+        try:
+            async with asyncssh.connect(host, username="alice", client_keys=[key], known_hosts=None,
+                                        connect_timeout=5) as conn:
+                await conn.run("true", check=True, timeout=10)
+                return time.monotonic() - t0
+        except (OSError, asyncssh.Error, asyncio.TimeoutError):
+            if time.monotonic() > end:
+                raise
+            await asyncio.sleep(SSH_TRY_EVERY)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=10)
@@ -205,7 +245,7 @@ def main() -> None:
     (work / "spec.yaml").write_text(yaml.safe_dump(spec))
     log = work / "slurmk8s.log"
     try:
-        refuse_foreign(NAMESPACE, MADE_BY)
+        from_nothing = clear_from_nothing(work / "state")
     except NotOurs as err:
         sys.exit(f"cannot run: {err}")
     subprocess.run([kubectl_exe(), "--kubeconfig", kubeconfig(), "apply", "-f", "-"], text=True, check=True,
@@ -219,11 +259,13 @@ def main() -> None:
     if failed:
         sys.exit(f"slurmk8s up failed: see {log}")
     up_seconds = time.monotonic() - t0
-    print(f"slurmk8s up: {up_seconds:.1f} s")
     host = kjson("get", "service", "-n", NAMESPACE, "login")["spec"]["clusterIP"]
+    login_seconds = asyncio.run(first_ssh_answer(host, key, t0))
+    print(f"slurmk8s up: {up_seconds:.1f} s; login answered SSH {login_seconds:.1f} s after `up` started"
+          + ("" if from_nothing else " (not from nothing: the volumes are not this machine's to empty)"))
 
     async def connect() -> asyncssh.SSHClientConnection:
-        """The login pod's sshd; a reused cluster's login pod may be rolling after `up` (60 s)."""
+        """The login pod's sshd (it answered P5's session already; tried again for 60 s all the same)."""
         end = time.monotonic() + 60
         while True:
             try:
@@ -272,6 +314,7 @@ def main() -> None:
     if args.json:
         args.json.write_text(json.dumps({
             "kubernetes": server, "slurm": asyncio.run(slurm_version()), "up_seconds": round(up_seconds, 3),
+            "login_ssh_seconds": round(login_seconds, 3), "from_nothing": from_nothing,
             "runs": args.runs,
             "phases": [{"key": k, "label": label, "resolution": res} for k, label, res in PHASES],
             "zero": [{**p, "seconds": round(r.seconds, 6)} for r, p in zip(zero_runs, zero_phases)],
@@ -281,7 +324,8 @@ def main() -> None:
         }, indent=2) + "\n")
         print(f"per-run phases: {args.json}")
     if not args.keep:
-        slurmk8s("down", "--spec", str(work / "spec.yaml"), "--state", str(work / "state"), log=log)
+        slurmk8s("down", "--spec", str(work / "spec.yaml"), "--state", str(work / "state"), "--purge", "--yes", log=log)
+        clear_from_nothing(work / "state")  # the Released PersistentVolumes and their directories too
 
 
 if __name__ == "__main__":
