@@ -287,8 +287,7 @@ def _cannot_see(ctx: Context, names: Sequence[str], reason: str, why: str) -> Ru
 
 
 def _workers_in_view(ctx: Context, names: Sequence[str], reason: str) -> Mapping | RunResult:
-    """Suspend / resume-fail: the workers of these nodes, or, when the backend or its list fails,
-    the result of failing without them (_cannot_see: the nodes DOWN with `reason`)."""
+    """Suspend / resume-fail: these nodes' workers, or the result of failing without them (_cannot_see)."""
     from .backend import BackendError
 
     try:
