@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -87,14 +86,6 @@ class Release:
         return Login(svc["spec"]["clusterIP"], 22, "alice", self.key)
 
 
-def _accepts(host: str, port: int) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=2):
-            return True
-    except OSError:
-        return False
-
-
 def worker_pods() -> dict[str, dict[str, Any]]:
     pods = kjson("get", "pods", "-n", NAMESPACE, "-l", "app.kubernetes.io/component=worker")["items"]
     return {p["metadata"]["name"]: p for p in pods if not p["metadata"].get("deletionTimestamp")}
@@ -140,8 +131,11 @@ def release(cluster_reachable, tmp_path_factory) -> Iterator[Release]:
     print(f"helm install --wait: {time.monotonic() - t0:.1f} s")
     # --wait ends when the login pod is Ready; kube-proxy routes its Service a moment later (until then
     # a connect is refused), as a user who runs ssh right after the install may see
+    from provisioner.controltier.activity import port_open
+
     host = rel.login().host
-    wait_for("the login Service to accept connections on port 22", lambda: _accepts(host, 22), 30, interval=0.2)
+    wait_for("the login Service to accept connections on port 22", lambda: port_open(host, 22, timeout=2), 30,
+             interval=0.2)
     print(f"login accepts SSH connections {time.monotonic() - t0:.1f} s after the install started")
     yield rel
     _clean()

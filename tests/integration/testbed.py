@@ -18,7 +18,6 @@ import os
 import secrets
 import shlex
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -33,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from factories import node  # noqa: E402
 
 from provisioner.config import ClusterSpec, parse_spec  # noqa: E402
+from provisioner.controltier.activity import port_open  # noqa: E402
 from provisioner.elastic.docker_backend import LABEL_CLUSTER  # noqa: E402
 from provisioner.generate import Generated, generate  # noqa: E402
 from provisioner.inventory import nodes_from_api  # noqa: E402
@@ -302,7 +302,7 @@ class Testbed:
                   "-v", f"{w / 'authorized_keys'}:/etc/slurmk8s/authorized_keys:ro",
                   "-v", f"{self.home_volume}:/home")
         self.login_ip = wait_for("the login container's address", lambda: self.ip(self.login), 30)
-        wait_for("sshd on the login node", lambda: self._port_open(self.login_ip, 22), 60)
+        wait_for("sshd on the login node", lambda: port_open(self.login_ip, 22, timeout=2), 60)
         wait_for("Slurm clients on the login node",
                  lambda: self.exec(self.login, ["sinfo", "-h"], check=False).returncode == 0, 60)
 
@@ -311,14 +311,6 @@ class Testbed:
         if state == "false":
             raise TestbedError(f"slurmctld exited:\n{docker('logs', self.ctld, check=False).stderr[-3000:]}")
         return self.exec(self.ctld, ["scontrol", "ping"], check=False).returncode == 0
-
-    @staticmethod
-    def _port_open(host: str, port: int) -> bool:
-        try:
-            with socket.create_connection((host, port), timeout=2):
-                return True
-        except OSError:
-            return False
 
     def ip(self, container: str) -> str | None:
         out = docker("inspect", "-f", "{{json .NetworkSettings.Networks}}", container, check=False).stdout
