@@ -3,12 +3,9 @@ pool, the programs' logs in the slurmctld pod, and waiting for a pool to settle 
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from typing import Any, Iterable
-
-import pytest
 
 from helpers import FINAL, NAMESPACE, SUSPEND_TIME, kjson, kubectl, wait_for, worker_pods
 
@@ -46,29 +43,7 @@ def wait_final(login, job_ids: Iterable[str], timeout: float) -> dict[str, dict[
 
 def nodes(login, pool: str) -> dict[str, dict[str, Any]]:
     """Slurm node name -> `scontrol show nodes --json` entry, for the nodes of one pool (partition)."""
-    return _in_pool(login.json("scontrol show nodes --json"), pool)
-
-
-def _in_pool(doc: dict[str, Any], pool: str) -> dict[str, dict[str, Any]]:
-    return {n["name"]: n for n in doc["nodes"] if pool in (n.get("partitions") or ())}
-
-
-# what a Slurm command prints when slurmctld did not answer within MessageTimeout (10 s)
-SLURMCTLD_STALLED = "Socket timed out on send/recv operation"
-
-
-def nodes_unless_stalled(login, pool: str) -> dict[str, dict[str, Any]] | None:
-    """nodes(), or None (printed) when slurmctld did not answer in time: a known stall of Debian's Slurm
-    24.11 while it resolves the names of DOWN workers whose pods are gone (docs/failure-modes.md, "Not
-    promised"); a wait that polls tries again, any other failure still fails the test."""
-    got = login.run("scontrol show nodes --json", check=False)
-    if got.exit_status != 0 and SLURMCTLD_STALLED in f"{got.stdout}{got.stderr}":
-        print(f"slurmctld did not answer `scontrol show nodes` within MessageTimeout ({time.strftime('%H:%M:%S')}): "
-              "the known name-lookup stall; polling on")
-        return None
-    if got.exit_status != 0:
-        pytest.fail(f"`scontrol show nodes --json` on the login pod exited {got.exit_status}:\n{got.stdout}\n{got.stderr}")
-    return _in_pool(json.loads(got.stdout), pool)
+    return {n["name"]: n for n in login.json("scontrol show nodes --json")["nodes"] if pool in (n.get("partitions") or ())}
 
 
 def pool_pods(pool: str, include_terminating: bool = False) -> dict[str, dict[str, Any]]:
@@ -84,9 +59,7 @@ def wait_pool_at_rest(login, pool: str, timeout: float = SUSPEND_TIME + 120) -> 
     def at_rest():
         if pool_pods(pool, include_terminating=True):
             return None
-        ns = nodes_unless_stalled(login, pool)
-        if ns is None:
-            return None
+        ns = nodes(login, pool)
         ok = ns and all("POWERED_DOWN" in n["state"] and "IDLE" in n["state"] and "DOWN" not in n["state"]
                         and not {"POWERING_UP", "POWERING_DOWN"} & set(n["state"]) for n in ns.values())
         return ns if ok else None
@@ -106,6 +79,12 @@ def _node_summary(ns: dict[str, dict[str, Any]]) -> dict[str, str]:
 def slurmctld_log() -> str:
     """slurmctld's own log (its container's output)."""
     return kubectl("logs", "-n", NAMESPACE, CONTROLLER_POD, "-c", "slurmctld", check=False).stdout
+
+
+def unresolved_names(log: str) -> list[str]:
+    """Every name slurmctld failed to resolve, in the order logged. Each one cost it 10 s of lookups
+    under the lock every address lookup takes (Debian's Slurm retries them), so none may appear."""
+    return re.findall(r'Unable to resolve "([^"]+)"', log)
 
 
 def slurm_down_reasons(node: str, log: str | None = None) -> list[str]:

@@ -33,7 +33,7 @@ from provisioner.elastic.programs import (
 )
 from provisioner.elastic.prolog import wait_for_boot
 from provisioner.inventory import Inventory, SlurmNode
-from provisioner.slurm.commands import down_argv, resume_argv
+from provisioner.slurm.commands import NODE_ADDR_GONE, down_argv, power_down_argv, resume_argv
 
 RESUME_FILE = json.dumps({
     "all_nodes_resume": "cpu-[0-2]",
@@ -280,6 +280,14 @@ def test_down_argv_is_a_list_with_a_hostlist():
     assert down_argv(["cpu-1", "cpu-0"], 'slurmk8s resume: no "quotes"') == [
         "scontrol", "update", "nodename=cpu-[0-1]", "state=DOWN", 'reason=slurmk8s resume: no "quotes"']
     assert resume_argv(["cpu-0"]) == ["scontrol", "update", "nodename=cpu-0", "state=RESUME"]
+
+
+def test_power_down_argv_gives_every_node_the_address_that_fails_at_once():
+    # slurmctld wants one address per node (update_node: "nodecount mismatch" otherwise); a name
+    # that no longer resolves would cost it 10 s under a lock (tests/integration/test_reconcile_testbed.py)
+    assert power_down_argv(["cpu-1", "gpu-0"]) == [
+        "scontrol", "update", "nodename=cpu-1,gpu-0", "state=POWER_DOWN_FORCE", "nodeaddr=127.0.0.1,127.0.0.1"]
+    assert NODE_ADDR_GONE == "127.0.0.1"
 
 
 def test_log_file_lines_are_timestamped(tmp_path: Path):

@@ -273,6 +273,21 @@ def test_spec_config_map_round_trips(fabric, local):
                                                        "host_network_sources": ["10.0.0.1/32"]}
 
 
+def test_nothing_in_the_controller_pod_can_answer_on_slurmds_port(fabric, local):
+    # slurmk8s gives a node it forces down the address NODE_ADDR_GONE (loopback): a message to it
+    # must be refused at once, which holds while the control pod has its own network namespace and
+    # no container of it serves slurmd's port
+    from provisioner.manifests.names import SLURMD_PORT
+    from provisioner.slurm.commands import NODE_ADDR_GONE
+
+    assert NODE_ADDR_GONE.startswith("127.")
+    for spec, gen in (fabric, local):
+        ps = m.controller_statefulset(spec, gen.files)["spec"]["template"]["spec"]
+        assert not ps.get("hostNetwork")
+        assert SLURMD_PORT not in {p["containerPort"] for c in ps["containers"] for p in c.get("ports", ())}
+        assert all(f"{SLURMD_PORT}" not in " ".join(c.get("command", []) + c.get("args", [])) for c in ps["containers"])
+
+
 def test_controller_and_login_shape(local, secrets, tmp_path):
     spec, gen = local
     sts = m.controller_statefulset(spec, gen.files)

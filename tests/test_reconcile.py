@@ -340,7 +340,7 @@ def test_run_once_missing_worker_sets_down_naming_the_pod_then_powers_down():
     assert slurm.updates == [
         ["scontrol", "update", "nodename=cpu-1", "state=DOWN",
          "reason=slurmk8s missing-worker: pod cpu-1 is gone while Slurm has the node ALLOCATED"],
-        ["scontrol", "update", "nodename=cpu-1", "state=POWER_DOWN_FORCE"],
+        ["scontrol", "update", "nodename=cpu-1", "state=POWER_DOWN_FORCE", "nodeaddr=127.0.0.1"],
     ]
     assert backend.calls == []
     assert [d.op for d in report.done] == [Op.SET_DOWN, Op.POWER_DOWN] and all(d.ok for d in report.done)
@@ -383,7 +383,7 @@ def test_run_once_returns_down_nodes_to_powered_down_idle():
     nodes = [node_json("cpu-0", "DOWN", "CLOUD", reason="slurmk8s missing-worker: pod cpu-0 is gone"),
              node_json("cpu-1", "DOWN", "CLOUD", "POWERED_DOWN", reason="slurmk8s stuck-pending: x")]
     _, _, slurm, _, _ = run(nodes)
-    assert slurm.updates == [["scontrol", "update", "nodename=cpu-0", "state=POWER_DOWN_FORCE"],
+    assert slurm.updates == [["scontrol", "update", "nodename=cpu-0", "state=POWER_DOWN_FORCE", "nodeaddr=127.0.0.1"],
                              ["scontrol", "update", "nodename=cpu-1", "state=RESUME"]]
 
 

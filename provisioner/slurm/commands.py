@@ -22,6 +22,15 @@ from ..errors import SlurmK8sError
 
 MAX_STDERR = 300
 
+# The address slurmk8s gives a node whose worker is gone or going, when it takes the node out of
+# service. slurmctld then sends nothing to the node's name, which does not resolve without a worker:
+# Debian's Slurm retries a failed lookup for 10 s while holding the lock every address lookup takes,
+# so one such message stalled slurmctld. Nothing listens on slurmd's port in slurmctld's own network
+# namespace (the control pod never uses the host's network), so a message to it is refused at once.
+# Slurm resets a CLOUD node's address to its name when it is powered down, and takes the worker's
+# address when its slurmd registers.
+NODE_ADDR_GONE = "127.0.0.1"
+
 
 class SlurmCommandError(SlurmK8sError):
     """A Slurm command failed, timed out or could not be run (slurmctld unreachable is the usual
@@ -71,7 +80,12 @@ def states_argv(names: Sequence[str], sinfo: str = "sinfo") -> list[str]:
 
 
 def power_down_argv(names: Sequence[str], scontrol: str = "scontrol") -> list[str]:
-    return [scontrol, "update", f"nodename={','.join(names)}", "state=POWER_DOWN_FORCE"]
+    """POWER_DOWN_FORCE, and the address :data:`NODE_ADDR_GONE`: every node slurmk8s forces down has
+    lost its worker or is about to (the suspend program deletes it), and a DOWN node that never
+    registered is messaged by name until it is powering down (Slurm pings at once when a power
+    program ends)."""
+    return [scontrol, "update", f"nodename={','.join(names)}", "state=POWER_DOWN_FORCE",
+            f"nodeaddr={','.join(NODE_ADDR_GONE for _ in names)}"]
 
 
 # ---------------------------------------------------------------- the elasticity programs' needs

@@ -15,6 +15,7 @@ Run with `pytest -m integration tests/integration/test_reconcile_testbed.py` (ab
 from __future__ import annotations
 
 import re
+import time
 from typing import Callable, Iterator
 
 import pytest
@@ -22,6 +23,7 @@ import pytest
 from testbed import IMAGES, Testbed, docker, wait_for
 
 from provisioner.elastic.docker_backend import LABEL_CLUSTER, LABEL_NODE, LABEL_ROLE
+from provisioner.slurm.commands import NODE_ADDR_GONE
 
 pytestmark = pytest.mark.integration
 
@@ -187,6 +189,7 @@ def test_resume_refuses_a_backed_off_pool_at_once(bed: Testbed):
     seed = ("import time; from provisioner.elastic.ledger import FileLedger, DEFAULT_LEDGER\n"
             "for i in range(3): FileLedger(DEFAULT_LEDGER).record_failure('cpu', f'n{i}', 'ErrImagePull', time.time() - i)")
     bed.exec(bed.ctld, ["/opt/slurmk8s/bin/python", "-c", seed], user="slurm")
+    since = docker("exec", bed.ctld, "date", "+%s").stdout.strip()
     job = bed.sbatch("-N1", "-o", "/dev/null", "--wrap", "true")
     try:
         def refused() -> str | None:
@@ -194,13 +197,36 @@ def test_resume_refuses_a_backed_off_pool_at_once(bed: Testbed):
             return m.group(1) if m else None
 
         name = wait_for("a node refused for backoff and powered down", refused, 30)
+        refused_at = time.monotonic()
+        # Slurm pings at once when a power program ends, and pings a DOWN node that is not powering
+        # up or down: by its name, which resolves to nothing (no worker). Debian's Slurm retries a
+        # failed lookup for 10 s holding the lock of every address lookup, which the power-save pass
+        # wants (under the node write lock) when it powers the node down: node reads stalled. The
+        # program gives such nodes an address that fails at once (NODE_ADDR_GONE) instead.
+        assert bed.scontrol_json("show", "node", name)["nodes"][0]["address"] == NODE_ADDR_GONE
+        slowest = 0.0
+
+        def timed_nodes() -> dict:
+            nonlocal slowest
+            start = time.monotonic()
+            nodes = bed.nodes()
+            slowest = max(slowest, time.monotonic() - start)
+            return nodes
         log = bed.elastic_log()
         assert re.search(rf"decide {name} fail \(backoff\)( jobs=\d+)?: pool cpu: 3 consecutive", log), log
         assert re.search(rf"set DOWN {name}: slurmk8s backoff: pool cpu: 3 consecutive", log), log
         assert name not in bed.workers(), "no worker was created"
         # SuspendTimeout is 5 s here, ResumeTimeout 60 s: back well before ResumeTimeout
-        wait_for(f"{name} powered-down idle again", lambda: (n := bed.nodes()[name]) and "POWERED_DOWN" in n.state
+        wait_for(f"{name} powered-down idle again", lambda: (n := timed_nodes()[name]) and "POWERED_DOWN" in n.state
                  and not {"DOWN", "POWERING_UP", "POWERING_DOWN"} & set(n.state), 40)
+        while time.monotonic() < refused_at + 12:  # a failed lookup is logged after its 10 s of retries
+            timed_nodes()
+            time.sleep(0.5)
+        # 2.9 s with the node's name as its address (the stall is its cause's length, less SuspendTimeout)
+        print(f"slowest node read in the 12 s after the refusal: {slowest:.2f} s")
+        ctld_log = docker("logs", "--since", since, bed.ctld).stderr
+        assert "getaddrinfo" not in ctld_log, "slurmctld looked up a name that does not resolve:\n" + ctld_log
+        assert bed.scontrol_json("show", "node", name)["nodes"][0]["address"] == name, "reset at POWERED_DOWN"
     finally:
         bed.exec(bed.ctld, ["scancel", str(job)], check=False)
         bed.exec(bed.ctld, ["/opt/slurmk8s/bin/python", "-c",
