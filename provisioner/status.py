@@ -27,9 +27,10 @@ import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Mapping, Protocol, Sequence
+from urllib.parse import quote
 
 from .errors import SlurmK8sError
-from .kubeapi import pod_exec
+from .kubeapi import api_path, pod_exec
 from .slurm.state import NodeStatus
 
 A_STATE = "slurmk8s.io/state"  # awake | asleep (written by the idle sleep / wake logic)
@@ -491,26 +492,22 @@ def render(status: Status, console: Any) -> None:
 
 
 class KubeReader:
-    """ClusterReader over the official client with the user's kubeconfig."""
+    """ClusterReader over the user's kubeconfig: requests by REST path (:class:`~provisioner.kubeapi.RawClient`)
+    and the exec subresource (:func:`~provisioner.kubeapi.pod_exec`), not the generated API classes,
+    whose import alone took 1.4 s of `status`'s 3 s at 4,096 nodes and 32,768 jobs."""
 
     def __init__(self, api_client: Any, request_timeout: tuple[float, float] = (5.0, 20.0)) -> None:
-        from kubernetes import client
+        from .kubeapi import RawClient
 
         self._client = api_client
-        self._core = client.CoreV1Api(api_client)
-        self._apps = client.AppsV1Api(api_client)
-        self._timeout = request_timeout
+        self._raw = RawClient(api_client, request_timeout)
 
-    def _call(self, what: str, fn: Any, *args: Any, forbidden: Any = None, **kwargs: Any) -> Any:
-        from kubernetes.client.exceptions import ApiException
-        from urllib3.exceptions import HTTPError
-
-        from .kubeapi import api_error_from, transport_error
+    def _get(self, what: str, path: str, query: Mapping[str, Any] | None = None, forbidden: Any = None) -> Any:
+        from .kubeapi import ApiError
 
         try:
-            resp = fn(*args, _preload_content=False, _request_timeout=self._timeout, **kwargs)
-        except ApiException as exc:
-            err = api_error_from(exc)
+            return self._raw.request("GET", path, query)
+        except ApiError as err:
             if err.status == 404:
                 return None
             if err.status == 403 and forbidden is not None:
@@ -518,34 +515,32 @@ class KubeReader:
             if err.status in (401, 403):
                 raise StatusError(f"{what}: the Kubernetes API refused your kubeconfig's user ({err.status} "
                                   f"{err.reason}): {err.message}") from None
+            if err.status == 0:
+                raise StatusError(f"{what}: the Kubernetes API does not answer ({err.message}); check KUBECONFIG / "
+                                  "--kubeconfig") from None
             raise StatusError(f"{what}: Kubernetes API error {err.status} {err.reason}: {err.message}") from None
-        except (HTTPError, OSError) as exc:
-            err = transport_error(exc)
-            raise StatusError(f"{what}: the Kubernetes API does not answer ({err.message}); check KUBECONFIG / "
-                              "--kubeconfig") from None
-        return json.loads(resp.data) if resp.data else {}
 
     def namespace_exists(self, namespace: str) -> bool:
         # a user with rights in the namespace only may not read Namespace objects: then assume it exists
         # (a missing one still shows as an empty namespace with no StatefulSet: "absent")
-        return self._call(f"reading namespace {namespace}", self._core.read_namespace, namespace,
-                          forbidden={"forbidden": True}) is not None
+        return self._get(f"reading namespace {namespace}", f"/api/v1/namespaces/{quote(namespace, safe='')}",
+                         forbidden={"forbidden": True}) is not None
 
     def statefulset(self, namespace: str, name: str) -> dict[str, Any] | None:
-        return self._call(f"reading statefulset {name}", self._apps.read_namespaced_stateful_set, name, namespace)
+        return self._get(f"reading statefulset {name}", api_path("apps/v1", namespace, "statefulsets", name))
 
     def pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
-        doc = self._call("listing pods", self._core.list_namespaced_pod, namespace, label_selector=label_selector)
+        doc = self._get("listing pods", api_path("v1", namespace, "pods"), {"labelSelector": label_selector})
         return (doc or {}).get("items") or []
 
     def pvcs(self, namespace: str) -> list[dict[str, Any]]:
-        doc = self._call("listing volume claims", self._core.list_namespaced_persistent_volume_claim, namespace)
+        doc = self._get("listing volume claims", api_path("v1", namespace, "persistentvolumeclaims"))
         return (doc or {}).get("items") or []
 
     def exec(self, namespace: str, pod: str, container: str, argv: Sequence[str],
              timeout: float) -> tuple[int, str, str]:
         """Run argv in the container (the exec subresource, as `kubectl exec`): (exit code, stdout, stderr)."""
-        return pod_exec(self._core, namespace, pod, container, argv, timeout)
+        return pod_exec(self._client, namespace, pod, container, argv, timeout)
 
 
 def kube_reader(kubeconfig: str | None) -> KubeReader:

@@ -391,7 +391,7 @@ def _retryable(code: int, err: str) -> bool:
     return code in (124, 125, 126) or "Unable to contact" in err or "Connection refused" in err
 
 
-def request_token(core: Any, namespace: str, argv: list[str], timeout: float,
+def request_token(api: Any, namespace: str, argv: list[str], timeout: float,
                   exec_fn: Any = None, sleep: Any = time.sleep, clock: Any = time.monotonic) -> str:
     """Run `argv` (token_argv) in slurmctld's container until it answers or `timeout` passes."""
     from . import manifests as m
@@ -400,7 +400,7 @@ def request_token(core: Any, namespace: str, argv: list[str], timeout: float,
     run = exec_fn or pod_exec
     deadline = clock() + timeout
     while True:
-        code, out, err = run(core, namespace, m.CONTROLLER_POD, m.CONTROLLER, argv, max(5.0, deadline - clock()))
+        code, out, err = run(api, namespace, m.CONTROLLER_POD, m.CONTROLLER, argv, max(5.0, deadline - clock()))
         if code == 0:
             return parse_token(out)
         why = " ".join(err.split())[:300]
@@ -418,8 +418,6 @@ def token(
     timeout: TimeoutOpt = 300.0,
 ) -> None:
     """Print a JWT for the REST API as SLURM_JWT=<token> (wakes a sleeping cluster first)."""
-    from kubernetes import client
-
     from .config import parse_duration
 
     global _T0
@@ -436,7 +434,7 @@ def token(
         api = _api_client(kubeconfig)
         ns = loaded.namespace_name
         wake(api, ns, f"slurmk8s token for {user}", timeout)
-        jwt = request_token(client.CoreV1Api(api), ns, argv, timeout)
+        jwt = request_token(api, ns, argv, timeout)
     except SlurmK8sError as err:
         _fail(str(err))
     typer.echo(f"SLURM_JWT={jwt}")

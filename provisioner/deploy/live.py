@@ -355,6 +355,6 @@ def _login_ping(session: Session) -> Callable[[], tuple[int, str, str] | None]:
                  and any(c.type == "Ready" and c.status == "True" for c in (p.status.conditions or ()))]
         if not ready:
             return None  # the login pod sleeps (it wakes with the tier) or is not part of this cluster
-        return pod_exec(core, ns, sorted(ready)[0], m.LOGIN, ["scontrol", "ping"], timeout=15.0)
+        return pod_exec(api_client, ns, sorted(ready)[0], m.LOGIN, ["scontrol", "ping"], timeout=15.0)
 
     return ask
