@@ -21,7 +21,6 @@ document and the rich rendering.
 
 from __future__ import annotations
 
-import json
 import shlex
 import time
 from dataclasses import asdict, dataclass, field
