@@ -23,6 +23,7 @@ from . import __version__
 from .config import ClusterSpec
 from .errors import Issue, RenderError
 from .inventory import Inventory, SlurmNode
+from .names import JWT_KEY_PATH
 from .topology import Block, Switch, Topology, validate_blocks, validate_tree
 
 _ENV = jinja2.Environment(
@@ -47,9 +48,6 @@ class Site:
 
 
 SLURMDBD_PORT = 6819
-# spec.rest: where slurmctld and slurmdbd read the JWT key (their entrypoints install it there from
-# the mounted Secret, SlurmUser-owned, mode 0400); clients (login, workers, slurmrestd) need no key
-JWT_KEY_PATH = "/run/slurmk8s-jwt/jwt_hs256.key"
 
 # The worker image's side of the contract (images/README.md, "slurmd"): Slurm's TaskProlog, which
 # exports the pool's job environment into every task, and the file where the worker's entrypoint

@@ -85,7 +85,7 @@ def _split(address: str) -> tuple[str, int]:
 def login_endpoint(api: Any, namespace: str, address: str | None) -> tuple[str, int]:
     """(host, port) where the login pod's sshd answers (see the module docstring); `api` is a
     :class:`provisioner.kubeapi.RawClient`."""
-    from . import manifests as m
+    from . import names as m
 
     if address:
         return _split(address)
@@ -394,7 +394,7 @@ def _retryable(code: int, err: str) -> bool:
 def request_token(api: Any, namespace: str, argv: list[str], timeout: float,
                   exec_fn: Any = None, sleep: Any = time.sleep, clock: Any = time.monotonic) -> str:
     """Run `argv` (token_argv) in slurmctld's container until it answers or `timeout` passes."""
-    from . import manifests as m
+    from . import names as m
     from .kubeapi import pod_exec
 
     run = exec_fn or pod_exec

@@ -142,7 +142,7 @@ def test_the_server_answers_open_held_and_refuses_garbage(tmp_path: Path):
 
 def test_the_gate_port_is_the_one_the_worker_entrypoint_writes():
     from provisioner.elastic.bootgate import DEFAULT_PORT
-    from provisioner.manifests.names import ACTIVITY_PORT
+    from provisioner.names import ACTIVITY_PORT
 
     entrypoint = (ROOT / "images" / "entrypoint" / "slurmd.sh").read_text()
     asked = entrypoint.index(f'ask_boot_gate "$CONTROLLER_HOST" {DEFAULT_PORT} "$NODENAME"')

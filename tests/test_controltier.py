@@ -22,6 +22,7 @@ from factories import node
 from fakes.tier import FakeTierApi
 
 from provisioner import manifests as m
+from provisioner import names
 from provisioner.config import SpecError, parse_spec
 from provisioner.controltier.activity import activity_doc, activity_from_doc, read_activity_file
 from provisioner.controltier.agent import Agent, UserNames, WakeServer
@@ -200,7 +201,7 @@ def test_controller_listens_connects_to_the_address_slurmctlds_service_publishes
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
     port = server.getsockname()[1]
-    with unittest.mock.patch.object(m, "SLURMCTLD_PORT", port):
+    with unittest.mock.patch.object(names, "SLURMCTLD_PORT", port):
         api.endpoint_ips["login-5d8f7-abcde"] = "127.0.0.1"  # another pod of the slice: not slurmctld's name
         server.listen(1)
         assert listens() is False

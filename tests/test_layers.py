@@ -26,6 +26,8 @@ LAYERS: list[tuple[str, ...]] = [
     # podfiles: the slurmctld pod's first step, standard library only
     ("provisioner", "provisioner.errors", "provisioner.logs", "provisioner.podfiles"),
     ("provisioner.config",),
+    # object names, labels, ports: the builders' and the runtime's (the CLI's wake) shared constants, light
+    ("provisioner.names",),
     ("provisioner.inventory",),
     ("provisioner.topology",),
     ("provisioner.render",),

@@ -277,7 +277,7 @@ def test_nothing_in_the_controller_pod_can_answer_on_slurmds_port(fabric, local)
     # slurmk8s gives a node it forces down the address NODE_ADDR_GONE (loopback): a message to it
     # must be refused at once, which holds while the control pod has its own network namespace and
     # no container of it serves slurmd's port
-    from provisioner.manifests.names import SLURMD_PORT
+    from provisioner.names import SLURMD_PORT
     from provisioner.slurm.commands import NODE_ADDR_GONE
 
     assert NODE_ADDR_GONE.startswith("127.")

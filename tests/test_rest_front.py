@@ -11,7 +11,7 @@ from pathlib import Path
 
 from provisioner import manifests as m
 from provisioner.config import load_spec, parse_spec
-from provisioner.manifests.names import USER_FILES
+from provisioner.names import USER_FILES
 from provisioner.manifests.rbac import control_tier_objects
 from provisioner.controltier.decision import TierError
 from provisioner.controltier.restfront import Front, parse_headers, serve

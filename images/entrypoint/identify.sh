@@ -19,7 +19,7 @@
 # Exit status 0 (what it found is for the caller to judge).
 set -uo pipefail
 
-INTERFACE=3   # keep in step with provisioner/manifests/names.py IMAGE_INTERFACE
+INTERFACE=3   # keep in step with provisioner/names.py IMAGE_INTERFACE
 ROLE="${SLURMK8S_ROLE:-}"
 VERSION="$(sed -n 's/^version=//p' /usr/local/share/slurmk8s/identity 2>/dev/null || true)"
 

@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from .. import manifests as m
+from .. import names as m
 from ..logs import Log
 from .activity import activity_doc, serve_activity
 from .api import ClientTierApi

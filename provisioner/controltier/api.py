@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Protocol
 
-from .. import manifests as m
+from .. import names as m
 from ..kubeapi import MERGE_PATCH, RawClient, api_path
 from .decision import rfc3339
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Iterable, Mapping, Sequence
 
-from .. import manifests as m
+from .. import names as m
 from ..errors import SlurmK8sError
 
 A_STATE = "slurmk8s.io/state"

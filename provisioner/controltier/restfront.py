@@ -34,7 +34,7 @@ import threading
 import time
 from typing import Any, Callable, Sequence
 
-from .. import manifests as m
+from .. import names as m
 from ..logs import Log
 from .activity import port_open, serve_activity
 from .decision import DEFAULT_WAKE_TIMEOUT, TierError

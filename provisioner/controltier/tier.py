@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .. import manifests as m
+from .. import names as m
 from .api import TIER_SELECTOR, TierApi, event_body
 from .decision import (
     A_REASON,

@@ -54,7 +54,7 @@ from ..config import ClusterSpec, Images
 from ..errors import Issue, Problem
 from ..kubeapi import ApiError, RawClient, api_path
 from ..manifests.common import _container_security, _pod_security
-from ..manifests.names import (A_IMAGE_INTERFACE, BASE_CAPS, IMAGE_INTERFACE, L_CLUSTER, L_COMPONENT, L_MANAGED_BY,
+from ..names import (A_IMAGE_INTERFACE, BASE_CAPS, IMAGE_INTERFACE, L_CLUSTER, L_COMPONENT, L_MANAGED_BY,
                                LOGIN, TEMPLATE_PREFIX, base_labels)
 
 ROLE_LABEL = "org.slurmk8s.image"

@@ -176,7 +176,7 @@ def read(kubeconfig: str | None, name: str) -> Found:
     from kubernetes import client
 
     from ..kubeapi import ApiError, api_client, raw_call
-    from ..manifests.names import L_PART_OF
+    from ..names import L_PART_OF
 
     api = api_client(kubeconfig)
     core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
@@ -203,7 +203,7 @@ def read(kubeconfig: str | None, name: str) -> Found:
 
 def found_from(namespace: Mapping[str, Any], objs: Sequence[tuple[str, Mapping[str, Any]]]) -> Found:
     """Found from the namespace and (kind, object) pairs of its slurmk8s workloads (pure)."""
-    from ..manifests.names import L_COMPONENT
+    from ..names import L_COMPONENT
 
     workloads, release = [], None
     for kind, obj in objs:
@@ -276,7 +276,7 @@ def adopt_keys(session: Any, echo: Printer) -> list[str]:
     from kubernetes import client
 
     from ..kubeapi import ApiError, api_client, raw_call
-    from ..manifests.names import AUTH_SECRET, DB_SECRET, DB_SECRET_KEY, JWT_KEY_FILE, JWT_SECRET, SSH_HOST_KEYS_SECRET
+    from ..names import AUTH_SECRET, DB_SECRET, DB_SECRET_KEY, JWT_KEY_FILE, JWT_SECRET, SSH_HOST_KEYS_SECRET
     from . import secrets as keys
     from .automation import set_secret_config
 

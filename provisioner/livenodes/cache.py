@@ -34,7 +34,7 @@ import shutil
 from pathlib import Path
 from typing import Mapping
 
-from ..manifests import names as m
+from .. import names as m
 from .live import PENDING
 
 CACHE_SUBDIR = "slurmk8s/config"

@@ -33,7 +33,7 @@ from ..config import ClusterSpec
 from ..errors import SlurmK8sError
 from ..inventory import Inventory, K8sNode, LEAVING_ANNOTATION
 from ..logs import Log
-from ..manifests.names import SLURM_FILES
+from ..names import SLURM_FILES
 from ..render import write_files
 from ..slurm.commands import SlurmClient, SlurmCommandError
 from ..slurm.state import NodeStatus, parse_nodes

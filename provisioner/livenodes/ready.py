@@ -15,7 +15,7 @@ import os
 import time
 from typing import Callable
 
-from ..manifests import names as m
+from .. import names as m
 
 POLL = 0.05  # s between looks: the file comes within a second of the pod's start
 SAY_EVERY = 30.0  # s between "still waiting" lines

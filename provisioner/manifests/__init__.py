@@ -27,7 +27,7 @@ from .cluster import (all_objects, auth_secret, check_home_access, check_names, 
                       users_config_map)
 from .common import ClusterSecrets, K8sSite, controller_address, dns_searches, login_sleeps, service_fqdn, sleeps
 from .login import authorized_keys_secret, login_deployment, login_service, ssh_host_keys_secret
-from .names import (ACTIVITY_DIR, ACTIVITY_PORT, AUTHORIZED_KEYS_SECRET, AUTH_SECRET, A_CONFIG_HASH, A_MULTUS, CONFIG_INIT,
+from ..names import (ACTIVITY_DIR, ACTIVITY_PORT, AUTHORIZED_KEYS_SECRET, AUTH_SECRET, A_CONFIG_HASH, A_MULTUS, CONFIG_INIT,
                     CONFIG_READY, A_SPEC_HASH, A_USERS_HASH, BASE_CAPS, BIN_DIR, CONTROLLER, CONTROLLER_GRACE_SECONDS,
                     CONTROLLER_POD, CONTROLLER_STATE_PVC, DATABASE_PVC, DB_SECRET, HOME_PVC, LOGIN, LOGIN_AGENT,
                     LOGIN_HOST, L_CLUSTER, L_COMPONENT, L_NODE, L_POOL, L_SUBDOMAIN, L_TIER, MUNGE_DIR, SA_TOKEN_DIR,

@@ -8,7 +8,7 @@ from typing import Any
 from ..config import ClusterSpec, mib
 from .common import (ClusterSecrets, K8sSite, _container_security, _control_meta, _meta, _pod_security, _pvc,
                      _pvc_volume, _secret_volume, content_hash, service_fqdn)
-from .names import (A_CONFIG_HASH, AUTH_SECRET, BASE_CAPS, DATABASE_PVC, DB_NAME, DB_PASSWORD_DIR, DB_SECRET,
+from ..names import (A_CONFIG_HASH, AUTH_SECRET, BASE_CAPS, DATABASE_PVC, DB_NAME, DB_PASSWORD_DIR, DB_SECRET,
                     DB_SECRET_KEY, DB_USER, JWT_DIR, JWT_KEY_PATH, JWT_SECRET, L_MANAGED_BY, L_TIER, MARIADB, MUNGE_DIR, MYSQL_PORT, SLURM_UID,
                     SLURMDBD, SLURMDBD_CONF_DIR, SLURMDBD_CONF_SECRET, SLURMDBD_PORT, TIER_CONTROL, base_labels,
                     selector)

@@ -38,7 +38,7 @@ from typing import Any
 
 from ..config import ClusterSpec
 from .common import K8sSite
-from .names import CONTROLLER, L_POOL, base_labels
+from ..names import CONTROLLER, L_POOL, base_labels
 from .workers import worker_pod_template
 
 API_VERSION = "admissionregistration.k8s.io/v1"

@@ -11,7 +11,7 @@ from .accounting import accounting_objects
 from .admission import admission_objects
 from .common import ClusterSecrets, K8sSite, _meta, _pvc, home_on_one_node
 from .login import authorized_keys_secret, login_deployment, login_service, ssh_host_keys_secret
-from .names import (AUTH_SECRET, CONTROLLER, CONTROLLER_POD, CONTROLLER_STATE_PVC, DATABASE_PVC, HOME_PVC,
+from ..names import (AUTH_SECRET, CONTROLLER, CONTROLLER_POD, CONTROLLER_STATE_PVC, DATABASE_PVC, HOME_PVC,
                     L_CLUSTER, L_INSTANCE, L_NAME, L_PART_OF, LOGIN, LOGIN_HOST, REST, USER_FILES, USERS_CONFIG, WORKERS)
 from .network import network_policies
 from .rest import jwt_objects, rest_objects

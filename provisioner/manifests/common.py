@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
 from ..config import ClusterSpec
-from .names import CONTROLLER, CONTROLLER_POD, L_TIER, SLURMCTLD_PORT, TIER_CONTROL, WORKERS, base_labels
+from ..names import CONTROLLER, CONTROLLER_POD, L_TIER, SLURMCTLD_PORT, TIER_CONTROL, WORKERS, base_labels
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from ..config import ClusterSpec
 from .common import (K8sSite, _config_volume, _container_security, _meta, _pod_security, _pvc_volume,
                      _secret_volume, content_hash, controller_address, dns_searches, login_sleeps, sleeps,
                      service_account_token_volume, tier_labels)
-from .names import (A_USERS_HASH, ACTIVITY_DIR, ACTIVITY_PORT, AGENT_UID, AUTH_SECRET, AUTHORIZED_KEYS_DIR,
+from ..names import (A_USERS_HASH, ACTIVITY_DIR, ACTIVITY_PORT, AGENT_UID, AUTH_SECRET, AUTHORIZED_KEYS_DIR,
                     AUTHORIZED_KEYS_SECRET, BIN_DIR, HOME_PVC, HOST_KEYS_DIR, L_SUBDOMAIN, LOGIN, LOGIN_AGENT,
                     LOGIN_CAPS, LOGIN_HOST, MUNGE_DIR, SA_TOKEN_DIR, SSH_HOST_KEY_TYPES, SSH_HOST_KEYS_SECRET,
                     SSH_PORT, USER_FILES, USERS_CONFIG, USERS_DIR, WAKE_DIR, WAKE_SOCKET, WORKERS, base_labels,

@@ -6,7 +6,7 @@ from typing import Any
 
 from ..config import ClusterSpec
 from .common import K8sSite, _meta
-from .names import (CONTROLLER, L_CLUSTER, L_COMPONENT, LOGIN, MARIADB, METRICS_PORT, MYSQL_PORT, REST, REST_PORT,
+from ..names import (CONTROLLER, L_CLUSTER, L_COMPONENT, LOGIN, MARIADB, METRICS_PORT, MYSQL_PORT, REST, REST_PORT,
                     SLURMDBD, SSH_PORT, selector)
 
 

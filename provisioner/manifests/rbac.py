@@ -6,8 +6,8 @@ from typing import Any
 
 from ..config import ClusterSpec
 from .common import _meta, login_sleeps, sleeps
-from .names import base_labels
-from .names import CONTROLLER, LOGIN, LOGIN_AGENT, MARIADB, REST, REST_FRONT, SLURMDBD, TIER_ROLE, WORKER_ROLE
+from ..names import base_labels
+from ..names import CONTROLLER, LOGIN, LOGIN_AGENT, MARIADB, REST, REST_FRONT, SLURMDBD, TIER_ROLE, WORKER_ROLE
 from .slurmctld import pod_files
 
 

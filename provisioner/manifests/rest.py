@@ -22,7 +22,7 @@ from ..config import ClusterSpec
 from .common import (ClusterSecrets, K8sSite, _config_volume, _container_security, _meta, _pod_security,
                      content_hash, controller_address, dns_searches, service_account_token_volume, service_fqdn,
                      sleeps)
-from .names import (A_CONFIG_HASH, A_USERS_HASH, ACTIVITY_PORT, AGENT_UID, BIN_DIR, CONTROLLER_POD, JWT_KEY_FILE,
+from ..names import (A_CONFIG_HASH, A_USERS_HASH, ACTIVITY_PORT, AGENT_UID, BIN_DIR, CONTROLLER_POD, JWT_KEY_FILE,
                     JWT_SECRET, L_SUBDOMAIN, REST, REST_CONFIG, REST_FRONT, REST_LOCAL_PORT, REST_PORT, REST_UID,
                     SA_TOKEN_DIR, SLURM_CONF_DIR, SLURMCTLD_PORT, SLURMDBD, SLURMDBD_PORT, USER_FILES, USERS_CONFIG,
                     USERS_DIR, WORKERS, base_labels, selector)

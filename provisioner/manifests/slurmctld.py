@@ -13,7 +13,7 @@ from typing import Any, Mapping
 from ..config import ClusterSpec
 from .common import (K8sSite, _container_security, _meta, _pod_security, _pvc, _pvc_volume, content_hash,
                      dns_searches, tier_labels)
-from .names import (A_SPEC_HASH, A_USERS_HASH, AUTH_SECRET, BASE_CAPS, BIN_DIR, CONFIG_INIT, CONTROLLER,
+from ..names import (A_SPEC_HASH, A_USERS_HASH, AUTH_SECRET, BASE_CAPS, BIN_DIR, CONFIG_INIT, CONTROLLER,
                     CONTROLLER_GRACE_SECONDS, CONTROLLER_STATE_PVC, ELASTIC_ENV_KEY, JWT_DIR, JWT_SECRET,
                     METRICS_PORT, MUNGE_DIR, MUNGE_SOCKET_DIR, POD_FILES_DIR, PROGRAM_SOCKET_DIR, RECONCILE_PERIOD, SLURM_CONF_DIR,
                     SLURM_CONFIG, SLURM_FILES, GZIPPED_FILES,
