@@ -11,6 +11,10 @@ gets its client from :func:`api_client` and sees failures as :class:`ApiError`.
   events, with request timeouts; refusals become :class:`ApiError` with the API's own words. The
   hot paths (the CLI's wake, the login agent, the resume / suspend programs and the reconcile
   loop) use it. :func:`raw_call`: a call of a generated API method the same way (the deploy code).
+- :func:`quick_client`: for the CLI's wake, a :class:`KubeconfigClient` that RawClient sends over
+  (urllib3, the kubeconfig's server, CA and credentials) without importing the kubernetes package;
+  for the common kubeconfig shapes only (token or client certificate), None for the rest, which
+  :func:`api_client` then loads.
 - :func:`pod_exec`: a command in a pod's container (`kubectl exec`), as (exit code, stdout, stderr).
 """
 
@@ -19,6 +23,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import ssl
+import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -86,15 +92,19 @@ def transport_error(exc: Exception) -> ApiError:
 def api_errors() -> Iterator[None]:
     """Failures of a call through the client as ApiError: a refusal with the API's own words (its
     Status), a transport failure as 'Unreachable' (or 'TLSVerify', not retryable)."""
-    from kubernetes.client.exceptions import ApiException
     from urllib3.exceptions import HTTPError
 
     try:
         yield
-    except ApiException as exc:
-        raise api_error_from(exc) from None
     except (HTTPError, OSError) as exc:
         raise transport_error(exc) from None
+    except Exception as exc:
+        # an ApiException comes only from the kubernetes package's client, which is then imported;
+        # a KubeconfigClient's call never imports it (that import is what it saves)
+        errors = sys.modules.get("kubernetes.client.exceptions")
+        if errors is not None and isinstance(exc, errors.ApiException):
+            raise api_error_from(exc) from None
+        raise
 
 
 def raw_call(fn: Callable[..., Any], timeout: tuple[float, float], *args: Any, **kwargs: Any) -> Any:
@@ -141,8 +151,8 @@ def api_path(group_version: str, namespace: str, plural: str, name: str = "", su
 
 class RawClient:
     """Base of the small API classes (pods, the control tier, the image check): requests by REST path
-    over one ``ApiClient`` (its credentials, TLS and connection pool), raw JSON in and out, with the
-    same request timeouts, refusals as :class:`ApiError`.
+    over one ``ApiClient`` (its credentials, TLS and connection pool), or a :class:`KubeconfigClient`
+    (the CLI's wake), raw JSON in and out, with the same request timeouts, refusals as :class:`ApiError`.
 
     By path, not through the generated ``CoreV1Api`` / ``AppsV1Api``: importing their modules costs
     0.2-0.5 s each on a 2-core machine (kubernetes 37 builds a pydantic validator for each of their
@@ -178,12 +188,15 @@ class RawClient:
             headers["Content-Type"] = content_type
         params = [(k, v) for k, v in (query or {}).items() if v is not None]
         with api_errors():
-            req = self._client.param_serialize(method, path, query_params=params, header_params=headers,
-                                               body=body, auth_settings=["BearerToken"])
-            resp = self._client.call_api(*req, _request_timeout=timeout or self._timeout)
+            if isinstance(self._client, KubeconfigClient):
+                resp = self._client.send(method, path, params, headers, body, timeout or self._timeout)
+            else:
+                req = self._client.param_serialize(method, path, query_params=params, header_params=headers,
+                                                   body=body, auth_settings=["BearerToken"])
+                resp = self._client.call_api(*req, _request_timeout=timeout or self._timeout).response
         if not 200 <= resp.status <= 299:
-            raise http_error(resp.status, resp.reason or "", resp.read())
-        return resp.response
+            raise http_error(resp.status, resp.reason or "", resp.data)
+        return resp
 
 
 def api_client(kubeconfig: str | None = None, env: Mapping[str, str] | None = None, sa_dir: str = SA_DIR) -> Any:
@@ -221,6 +234,144 @@ def api_client(kubeconfig: str | None = None, env: Mapping[str, str] | None = No
         return config.new_client_from_config(config_file=env.get("KUBECONFIG") or None)
     except config.ConfigException as err:
         raise KubeConfigError(f"no Kubernetes credentials (in-cluster or KUBECONFIG): {err}") from None
+
+
+class KubeconfigClient:
+    """What :class:`RawClient` needs of a client (its requests, with the kubeconfig's server, TLS and
+    credentials), straight over urllib3, made by :func:`quick_client`.
+
+    The kubernetes package takes 0.3-0.45 s to import on a 2-core machine (its config loader pulls
+    in its dynamic client, jsonschema, pydantic and oauthlib), before `slurmk8s submit` could send the
+    wake's first call; this client needs none of it."""
+
+    def __init__(self, server: str, context: "ssl.SSLContext | None", headers: Mapping[str, str],
+                 server_hostname: str | None = None) -> None:
+        import urllib3
+
+        self.server = server.rstrip("/")
+        self.headers = dict(headers)
+        tls: dict[str, Any] = {}
+        if context is not None:
+            verify = context.verify_mode != ssl.CERT_NONE
+            tls = {"ssl_context": context, "cert_reqs": "CERT_REQUIRED" if verify else "CERT_NONE",
+                   "assert_hostname": None if verify else False}
+            if server_hostname:
+                tls["server_hostname"] = server_hostname
+        self._pool = urllib3.PoolManager(**tls)
+
+    def send(self, method: str, path: str, query: Sequence[tuple[str, Any]], headers: Mapping[str, str],
+             body: Any, timeout: float | tuple[float, float]) -> Any:
+        """The unread urllib3 response (any status); the query's booleans as `true`/`false` and the
+        body as JSON, as the kubernetes client sends them."""
+        import urllib3
+        from urllib.parse import quote, urlencode
+
+        pairs = [(k, str(v).lower() if isinstance(v, bool) else str(v)) for k, v in query]
+        url = self.server + path + (f"?{urlencode(pairs, quote_via=quote)}" if pairs else "")
+        data = body if body is None or isinstance(body, (bytes, str)) else json.dumps(body)
+        limit = (urllib3.Timeout(connect=timeout[0], read=timeout[1]) if isinstance(timeout, tuple)
+                 else urllib3.Timeout(total=timeout))
+        return self._pool.request(method, url, body=data, headers={**self.headers, **headers}, timeout=limit,
+                                  preload_content=False)
+
+
+# what quick_client understands of a kubeconfig; anything else (exec plugins, auth providers, basic
+# auth, impersonation, a proxy) is left to the official loader
+_QUICK_CLUSTER = {"server", "certificate-authority", "certificate-authority-data", "insecure-skip-tls-verify",
+                  "tls-server-name", "extensions"}
+_QUICK_USER = {"token", "tokenFile", "client-certificate", "client-certificate-data", "client-key",
+               "client-key-data", "extensions"}
+_QUICK_CONTEXT = {"cluster", "user", "namespace", "extensions"}
+_PROXY_ENV = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
+
+
+def quick_client(kubeconfig: str | None = None, env: Mapping[str, str] | None = None,
+                 sa_dir: str = SA_DIR) -> KubeconfigClient | None:
+    """A :class:`KubeconfigClient` from the kubeconfig :func:`api_client` would read (same arguments,
+    same choice of source), when it is of the common shapes: a server with its CA (or
+    insecure-skip-tls-verify), and a bearer token (or token file) or a client certificate. None
+    for anything else (in-cluster credentials, a merged KUBECONFIG list, exec or auth-provider
+    users, a proxy), and for a kubeconfig that is missing or incomplete: :func:`api_client` then
+    does the work, with its own errors. A client certificate given as data is written to a private
+    temporary file for the TLS library to read, and removed at once."""
+    import base64
+
+    import yaml
+
+    env = os.environ if env is None else env
+    if any(env.get(k) for k in _PROXY_ENV):
+        return None
+    base = Path.cwd()
+    try:
+        if kubeconfig and "\n" in kubeconfig:
+            doc = yaml.safe_load(kubeconfig)
+        else:
+            if not kubeconfig:
+                if env.get("KUBERNETES_SERVICE_HOST") or ((Path(sa_dir) / "token").exists() and not env.get("KUBECONFIG")):
+                    return None
+                kubeconfig = env.get("KUBECONFIG") or "~/.kube/config"
+                if os.pathsep in kubeconfig:
+                    return None
+            path = Path(kubeconfig).expanduser()
+            base = path.parent
+            doc = yaml.safe_load(path.read_text())
+        contexts = {c["name"]: c.get("context") or {} for c in doc.get("contexts") or []}
+        context = contexts[doc["current-context"]]
+        cluster = {c["name"]: c.get("cluster") or {} for c in doc.get("clusters") or []}[context["cluster"]]
+        user = {u["name"]: u.get("user") or {} for u in doc.get("users") or []}[context["user"]]
+    except (OSError, yaml.YAMLError, KeyError, TypeError, AttributeError):
+        return None
+    if set(context) - _QUICK_CONTEXT or set(cluster) - _QUICK_CLUSTER or set(user) - _QUICK_USER:
+        return None
+    server = str(cluster.get("server") or "")
+    headers = {"Accept": JSON, "User-Agent": "slurmk8s"}
+    try:
+        token = user.get("token") or (Path(base, user["tokenFile"]).read_text().strip() if user.get("tokenFile") else "")
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        if server.startswith("http://"):
+            return KubeconfigClient(server, None, headers)
+        if not server.startswith("https://"):
+            return None
+        context_tls = ssl.create_default_context()
+        if cluster.get("insecure-skip-tls-verify"):
+            context_tls.check_hostname = False
+            context_tls.verify_mode = ssl.CERT_NONE
+        elif cluster.get("certificate-authority-data"):
+            context_tls.load_verify_locations(cadata=base64.b64decode(cluster["certificate-authority-data"]).decode())
+        elif cluster.get("certificate-authority"):
+            context_tls.load_verify_locations(cafile=str(Path(base, cluster["certificate-authority"])))
+        cert = _pem(user, "client-certificate", base)
+        key = _pem(user, "client-key", base)
+        if cert and key:
+            _load_client_cert(context_tls, cert, key)
+        elif cert or key:
+            return None
+    except (OSError, ValueError, ssl.SSLError):
+        return None
+    return KubeconfigClient(server, context_tls, headers, cluster.get("tls-server-name") or None)
+
+
+def _pem(user: Mapping[str, Any], key: str, base: Path) -> bytes:
+    import base64
+
+    if user.get(f"{key}-data"):
+        return base64.b64decode(user[f"{key}-data"])
+    return Path(base, user[key]).read_bytes() if user.get(key) else b""
+
+
+def _load_client_cert(context: "ssl.SSLContext", cert: bytes, key: bytes) -> None:
+    """The TLS library reads a certificate chain from files only: both written to one private file
+    (mode 0600), loaded, removed."""
+    import tempfile
+
+    fd, name = tempfile.mkstemp(prefix="slurmk8s-client-", suffix=".pem")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(cert.rstrip(b"\n") + b"\n" + key)
+        context.load_cert_chain(name)
+    finally:
+        os.unlink(name)
 
 
 def pod_exec(api_client: Any, namespace: str, pod: str, container: str, argv: Sequence[str],

@@ -54,9 +54,16 @@ def _fail(message: str, code: int = 2) -> NoReturn:
     raise typer.Exit(code)
 
 
-def _api_client(kubeconfig: str | None) -> Any:
-    from .kubeapi import KubeConfigError, api_client
+def _api_client(kubeconfig: str | None, quick: bool = False) -> Any:
+    """The client for the kubeconfig; with `quick`, a :class:`provisioner.kubeapi.KubeconfigClient`
+    when the kubeconfig allows it (for RawClient calls only: it saves the kubernetes package's import
+    before the wake's first call)."""
+    from .kubeapi import KubeConfigError, api_client, quick_client
 
+    if quick:
+        client = quick_client(kubeconfig)
+        if client is not None:
+            return client
     try:
         return api_client(kubeconfig)
     except KubeConfigError as err:
@@ -283,7 +290,7 @@ def _prepare(spec: Path | None, namespace: str | None, kubeconfig: str | None, u
     who = user or os.environ.get("USER") or ""
     if not who:
         raise UserError("no user: pass --user NAME (a user of the cluster spec)")
-    api = _api_client(kubeconfig)
+    api = _api_client(kubeconfig, quick=True)  # the wake and the Service read go by path (RawClient)
     waking = None
     if wait:
         wake(api, ns, why, timeout)

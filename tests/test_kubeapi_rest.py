@@ -1,7 +1,8 @@
-"""RawClient (provisioner.kubeapi): requests by REST path through the official client's ApiClient,
-over real HTTP to a small local server that answers as the API server does (JSON, Status bodies,
-a chunked watch stream). The real API server is exercised by the e2e tier (the reconcile watch and
-the pod calls in tests/test_kube_backend.py, the wake in e2e/test_e2e_sleep.py)."""
+"""RawClient (provisioner.kubeapi): requests by REST path through the official client's ApiClient
+and through a KubeconfigClient (each test runs over both), over real HTTP to a small local server
+that answers as the API server does (JSON, Status bodies, a chunked watch stream). The real API
+server is exercised by the e2e tier (the reconcile watch and the pod calls in
+tests/test_kube_backend.py, the wake in e2e/test_e2e_sleep.py, through `slurmk8s submit`)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 import pytest
+import yaml
 
-from provisioner.kubeapi import MERGE_PATCH, ApiError, RawClient, api_path
+from provisioner.kubeapi import MERGE_PATCH, ApiError, KubeconfigClient, RawClient, api_path, quick_client
 
 
 class Api:
@@ -66,20 +68,37 @@ class Api:
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
 
+def _kubeconfig(server: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Config", "current-context": "c",
+            "clusters": [{"name": "c", "cluster": {"server": server}}],
+            "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+            "users": [{"name": "u", "user": {"token": "secret-token"}}]}
+
+
 def _client(server: str) -> Any:
+    """The official client's ApiClient for `server`."""
     from kubernetes import config
 
-    return config.new_client_from_config_dict({
-        "apiVersion": "v1", "kind": "Config", "current-context": "c",
-        "clusters": [{"name": "c", "cluster": {"server": server}}],
-        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
-        "users": [{"name": "u", "user": {"token": "secret-token"}}]})
+    return config.new_client_from_config_dict(_kubeconfig(server))
+
+
+def _quick(server: str) -> Any:
+    """The same kubeconfig as a KubeconfigClient (the CLI's wake)."""
+    client = quick_client(yaml.safe_dump(_kubeconfig(server)))
+    assert isinstance(client, KubeconfigClient)
+    return client
+
+
+@pytest.fixture(params=["ApiClient", "KubeconfigClient"])
+def make_client(request):
+    """Every RawClient test runs over both clients: they must send and answer the same."""
+    return _client if request.param == "ApiClient" else _quick
 
 
 @pytest.fixture
-def api():
+def api(make_client):
     server = Api()
-    yield server, RawClient(_client(server.url), timeout=(2.0, 5.0))
+    yield server, RawClient(make_client(server.url), timeout=(2.0, 5.0))
     server.server.shutdown()
 
 
@@ -127,7 +146,7 @@ def test_a_merge_patch_is_sent_as_one(api):
     assert req["query"] == {"fieldManager": "slurmk8s-control-tier"}
 
 
-def test_refusals_carry_the_status_words_and_an_api_that_is_not_there_is_retryable(api):
+def test_refusals_carry_the_status_words_and_an_api_that_is_not_there_is_retryable(api, make_client):
     server, raw = api
     with pytest.raises(ApiError) as err:
         raw.request("GET", api_path("v1", "slurm-x", "pods", "gone"))
@@ -140,7 +159,7 @@ def test_refusals_carry_the_status_words_and_an_api_that_is_not_there_is_retryab
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    gone = RawClient(_client(f"http://127.0.0.1:{port}"), timeout=(0.5, 0.5))
+    gone = RawClient(make_client(f"http://127.0.0.1:{port}"), timeout=(0.5, 0.5))
     with pytest.raises(ApiError) as err:
         gone.request("GET", "/api/v1/nodes")
     assert err.value.status == 0 and err.value.retryable
@@ -173,7 +192,7 @@ def test_a_log_is_text(api):
     assert req["query"] == {"tailLines": "200"} and req["headers"]["accept"] == "application/json"
 
 
-def test_the_login_service_read_says_what_failed(api):
+def test_the_login_service_read_says_what_failed(api, make_client):
     from provisioner import usercli
 
     server, raw = api
@@ -183,7 +202,7 @@ def test_the_login_service_read_says_what_failed(api):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     with pytest.raises(usercli.UserError, match="slurm-x: the Kubernetes API did not answer"):
-        usercli.login_endpoint(RawClient(_client(f"http://127.0.0.1:{port}"), timeout=(0.5, 0.5)), "slurm-x", None)
+        usercli.login_endpoint(RawClient(make_client(f"http://127.0.0.1:{port}"), timeout=(0.5, 0.5)), "slurm-x", None)
     server.answers["/api/v1/namespaces/slurm-x/services/login"] = (
         200, {"spec": {"type": "NodePort", "ports": [{"nodePort": 30022}]}}, "application/json")
     server.answers["/api/v1/nodes"] = (200, {"items": [{"status": {"addresses": [
