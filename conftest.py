@@ -6,10 +6,12 @@ KUBECONFIG. `pytest --all-tiers tests e2e` runs everything (what .ci/run does).
 SLURMK8S_INTEGRATION=1 / SLURMK8S_E2E=1 enable one tier without -m.
 
 Run groups, for `pytest -n 2 --dist loadgroup` (pytest-xdist; what CI runs): each test is in one of
-three groups, and a worker runs a whole group, its tests in their order. `host`: the unit and
-integration tiers; `slurm-local`: the e2e modules on the session's cluster (the `cluster` fixture:
-one per worker that asks, so they must share one); `side`: the e2e modules that deploy clusters of
-their own (SIDE_E2E_MODULES). Every e2e test holds the Kubernetes cluster shared while it runs, and
+three groups. `host`: the unit and integration tiers; `slurm-local`: the e2e modules on the
+session's cluster (the `cluster` fixture: one per worker that asks, so they must share one); `side`:
+the e2e modules that deploy clusters of their own (SIDE_E2E_MODULES). A worker runs a whole
+scheduling unit, its tests in their order: host and slurm-local are a unit each; each side module
+is one (the modules that deploy into one namespace together: SIDE_SHARED), handed to the first
+worker nearly done, so that the side modules even out the two workers' time. Every e2e test holds the Kubernetes cluster shared while it runs, and
 one marked `e2e_alone` (it stops the API server) holds it alone (e2e/kubeshare.py).
 """
 
@@ -29,6 +31,8 @@ E2E_DIR = "e2e/"
 # e2e modules that never use the session's cluster; any other e2e module runs in group slurm-local
 SIDE_E2E_MODULES = frozenset(f"{E2E_DIR}test_e2e_{name}.py" for name in
                              ("helm", "sleep", "sleep_login", "topology", "zz_quickstart"))
+# side modules that deploy into the same namespace (slurm-sleepy): one scheduling unit, in this order
+SIDE_SHARED = {f"{E2E_DIR}test_e2e_sleep_login.py": f"{E2E_DIR}test_e2e_sleep.py"}
 SESSION_CLUSTER_FIXTURE = "cluster"  # e2e/conftest.py
 # the e2e tests of this machine's pytest sessions and workers share the Kubernetes cluster under this lock
 SHARE_LOCK = Path(os.environ.get("SLURMK8S_E2E_SHARE_LOCK")
@@ -43,18 +47,29 @@ def run_group(nodeid: str) -> str:
     return "side" if module in SIDE_E2E_MODULES else "slurm-local"
 
 
+def schedule_unit(nodeid: str) -> str:
+    """What one worker runs whole: host, slurm-local, or `side:` and a side module (SIDE_SHARED's
+    modules together)."""
+    group = run_group(nodeid)
+    if group != "side":
+        return group
+    module = nodeid.split("::")[0]
+    return f"side:{SIDE_SHARED.get(module, module)}"
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log):  # noqa: ANN001, ANN201
-    """`--dist loadgroup` schedules by our run groups (not by xdist_group marks: pytest-xdist 3.8 finds
-    those by rewriting node ids, which pytest 9.2 no longer lets it do). The groups go out in the order
-    they are collected: `tests e2e` gives host and slurm-local a worker each, side to the first one free."""
+    """`--dist loadgroup` schedules by our units (schedule_unit; not by xdist_group marks: pytest-xdist
+    3.8 finds those by rewriting node ids, which pytest 9.2 no longer lets it do). The units go out in
+    the order they are collected: `tests e2e` gives host and slurm-local a worker each, and each side
+    module to the first worker with at most two tests left to run."""
     if config.getoption("dist") != "loadgroup":
         return None
     from xdist.scheduler import LoadScopeScheduling  # pytest-xdist is there: it calls this hook
 
     class RunGroupScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return run_group(nodeid)
+            return schedule_unit(nodeid)
 
     config.option.loadscopereorder = False  # by collection order, not by a group's number of tests
     return RunGroupScheduling(config, log)

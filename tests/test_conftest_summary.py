@@ -47,23 +47,45 @@ def _layout(pytester, helm_uses_the_session_cluster: bool = False) -> None:
             e2e + "".join(f"\ndef test_{j}(cluster):\n    note('slurm-local')\n" for j in range(3)))
     helm_args = "cluster" if helm_uses_the_session_cluster else ""
     (pytester.path / "e2e" / "test_e2e_helm.py").write_text(
-        e2e + "".join(f"\ndef test_{j}({helm_args}):\n    note('side')\n" for j in range(3)))
-    (pytester.path / "e2e" / "test_e2e_topology.py").write_text(e2e + "\ndef test_0():\n    note('side')\n")
+        e2e + "".join(f"\ndef test_{j}({helm_args}):\n    note('side-helm')\n" for j in range(3)))
+    (pytester.path / "e2e" / "test_e2e_topology.py").write_text(e2e + "\ndef test_0():\n    note('side-topology')\n")
+    # two side modules in one namespace (conftest.SIDE_SHARED): one unit
+    for name in ("sleep", "sleep_login"):
+        (pytester.path / "e2e" / f"test_e2e_{name}.py").write_text(
+            e2e + "".join(f"\ndef test_{j}():\n    note('side-sleepy')\n" for j in range(2)))
 
 
-def test_each_run_group_runs_whole_on_one_worker(pytester, monkeypatch):
+def test_each_scheduling_unit_runs_whole_on_one_worker(pytester, monkeypatch):
+    """host and slurm-local side by side, each whole on one worker; each side module whole on one
+    worker (either), the two sleepy modules together."""
     monkeypatch.setenv("SLURMK8S_E2E_SHARE_LOCK", str(pytester.path / "share.lock"))  # not this machine's
     _layout(pytester)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--all-tiers", "-n", "2", "--dist", "loadgroup",
                                            "tests", "e2e")
-    result.assert_outcomes(passed=9 + 6 + 4)
-    workers = {group: (pytester.path / f"{group}.workers").read_text().split()
-               for group in ("host", "slurm-local", "side")}
-    assert {group: len(seen) for group, seen in workers.items()} == {"host": 9, "slurm-local": 6, "side": 4}
+    result.assert_outcomes(passed=9 + 6 + 4 + 4)
+    units = ("host", "slurm-local", "side-helm", "side-topology", "side-sleepy")
+    workers = {unit: (pytester.path / f"{unit}.workers").read_text().split() for unit in units}
+    assert {unit: len(seen) for unit, seen in workers.items()} == {
+        "host": 9, "slurm-local": 6, "side-helm": 3, "side-topology": 1, "side-sleepy": 4}
     assert all(len(set(seen)) == 1 for seen in workers.values()), workers
     assert set(workers["host"]) != set(workers["slurm-local"]), workers  # side by side
     out = result.stdout.str()
     assert "time per run group" in out and all(f"\n{g} " in out for g in ("host", "slurm-local", "side")), out
+
+
+def test_scheduling_units():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("root_conftest", ROOT / "conftest.py")
+    conftest = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(conftest)
+    unit = conftest.schedule_unit
+    assert unit("tests/test_x.py::test_a") == unit("tests/integration/test_y.py::test_b") == "host"
+    assert unit("e2e/test_e2e_cluster.py::test_a") == unit("e2e/test_e2e_faults.py::test_b") == "slurm-local"
+    assert unit("e2e/test_e2e_helm.py::test_a") == "side:e2e/test_e2e_helm.py"
+    assert unit("e2e/test_e2e_topology.py::test_a") != unit("e2e/test_e2e_helm.py::test_a")
+    # the two modules that deploy the sleepy cluster into one namespace never run side by side
+    assert unit("e2e/test_e2e_sleep_login.py::test_a") == unit("e2e/test_e2e_sleep.py::test_b")
 
 
 def test_a_side_module_on_the_session_cluster_is_refused(pytester, monkeypatch):
@@ -106,3 +128,4 @@ def test_a_test_marked_e2e_alone_runs_while_no_other_e2e_test_does(pytester, mon
     side = [span for name, span in spans.items() if name.startswith("side")]
     shared = [span for name, span in spans.items() if name.startswith("shared")]
     assert any(s0 < t1 and t0 < s1 for s0, s1 in side for t0, t1 in shared), "the two groups never ran side by side"
+
