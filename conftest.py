@@ -30,7 +30,7 @@ TIERS = {"integration": "SLURMK8S_INTEGRATION", "e2e": "SLURMK8S_E2E"}
 E2E_DIR = "e2e/"
 # e2e modules that never use the session's cluster; any other e2e module runs in group slurm-local
 SIDE_E2E_MODULES = frozenset(f"{E2E_DIR}test_e2e_{name}.py" for name in
-                             ("helm", "sleep", "sleep_login", "topology", "zz_quickstart"))
+                             ("helm", "mount_retry", "sleep", "sleep_login", "topology", "zz_quickstart"))
 # side modules that deploy into the same namespace (slurm-sleepy): one scheduling unit, in this order
 SIDE_SHARED = {f"{E2E_DIR}test_e2e_sleep_login.py": f"{E2E_DIR}test_e2e_sleep.py"}
 SESSION_CLUSTER_FIXTURE = "cluster"  # e2e/conftest.py

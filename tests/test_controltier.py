@@ -145,6 +145,73 @@ def test_wake_scales_everything_at_once_and_waits_for_slurmctld_and_login_only()
     assert tier.wake("again") is False and [c for c in api.calls if c[0] != "ready?"] == []
 
 
+def _bound_pod(uid: str, state: str = "waiting") -> dict:
+    return {"metadata": {"name": "slurmctld-0", "uid": uid}, "spec": {"nodeName": "node-a"},
+            "status": {"containerStatuses": [{"name": "slurmctld", "state": {state: {}}}]}}
+
+
+def _failed_mount(uid: str, message: str, count: int = 1) -> dict:
+    return {"reason": "FailedMount", "count": count, "message": message,
+            "involvedObject": {"kind": "Pod", "name": "slurmctld-0", "uid": uid}}
+
+
+NO_RELATIONSHIP = ("Unable to attach or mount volumes: unmounted volumes=[state], unattached volumes=[], failed to "
+                   "process volumes=[state]: error processing PVC slurm-zz/slurmctld-state: failed to fetch PVC from "
+                   "API server: persistentvolumeclaims \"slurmctld-state\" is forbidden: User \"system:node:node-a\" "
+                   "cannot get resource \"persistentvolumeclaims\" in API group \"\" in the namespace \"slurm-zz\": "
+                   "no relationship found between node 'node-a' and this object")
+
+
+def test_a_woken_pod_the_kubelet_skipped_for_its_claim_is_asked_to_try_again_once_per_failure():
+    """kubernetes#113429: the kubelet read the claim before the node authorizer knew the pod, and
+    waits 10-15 s. The wake annotates that pod (its uid a precondition), once per reported failure;
+    an older pod's Event of the same name is not this pod's."""
+    tier, api = _asleep_tier()
+    api.ready_after = 6
+    api.pods["slurmctld-0"] = _bound_pod("uid-new")
+    api.events += [_failed_mount("uid-old", NO_RELATIONSHIP), _failed_mount("uid-new", NO_RELATIONSHIP)]
+    progress = []
+    assert tier.wake("submit", progress.append) is True
+    asked = [c for c in api.calls if c[0] == "annotate_pod"]
+    assert len(asked) == 1 and asked[0][1:3] == ("slurmctld-0", "uid-new"), api.calls
+    assert list(asked[0][3]) == ["slurmk8s.io/mount-retry"]
+    assert any("pod slurmctld-0: the kubelet could not read its volume claim yet" in p for p in progress), progress
+    # the kubelet fails again (the Event's count goes up): asked again, once
+    api.calls.clear()
+    api.events[-1]["count"] = 2
+    api.workloads[("StatefulSet", "slurmctld")]["status"]["readyReplicas"] = 0
+    api._pending[("StatefulSet", "slurmctld")] = 6
+    assert tier.wake("again") is True
+    assert [c[2] for c in api.calls if c[0] == "annotate_pod"] == ["uid-new"]
+
+
+@pytest.mark.parametrize("case", ["no event", "another mount failure", "not bound", "started"])
+def test_a_woken_pod_is_left_alone_unless_the_kubelet_skipped_it_for_its_claim(case):
+    tier, api = _asleep_tier()
+    api.ready_after = 4
+    pod = _bound_pod("u1", "running" if case == "started" else "waiting")
+    if case == "not bound":
+        pod["spec"] = {}
+    api.pods["slurmctld-0"] = pod
+    if case != "no event":
+        message = NO_RELATIONSHIP if case != "another mount failure" else (
+            "MountVolume.SetUp failed for volume \"data\" : hostPath type check failed: /data is not a directory")
+        api.events.append(_failed_mount("u1", message))
+    assert tier.wake("submit") is True
+    assert not [c for c in api.calls if c[0] == "annotate_pod"], api.calls
+
+
+def test_a_wake_without_the_rights_to_look_at_its_pods_goes_on_and_says_so_once():
+    """An older Role (before `slurmk8s up` gave it get/patch on slurmctld-0 and list on Events)."""
+    tier, api = _asleep_tier()
+    api.ready_after = 4
+    api.forbidden.add("get_pod")
+    lines = tier.log.__self__  # the list _tier logs into
+    assert tier.wake("submit") is True
+    assert [line for line in lines if "cannot look at pod slurmctld-0" in line] == [
+        "cannot look at pod slurmctld-0's volume mounts: 403 Forbidden: cannot get_pod"], lines
+
+
 def test_wake_says_when_everything_is_scaled_before_waiting_for_readiness():
     """`slurmk8s submit` goes on (logs in, asks slurmctld) once the wake has scaled, not after readiness."""
     tier, api = _asleep_tier()
@@ -612,13 +679,18 @@ def test_tier_labels_and_rbac_name_exactly_the_tier(login_sleeps):
     for name in (m.TIER_ROLE, m.LOGIN_AGENT):
         rules = roles[name]
         writes = [r for r in rules if set(r["verbs"]) & {"patch", "update", "create", "delete"}]
-        for r in writes:  # every write is scale of named tier workloads, an Event, or the controller's annotations
-            assert r["resources"] in (["statefulsets/scale"], ["deployments/scale"], ["events"], ["statefulsets"])
+        for r in writes:  # every write is scale of named tier workloads, an Event, the controller's
+            # annotations, or (a waker) the annotation that has the kubelet retry slurmctld's pod's claim
+            assert r["resources"] in (["statefulsets/scale"], ["deployments/scale"], ["events"], ["statefulsets"],
+                                      ["pods"])
             if r["resources"] != ["events"]:
                 assert r["resourceNames"], r
         assert not any("secrets" in r["resources"] for r in rules)
-        # no pod at all; the agent lists EndpointSlices (slurmctld's published address, controller_listens)
-        assert not any("pods" in r["resources"] for r in rules)
+        # pods: the agent reads and annotates slurmctld's pod alone (Tier._retry_mount), the loop none;
+        # the agent lists EndpointSlices (slurmctld's published address, controller_listens)
+        pods = [r for r in rules if "pods" in r["resources"]]
+        assert pods == ([{"apiGroups": [""], "resources": ["pods"], "resourceNames": [m.CONTROLLER_POD],
+                          "verbs": ["get", "patch"]}] if name == m.LOGIN_AGENT else []), pods
         slices = [r for r in rules if r["apiGroups"] == ["discovery.k8s.io"]]
         assert slices == ([{"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list"]}]
                           if name == m.LOGIN_AGENT else []), slices

@@ -22,6 +22,10 @@ class TierApi(Protocol):
 
     def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]: ...
 
+    def get_pod(self, namespace: str, name: str) -> dict[str, Any]: ...
+
+    def annotate_pod(self, namespace: str, name: str, uid: str, annotations: Mapping[str, str]) -> None: ...
+
     def list_endpoint_slices(self, namespace: str, service: str) -> list[dict[str, Any]]: ...
 
     def create_event(self, namespace: str, body: Mapping[str, Any]) -> None: ...
@@ -56,6 +60,15 @@ class ClientTierApi(RawClient):
 
     def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
         return self.request("GET", api_path("v1", namespace, "pods"), {"labelSelector": selector}).get("items", [])
+
+    def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
+        return self.request("GET", api_path("v1", namespace, "pods", name))
+
+    def annotate_pod(self, namespace: str, name: str, uid: str, annotations: Mapping[str, str]) -> None:
+        """The pod `name` as it is now (its uid a precondition: a pod made since under that name
+        refuses it, 409), not one of that name made later."""
+        self.request("PATCH", api_path("v1", namespace, "pods", name), {"fieldManager": FIELD_MANAGER},
+                     {"metadata": {"uid": uid, "annotations": dict(annotations)}}, MERGE_PATCH)
 
     def list_endpoint_slices(self, namespace: str, service: str) -> list[dict[str, Any]]:
         return self.request("GET", api_path("discovery.k8s.io/v1", namespace, "endpointslices"),

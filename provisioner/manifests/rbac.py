@@ -7,7 +7,7 @@ from typing import Any
 from ..config import ClusterSpec
 from .common import _meta, login_sleeps, sleeps
 from ..names import base_labels
-from ..names import CONTROLLER, LOGIN, LOGIN_AGENT, MARIADB, REST, REST_FRONT, SLURMDBD, TIER_ROLE, WORKER_ROLE
+from ..names import CONTROLLER, CONTROLLER_POD, LOGIN, LOGIN_AGENT, MARIADB, REST, REST_FRONT, SLURMDBD, TIER_ROLE, WORKER_ROLE
 from .slurmctld import pod_files
 
 
@@ -99,7 +99,10 @@ def control_tier_workloads(spec: ClusterSpec) -> list[tuple[str, str]]:
 
 def _tier_rules(spec: ClusterSpec, controller: bool) -> list[dict[str, Any]]:
     """Read the tier's workloads, scale exactly those, emit Events; the reconcile loop also writes
-    the state annotations of its own StatefulSet and reads the wake requests (Events)."""
+    the state annotations of its own StatefulSet and reads the wake requests (Events). A waker (the
+    login agent, the REST front) also reads slurmctld's pod and its FailedMount Events, and may
+    annotate that pod, to make the kubelet try its volume claim again at once
+    (controltier.tier.Tier._retry_mount)."""
     names = control_tier_workloads(spec)
     rules: list[dict[str, Any]] = [
         {"apiGroups": ["apps"], "resources": ["statefulsets", "deployments"], "verbs": ["get", "list"]}]
@@ -108,7 +111,10 @@ def _tier_rules(spec: ClusterSpec, controller: bool) -> list[dict[str, Any]]:
         if named:
             rules.append({"apiGroups": ["apps"], "resources": [resource], "resourceNames": named,
                           "verbs": ["get", "patch", "update"]})
-    rules.append({"apiGroups": [""], "resources": ["events"], "verbs": ["create", "list"] if controller else ["create"]})
+    rules.append({"apiGroups": [""], "resources": ["events"], "verbs": ["create", "list"]})
+    if not controller:
+        rules.append({"apiGroups": [""], "resources": ["pods"], "resourceNames": [CONTROLLER_POD],
+                      "verbs": ["get", "patch"]})
     if controller:
         rules.append({"apiGroups": ["apps"], "resources": ["statefulsets"], "resourceNames": [CONTROLLER],
                       "verbs": ["patch"]})

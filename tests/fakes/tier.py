@@ -25,6 +25,8 @@ class FakeTierApi:
     # pods marked terminating there
     endpoint_ips: dict[str, str] = field(default_factory=dict)
     terminating: set[str] = field(default_factory=set)
+    # get_pod / annotate_pod: pods by name, as the API returns them (none: 404)
+    pods: dict[str, dict[str, Any]] = field(default_factory=dict)
     _pending: dict[tuple[str, str], int] = field(default_factory=dict)
 
     def add(self, kind: str, name: str, component: str, replicas: int = 1, tier: bool = True,
@@ -81,6 +83,25 @@ class FakeTierApi:
                 pods += [{"metadata": {"name": f"{obj['metadata']['name']}-{i}"}}
                          for i in range(max(obj["spec"]["replicas"], obj["status"]["readyReplicas"]))]
         return pods
+
+    def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
+        from provisioner.kubeapi import ApiError
+
+        self._check("get_pod")
+        self.calls.append(("get_pod", name))
+        if name not in self.pods:
+            raise ApiError(404, "NotFound", f'pods "{name}" not found')
+        return json.loads(json.dumps(self.pods[name]))
+
+    def annotate_pod(self, namespace: str, name: str, uid: str, annotations: Mapping[str, str]) -> None:
+        from provisioner.kubeapi import ApiError
+
+        self._check("annotate_pod")
+        self.calls.append(("annotate_pod", name, uid, dict(annotations)))
+        pod = self.pods[name]
+        if pod["metadata"]["uid"] != uid:  # the uid in the patch is a precondition
+            raise ApiError(409, "Conflict", f"Precondition failed: UID in precondition: {uid}")
+        pod["metadata"].setdefault("annotations", {}).update(annotations)
 
     def list_endpoint_slices(self, namespace: str, service: str) -> list[dict[str, Any]]:
         """One EndpointSlice of `service` with an endpoint per pod of `endpoint_ips` (none: no pod
