@@ -10,8 +10,8 @@ three groups. `host`: the unit and integration tiers; `slurm-local`: the e2e mod
 session's cluster (the `cluster` fixture: one per worker that asks, so they must share one); `side`:
 the e2e modules that deploy clusters of their own (SIDE_E2E_MODULES). A worker runs a whole
 scheduling unit, its tests in their order: host and slurm-local are a unit each; each side module
-is one (the modules that deploy into one namespace together: SIDE_SHARED), handed to the first
-worker nearly done, so that the side modules even out the two workers' time. Every e2e test holds the Kubernetes cluster shared while it runs, and
+is one (those that must not run side by side together: SIDE_SHARED), handed to the first worker
+nearly done, so that the side modules even out the two workers' time. Every e2e test holds the Kubernetes cluster shared while it runs, and
 one marked `e2e_alone` (it stops the API server) holds it alone (e2e/kubeshare.py).
 """
 
@@ -31,8 +31,11 @@ E2E_DIR = "e2e/"
 # e2e modules that never use the session's cluster; any other e2e module runs in group slurm-local
 SIDE_E2E_MODULES = frozenset(f"{E2E_DIR}test_e2e_{name}.py" for name in
                              ("helm", "mount_retry", "sleep", "sleep_login", "topology", "zz_quickstart"))
-# side modules that deploy into the same namespace (slurm-sleepy): one scheduling unit, in this order
-SIDE_SHARED = {f"{E2E_DIR}test_e2e_sleep_login.py": f"{E2E_DIR}test_e2e_sleep.py"}
+# side modules that must not run side by side: one scheduling unit, in collection order. The two
+# sleep modules deploy into one namespace (slurm-sleepy); helm labels a real Kubernetes node and
+# topology relabels and cordons nodes, and the Slurm configuration of both follows the node labels.
+SIDE_SHARED = {f"{E2E_DIR}test_e2e_sleep_login.py": f"{E2E_DIR}test_e2e_sleep.py",
+               f"{E2E_DIR}test_e2e_topology.py": f"{E2E_DIR}test_e2e_helm.py"}
 SESSION_CLUSTER_FIXTURE = "cluster"  # e2e/conftest.py
 # the e2e tests of this machine's pytest sessions and workers share the Kubernetes cluster under this lock
 SHARE_LOCK = Path(os.environ.get("SLURMK8S_E2E_SHARE_LOCK")

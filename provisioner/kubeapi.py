@@ -257,7 +257,8 @@ class KubeconfigClient:
                    "assert_hostname": None if verify else False}
             if server_hostname:
                 tls["server_hostname"] = server_hostname
-        self._pool = urllib3.PoolManager(**tls)
+        # a few connections: the wake's thread and the CLI's own reads go side by side
+        self._pool = urllib3.PoolManager(maxsize=4, **tls)
 
     def send(self, method: str, path: str, query: Sequence[tuple[str, Any]], headers: Mapping[str, str],
              body: Any, timeout: float | tuple[float, float]) -> Any:
@@ -282,7 +283,6 @@ _QUICK_CLUSTER = {"server", "certificate-authority", "certificate-authority-data
 _QUICK_USER = {"token", "tokenFile", "client-certificate", "client-certificate-data", "client-key",
                "client-key-data", "extensions"}
 _QUICK_CONTEXT = {"cluster", "user", "namespace", "extensions"}
-_PROXY_ENV = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
 
 
 def quick_client(kubeconfig: str | None = None, env: Mapping[str, str] | None = None,
@@ -299,7 +299,7 @@ def quick_client(kubeconfig: str | None = None, env: Mapping[str, str] | None = 
     import yaml
 
     env = os.environ if env is None else env
-    if any(env.get(k) for k in _PROXY_ENV):
+    if _proxied(env):
         return None
     base = Path.cwd()
     try:
@@ -315,11 +315,10 @@ def quick_client(kubeconfig: str | None = None, env: Mapping[str, str] | None = 
             path = Path(kubeconfig).expanduser()
             base = path.parent
             doc = yaml.safe_load(path.read_text())
-        contexts = {c["name"]: c.get("context") or {} for c in doc.get("contexts") or []}
-        context = contexts[doc["current-context"]]
-        cluster = {c["name"]: c.get("cluster") or {} for c in doc.get("clusters") or []}[context["cluster"]]
-        user = {u["name"]: u.get("user") or {} for u in doc.get("users") or []}[context["user"]]
-    except (OSError, yaml.YAMLError, KeyError, TypeError, AttributeError):
+        context = _named(doc, "contexts", "context")[doc["current-context"]]
+        cluster = _named(doc, "clusters", "cluster")[context["cluster"]]
+        user = _named(doc, "users", "user")[context["user"]]
+    except (OSError, yaml.YAMLError, KeyError, TypeError, AttributeError, ValueError):
         return None
     if set(context) - _QUICK_CONTEXT or set(cluster) - _QUICK_CLUSTER or set(user) - _QUICK_USER:
         return None
@@ -333,7 +332,9 @@ def quick_client(kubeconfig: str | None = None, env: Mapping[str, str] | None = 
             return KubeconfigClient(server, None, headers)
         if not server.startswith("https://"):
             return None
-        context_tls = ssl.create_default_context()
+        # the kubeconfig's CA alone when it names one (as the official client: not the system's too,
+        # which would let any publicly trusted certificate for the server's name pass)
+        context_tls = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
         if cluster.get("insecure-skip-tls-verify"):
             context_tls.check_hostname = False
             context_tls.verify_mode = ssl.CERT_NONE
@@ -341,6 +342,8 @@ def quick_client(kubeconfig: str | None = None, env: Mapping[str, str] | None = 
             context_tls.load_verify_locations(cadata=base64.b64decode(cluster["certificate-authority-data"]).decode())
         elif cluster.get("certificate-authority"):
             context_tls.load_verify_locations(cafile=str(Path(base, cluster["certificate-authority"])))
+        else:
+            context_tls.load_default_certs()
         cert = _pem(user, "client-certificate", base)
         key = _pem(user, "client-key", base)
         if cert and key:
@@ -350,6 +353,26 @@ def quick_client(kubeconfig: str | None = None, env: Mapping[str, str] | None = 
     except (OSError, ValueError, ssl.SSLError):
         return None
     return KubeconfigClient(server, context_tls, headers, cluster.get("tls-server-name") or None)
+
+
+def _proxied(env: Mapping[str, str]) -> bool:
+    """A proxy the official client would use: the environment's (any case), or the system's (macOS,
+    Windows), as urllib.request.getproxies() finds them."""
+    import urllib.request
+
+    if env is os.environ:
+        return any(scheme != "no" for scheme in urllib.request.getproxies())  # "no": NO_PROXY's list
+    return any(k.lower().endswith("_proxy") and k.lower() != "no_proxy" and v for k, v in env.items())
+
+
+def _named(doc: Mapping[str, Any], section: str, key: str) -> dict[str, Mapping[str, Any]]:
+    """A kubeconfig section by name; a name given twice is an error for the official loader, so a
+    ValueError here (left to it)."""
+    entries = doc.get(section) or []
+    out = {e["name"]: e.get(key) or {} for e in entries}
+    if len(out) != len(entries):
+        raise ValueError(f"a name twice in {section}")
+    return out
 
 
 def _pem(user: Mapping[str, Any], key: str, base: Path) -> bytes:

@@ -57,7 +57,7 @@ def _layout(pytester, helm_uses_the_session_cluster: bool = False) -> None:
 
 def test_each_scheduling_unit_runs_whole_on_one_worker(pytester, monkeypatch):
     """host and slurm-local side by side, each whole on one worker; each side module whole on one
-    worker (either), the two sleepy modules together."""
+    worker (either), the two sleepy modules together, helm and topology together."""
     monkeypatch.setenv("SLURMK8S_E2E_SHARE_LOCK", str(pytester.path / "share.lock"))  # not this machine's
     _layout(pytester)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--all-tiers", "-n", "2", "--dist", "loadgroup",
@@ -69,6 +69,7 @@ def test_each_scheduling_unit_runs_whole_on_one_worker(pytester, monkeypatch):
         "host": 9, "slurm-local": 6, "side-helm": 3, "side-topology": 1, "side-sleepy": 4}
     assert all(len(set(seen)) == 1 for seen in workers.values()), workers
     assert set(workers["host"]) != set(workers["slurm-local"]), workers  # side by side
+    assert set(workers["side-helm"]) == set(workers["side-topology"]), workers  # one unit (node labels)
     out = result.stdout.str()
     assert "time per run group" in out and all(f"\n{g} " in out for g in ("host", "slurm-local", "side")), out
 
@@ -83,7 +84,9 @@ def test_scheduling_units():
     assert unit("tests/test_x.py::test_a") == unit("tests/integration/test_y.py::test_b") == "host"
     assert unit("e2e/test_e2e_cluster.py::test_a") == unit("e2e/test_e2e_faults.py::test_b") == "slurm-local"
     assert unit("e2e/test_e2e_helm.py::test_a") == "side:e2e/test_e2e_helm.py"
-    assert unit("e2e/test_e2e_topology.py::test_a") != unit("e2e/test_e2e_helm.py::test_a")
+    assert unit("e2e/test_e2e_zz_quickstart.py::test_a") != unit("e2e/test_e2e_helm.py::test_a")
+    # the two that change node labels run one after the other
+    assert unit("e2e/test_e2e_topology.py::test_a") == unit("e2e/test_e2e_helm.py::test_a")
     # the two modules that deploy the sleepy cluster into one namespace never run side by side
     assert unit("e2e/test_e2e_sleep_login.py::test_a") == unit("e2e/test_e2e_sleep.py::test_b")
 

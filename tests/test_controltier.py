@@ -162,27 +162,29 @@ NO_RELATIONSHIP = ("Unable to attach or mount volumes: unmounted volumes=[state]
                    "no relationship found between node 'node-a' and this object")
 
 
-def test_a_woken_pod_the_kubelet_skipped_for_its_claim_is_asked_to_try_again_once_per_failure():
+def test_a_woken_pod_the_kubelet_skipped_for_its_claim_is_deleted_once_for_the_statefulset_to_make_again():
     """kubernetes#113429: the kubelet read the claim before the node authorizer knew the pod, and
-    waits 10-15 s. The wake annotates that pod (its uid a precondition), once per reported failure;
-    an older pod's Event of the same name is not this pod's."""
+    waits 10-15 s. The wake deletes that pod (its uid a precondition), once; an older pod's Event of
+    the same name is not this pod's."""
     tier, api = _asleep_tier()
     api.ready_after = 6
     api.pods["slurmctld-0"] = _bound_pod("uid-new")
     api.events += [_failed_mount("uid-old", NO_RELATIONSHIP), _failed_mount("uid-new", NO_RELATIONSHIP)]
     progress = []
+    lines = tier.log.__self__  # the list _tier logs into
     assert tier.wake("submit", progress.append) is True
-    asked = [c for c in api.calls if c[0] == "annotate_pod"]
-    assert len(asked) == 1 and asked[0][1:3] == ("slurmctld-0", "uid-new"), api.calls
-    assert list(asked[0][3]) == ["slurmk8s.io/mount-retry"]
-    assert any("pod slurmctld-0: the kubelet could not read its volume claim yet" in p for p in progress), progress
-    # the kubelet fails again (the Event's count goes up): asked again, once
+    assert [c for c in api.calls if c[0] == "delete_pod"] == [("delete_pod", "slurmctld-0", "uid-new")], api.calls
+    assert any("pod slurmctld-0: the kubelet could not read its volume claim" in p for p in progress), progress
+    # the next polls found no pod (404: not made again yet): nothing said, nothing deleted again
+    assert not [line for line in lines if "slurmctld-0" in line], lines
+    # the pod made again loses the race too: deleted too, once
     api.calls.clear()
-    api.events[-1]["count"] = 2
+    api.pods["slurmctld-0"] = _bound_pod("uid-newer")
+    api.events.append(_failed_mount("uid-newer", NO_RELATIONSHIP))
     api.workloads[("StatefulSet", "slurmctld")]["status"]["readyReplicas"] = 0
     api._pending[("StatefulSet", "slurmctld")] = 6
     assert tier.wake("again") is True
-    assert [c[2] for c in api.calls if c[0] == "annotate_pod"] == ["uid-new"]
+    assert [c[2] for c in api.calls if c[0] == "delete_pod"] == ["uid-newer"]
 
 
 @pytest.mark.parametrize("case", ["no event", "another mount failure", "not bound", "started"])
@@ -198,11 +200,12 @@ def test_a_woken_pod_is_left_alone_unless_the_kubelet_skipped_it_for_its_claim(c
             "MountVolume.SetUp failed for volume \"data\" : hostPath type check failed: /data is not a directory")
         api.events.append(_failed_mount("u1", message))
     assert tier.wake("submit") is True
-    assert not [c for c in api.calls if c[0] == "annotate_pod"], api.calls
+    assert not [c for c in api.calls if c[0] == "delete_pod"], api.calls
+    assert api.pods["slurmctld-0"] == pod
 
 
 def test_a_wake_without_the_rights_to_look_at_its_pods_goes_on_and_says_so_once():
-    """An older Role (before `slurmk8s up` gave it get/patch on slurmctld-0 and list on Events)."""
+    """An older Role (before `slurmk8s up` gave it get/delete on slurmctld-0 and list on Events)."""
     tier, api = _asleep_tier()
     api.ready_after = 4
     api.forbidden.add("get_pod")
@@ -680,17 +683,17 @@ def test_tier_labels_and_rbac_name_exactly_the_tier(login_sleeps):
         rules = roles[name]
         writes = [r for r in rules if set(r["verbs"]) & {"patch", "update", "create", "delete"}]
         for r in writes:  # every write is scale of named tier workloads, an Event, the controller's
-            # annotations, or (a waker) the annotation that has the kubelet retry slurmctld's pod's claim
+            # annotations, or (a waker) the delete of slurmctld's pod that the kubelet skipped for its claim
             assert r["resources"] in (["statefulsets/scale"], ["deployments/scale"], ["events"], ["statefulsets"],
                                       ["pods"])
             if r["resources"] != ["events"]:
                 assert r["resourceNames"], r
         assert not any("secrets" in r["resources"] for r in rules)
-        # pods: the agent reads and annotates slurmctld's pod alone (Tier._retry_mount), the loop none;
+        # pods: the agent reads and deletes slurmctld's pod alone (Tier._replace_skipped_pod), the loop none;
         # the agent lists EndpointSlices (slurmctld's published address, controller_listens)
         pods = [r for r in rules if "pods" in r["resources"]]
         assert pods == ([{"apiGroups": [""], "resources": ["pods"], "resourceNames": [m.CONTROLLER_POD],
-                          "verbs": ["get", "patch"]}] if name == m.LOGIN_AGENT else []), pods
+                          "verbs": ["get", "delete"]}] if name == m.LOGIN_AGENT else []), pods
         slices = [r for r in rules if r["apiGroups"] == ["discovery.k8s.io"]]
         assert slices == ([{"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list"]}]
                           if name == m.LOGIN_AGENT else []), slices

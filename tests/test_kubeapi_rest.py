@@ -135,7 +135,7 @@ def test_the_tier_lists_a_services_endpoint_slices_by_its_label(api):
     assert (req["method"], req["query"]) == ("GET", {"labelSelector": "kubernetes.io/service-name=slurmctld"})
 
 
-def test_the_tier_annotates_a_pod_with_its_uid_as_precondition(api, make_client):
+def test_the_tier_deletes_a_pod_with_its_uid_as_precondition(api, make_client):
     from provisioner.controltier.api import ClientTierApi
 
     server, _ = api
@@ -143,10 +143,10 @@ def test_the_tier_annotates_a_pod_with_its_uid_as_precondition(api, make_client)
     server.answers[path] = (200, {"kind": "Pod", "metadata": {"name": "slurmctld-0", "uid": "u-1"}}, "application/json")
     tier = ClientTierApi(make_client(server.url), timeout=(2.0, 5.0))
     assert tier.get_pod("slurm-x", "slurmctld-0")["metadata"]["uid"] == "u-1"
-    tier.annotate_pod("slurm-x", "slurmctld-0", "u-1", {"slurmk8s.io/mount-retry": "2026-12-04T18:00:00Z"})
+    tier.delete_pod("slurm-x", "slurmctld-0", "u-1")
     req = server.requests[-1]
-    assert (req["method"], req["path"], req["headers"]["content-type"]) == ("PATCH", path, MERGE_PATCH)
-    assert req["body"] == {"metadata": {"uid": "u-1", "annotations": {"slurmk8s.io/mount-retry": "2026-12-04T18:00:00Z"}}}
+    assert (req["method"], req["path"]) == ("DELETE", path)
+    assert req["body"] == {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": "u-1"}}
 
 
 def test_a_merge_patch_is_sent_as_one(api):

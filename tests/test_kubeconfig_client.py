@@ -182,6 +182,26 @@ def test_a_server_certificate_of_another_ca_is_refused_as_both_clients_refuse_it
         server.server.shutdown()
 
 
+def test_the_kubeconfigs_ca_alone_is_trusted_when_it_names_one(tmp_path, monkeypatch):
+    """Not the system's CAs too: a server with a certificate another (e.g. publicly trusted) CA
+    signed is refused, as by the official client, before any token is sent. Without a CA in the
+    kubeconfig, the system's are used (SSL_CERT_FILE stands in for them here)."""
+    ca, public = Ca("cluster-ca"), Ca("a-public-ca")
+    (tmp_path / "system.pem").write_bytes(_pem(public.cert))
+    monkeypatch.setenv("SSL_CERT_FILE", str(tmp_path / "system.pem"))
+    server = TlsApi(public, LOCAL_IP, None, tmp_path)
+    try:
+        cluster = {"server": f"https://127.0.0.1:{server.port}"}
+        pinned = yaml.safe_dump(_kubeconfig({**cluster, "certificate-authority-data": _b64(_pem(ca.cert))},
+                                            {"token": "t"}))
+        for client in (quick_client(pinned), api_client(pinned)):
+            with pytest.raises(ApiError, match="TLSVerify"):
+                _get(client)
+        assert _get(quick_client(yaml.safe_dump(_kubeconfig(cluster, {"token": "t"}))))["authorization"] == "Bearer t"
+    finally:
+        server.server.shutdown()
+
+
 def test_tls_server_name_checks_the_certificate_against_that_name(tmp_path):
     ca = Ca("cluster-ca")
     server = TlsApi(ca, [x509.DNSName("api.cluster.test")], None, tmp_path)  # no IP in the certificate
@@ -208,6 +228,12 @@ OTHER_SHAPES = {
 }
 
 
+def test_a_name_given_twice_is_left_to_the_official_loader():
+    doc = _kubeconfig({"server": "http://127.0.0.1:1"}, {"token": "t"})
+    doc["users"].append({"name": "u", "user": {"token": "other"}})
+    assert quick_client(yaml.safe_dump(doc)) is None
+
+
 @pytest.mark.parametrize("shape", sorted(OTHER_SHAPES))
 def test_other_shapes_are_left_to_the_official_loader(shape):
     cluster, user, context = OTHER_SHAPES[shape]
@@ -229,7 +255,9 @@ def test_it_reads_the_kubeconfig_api_client_would_read(tmp_path):
     sa.mkdir()
     (sa / "token").write_text("t")
     assert quick_client(None, env={}, sa_dir=str(sa)) is None  # a mounted ServiceAccount, no KUBECONFIG
-    assert quick_client(None, env={"KUBECONFIG": str(path), "HTTPS_PROXY": "http://p:3128"}, sa_dir=no_sa) is None
+    for proxy in ("HTTPS_PROXY", "https_proxy", "Http_Proxy", "ALL_PROXY"):  # any case, as urllib reads them
+        assert quick_client(None, env={"KUBECONFIG": str(path), proxy: "http://p:3128"}, sa_dir=no_sa) is None
+    assert quick_client(None, env={"KUBECONFIG": str(path), "NO_PROXY": "localhost"}, sa_dir=no_sa) is not None
     assert quick_client(str(tmp_path / "missing"), env={}, sa_dir=no_sa) is None  # api_client says what is missing
     (tmp_path / "broken").write_text("current-context: nowhere\n")
     assert quick_client(str(tmp_path / "broken"), env={}, sa_dir=no_sa) is None

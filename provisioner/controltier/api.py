@@ -24,7 +24,7 @@ class TierApi(Protocol):
 
     def get_pod(self, namespace: str, name: str) -> dict[str, Any]: ...
 
-    def annotate_pod(self, namespace: str, name: str, uid: str, annotations: Mapping[str, str]) -> None: ...
+    def delete_pod(self, namespace: str, name: str, uid: str) -> None: ...
 
     def list_endpoint_slices(self, namespace: str, service: str) -> list[dict[str, Any]]: ...
 
@@ -64,11 +64,11 @@ class ClientTierApi(RawClient):
     def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
         return self.request("GET", api_path("v1", namespace, "pods", name))
 
-    def annotate_pod(self, namespace: str, name: str, uid: str, annotations: Mapping[str, str]) -> None:
-        """The pod `name` as it is now (its uid a precondition: a pod made since under that name
-        refuses it, 409), not one of that name made later."""
-        self.request("PATCH", api_path("v1", namespace, "pods", name), {"fieldManager": FIELD_MANAGER},
-                     {"metadata": {"uid": uid, "annotations": dict(annotations)}}, MERGE_PATCH)
+    def delete_pod(self, namespace: str, name: str, uid: str) -> None:
+        """Delete the pod `name` as it is now (its uid a precondition: a pod made since under that
+        name refuses it, 409), gracefully."""
+        self.request("DELETE", api_path("v1", namespace, "pods", name), None,
+                     {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": uid}})
 
     def list_endpoint_slices(self, namespace: str, service: str) -> list[dict[str, Any]]:
         return self.request("GET", api_path("discovery.k8s.io/v1", namespace, "endpointslices"),

@@ -18,9 +18,6 @@ A_REASON = "slurmk8s.io/state-reason"
 
 
 A_SINCE = "slurmk8s.io/state-since"
-# on a woken pod the kubelet could not start for its volume claim (tier.Tier._retry_mount): when
-# the wake asked it to try again
-A_MOUNT_RETRY = "slurmk8s.io/mount-retry"
 
 
 AWAKE = "awake"

@@ -11,7 +11,6 @@ from typing import Any, Callable
 from .. import names as m
 from .api import TIER_SELECTOR, TierApi, event_body
 from .decision import (
-    A_MOUNT_RETRY,
     A_REASON,
     A_SINCE,
     A_STATE,
@@ -38,6 +37,7 @@ WAKE_WAITS_FOR = frozenset({m.CONTROLLER, m.LOGIN})
 # the kubelet's FailedMount message when it could not read a pod's PersistentVolumeClaim
 # (`Unable to attach or mount volumes: ... error processing PVC NS/NAME: failed to fetch PVC ...`)
 PVC_NOT_READ = "error processing PVC"
+REFUSAL_LOGGED = "(refusal logged)"  # in Tier._replace_skipped_pod's set of pod uids: said once per wake
 
 SLEEP_WAIT = 120.0  # how long a wake waits for a sleep under way to finish (each step is bounded)
 
@@ -197,7 +197,7 @@ class Tier:
             quick = w.component == m.CONTROLLER and answers is not None
             nap = self.answer_poll if quick and self.answer_poll else self.poll
             scaled_up, look_at = False, t0
-            retried: set[tuple[str, int]] = set()
+            replaced: set[str] = set()
             while True:
                 if not quick or self.clock() >= look_at:
                     cur = self._ready(w)
@@ -205,7 +205,7 @@ class Tier:
                         break
                     scaled_up, look_at = cur.replicas >= 1, self.clock() + self.poll
                     if scaled_up and w.kind == "StatefulSet":
-                        self._retry_mount(w, retried, progress)
+                        self._replace_skipped_pod(w, replaced, progress)
                 if quick and scaled_up and answers():
                     how = "takes connections on its port"
                     break
@@ -218,18 +218,23 @@ class Tier:
         progress(f"control tier awake ({self.clock() - start:.1f}s)")
         return True
 
-    def _retry_mount(self, w: Workload, retried: set[tuple[str, int]], progress: Callable[[str], None]) -> None:
-        """A woken StatefulSet's pod that the kubelet skipped for its volume claim: ask it to try again.
+    def _replace_skipped_pod(self, w: Workload, replaced: set[str], progress: Callable[[str], None]) -> None:
+        """A woken StatefulSet's pod that the kubelet skipped for its volume claim: delete it, and the
+        StatefulSet makes it again at once.
 
         The kubelet reads a new pod's PersistentVolumeClaims as the node. When it asks before the API
         server's node authorizer has seen the pod bound to the node, it is refused ("no relationship
         found between node and this object"; kubernetes/kubernetes#113429), reports FailedMount,
-        skips the pod, and syncs it again only after its back-off of 10-15 s. Measured on the local
-        cluster: one woken slurmctld pod in five started 16 s late. A change to the pod object makes
-        the kubelet sync it at once, so on that FailedMount Event (of this pod, by uid) the pod gets
-        an annotation (A_MOUNT_RETRY, the time), once per failure the kubelet reports; the patch
-        names the pod's uid, so a pod made since under the same name is left alone. Best effort: a
-        refusal (an older Role without these rights) is logged once and the wake goes on."""
+        skips the pod, and looks at it again only after its back-off of 10-15 s. Measured on the
+        local cluster: one woken slurmctld pod in five answered after 18 s instead of 3 s. On that
+        FailedMount Event of this pod (by uid), while none of its containers has started, the pod
+        is deleted (gracefully, its uid a precondition: a pod made since under the same name is left
+        alone); the StatefulSet controller makes it again once it is gone, and the new pod's kubelet
+        reads the claim afresh (measured: running 2.2-3.1 s after the claim was readable, 10-17 s
+        without). Deleting is what a waker may do anyway in effect (it may scale the StatefulSet to
+        zero); changing the pod instead (an annotation makes the kubelet sync it) would need `patch`
+        on it, which allows a new image. Best effort: a refusal (a Role from before these rights) is
+        logged once and the wake goes on."""
         from ..kubeapi import ApiError
 
         name = f"{w.name}-0"  # the tier's StatefulSets run one pod
@@ -237,25 +242,24 @@ class Tier:
             pod = self.api.get_pod(self.namespace, name)
             uid = str((pod.get("metadata") or {}).get("uid") or "")
             statuses = (pod.get("status") or {}).get("containerStatuses") or []
-            if not uid or not (pod.get("spec") or {}).get("nodeName") or any(
-                    "waiting" not in (c.get("state") or {"waiting": {}}) for c in statuses):
-                return  # not bound yet, or its containers are past their volumes
-            failed = [e for e in self.api.list_events(self.namespace, f"involvedObject.uid={uid},reason=FailedMount")
-                      if PVC_NOT_READ in str(e.get("message", ""))]
-            if not failed:
+            if (not uid or uid in replaced or (pod.get("metadata") or {}).get("deletionTimestamp")
+                    or not (pod.get("spec") or {}).get("nodeName")
+                    or any("waiting" not in (c.get("state") or {"waiting": {}}) for c in statuses)):
+                return  # not bound yet, being deleted, or its containers are past their volumes
+            events = self.api.list_events(self.namespace, f"involvedObject.uid={uid},reason=FailedMount")
+            if not any(PVC_NOT_READ in str(e.get("message", "")) for e in events):
                 return
-            key = (uid, sum(int(e.get("count") or 1) for e in failed))
-            if key in retried:
-                return
-            retried.add(key)
-            self.api.annotate_pod(self.namespace, name, uid, {A_MOUNT_RETRY: rfc3339(self.clock())})
+            replaced.add(uid)
+            self.api.delete_pod(self.namespace, name, uid)
         except ApiError as err:
-            if ("error", 0) not in retried:
-                retried.add(("error", 0))
+            if err.status in (404, 409):
+                return  # not made yet, or gone / made again meanwhile: nothing to do
+            if REFUSAL_LOGGED not in replaced:  # once per wake
+                replaced.add(REFUSAL_LOGGED)
                 self.log(f"cannot look at pod {name}'s volume mounts: {err}")
             return
-        progress(f"pod {name}: the kubelet could not read its volume claim yet (FailedMount); "
-                 "asked it to try again now, not after its 10-15 s back-off")
+        progress(f"pod {name}: the kubelet could not read its volume claim (FailedMount) and would look again "
+                 "only after 10-15 s; deleted it, the StatefulSet makes it again at once")
 
     def _await_sleep(self, ws: list[Workload], running_in: str, progress: Callable[[str], None],
                      deadline: float) -> list[Workload]:

@@ -101,8 +101,8 @@ def _tier_rules(spec: ClusterSpec, controller: bool) -> list[dict[str, Any]]:
     """Read the tier's workloads, scale exactly those, emit Events; the reconcile loop also writes
     the state annotations of its own StatefulSet and reads the wake requests (Events). A waker (the
     login agent, the REST front) also reads slurmctld's pod and its FailedMount Events, and may
-    annotate that pod, to make the kubelet try its volume claim again at once
-    (controltier.tier.Tier._retry_mount)."""
+    delete that pod (no more than scaling slurmctld to zero, which it may anyway), when the kubelet
+    skipped it for its volume claim (controltier.tier.Tier._replace_skipped_pod)."""
     names = control_tier_workloads(spec)
     rules: list[dict[str, Any]] = [
         {"apiGroups": ["apps"], "resources": ["statefulsets", "deployments"], "verbs": ["get", "list"]}]
@@ -114,7 +114,7 @@ def _tier_rules(spec: ClusterSpec, controller: bool) -> list[dict[str, Any]]:
     rules.append({"apiGroups": [""], "resources": ["events"], "verbs": ["create", "list"]})
     if not controller:
         rules.append({"apiGroups": [""], "resources": ["pods"], "resourceNames": [CONTROLLER_POD],
-                      "verbs": ["get", "patch"]})
+                      "verbs": ["get", "delete"]})
     if controller:
         rules.append({"apiGroups": ["apps"], "resources": ["statefulsets"], "resourceNames": [CONTROLLER],
                       "verbs": ["patch"]})

@@ -25,7 +25,7 @@ class FakeTierApi:
     # pods marked terminating there
     endpoint_ips: dict[str, str] = field(default_factory=dict)
     terminating: set[str] = field(default_factory=set)
-    # get_pod / annotate_pod: pods by name, as the API returns them (none: 404)
+    # get_pod / delete_pod: pods by name, as the API returns them (none: 404)
     pods: dict[str, dict[str, Any]] = field(default_factory=dict)
     _pending: dict[tuple[str, str], int] = field(default_factory=dict)
 
@@ -93,15 +93,16 @@ class FakeTierApi:
             raise ApiError(404, "NotFound", f'pods "{name}" not found')
         return json.loads(json.dumps(self.pods[name]))
 
-    def annotate_pod(self, namespace: str, name: str, uid: str, annotations: Mapping[str, str]) -> None:
+    def delete_pod(self, namespace: str, name: str, uid: str) -> None:
         from provisioner.kubeapi import ApiError
 
-        self._check("annotate_pod")
-        self.calls.append(("annotate_pod", name, uid, dict(annotations)))
-        pod = self.pods[name]
-        if pod["metadata"]["uid"] != uid:  # the uid in the patch is a precondition
+        self._check("delete_pod")
+        self.calls.append(("delete_pod", name, uid))
+        if name not in self.pods:
+            raise ApiError(404, "NotFound", f'pods "{name}" not found')
+        if self.pods[name]["metadata"]["uid"] != uid:  # the uid precondition
             raise ApiError(409, "Conflict", f"Precondition failed: UID in precondition: {uid}")
-        pod["metadata"].setdefault("annotations", {}).update(annotations)
+        del self.pods[name]
 
     def list_endpoint_slices(self, namespace: str, service: str) -> list[dict[str, Any]]:
         """One EndpointSlice of `service` with an endpoint per pod of `endpoint_ips` (none: no pod
