@@ -7,8 +7,8 @@ claim) cannot be forced; the kubelet's answer to it can: a StatefulSet's pod bou
 claim does not exist yet fails the same way (`FailedMount`: "error processing PVC ...: failed to
 fetch PVC from API server"), and the kubelet then skips it for its back-off of 10-15 s. The claim
 is made, and the wake's step deletes the pod: the StatefulSet makes it again, and the new pod runs
-well before the old one's back-off would have ended. Without the step (the same test with the call
-left out): running 17 s after the FailedMount.
+well before the old one's back-off would have ended. Measured: running 2.6-3.2 s after the
+FailedMount was seen; without the step (the same test with the call left out) 12.0 s.
 """
 
 from __future__ import annotations
