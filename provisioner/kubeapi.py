@@ -166,13 +166,13 @@ class RawClient:
     def request(self, method: str, path: str, query: Mapping[str, Any] | None = None, body: Any = None,
                 content_type: str = JSON, timeout: tuple[float, float] | None = None) -> Any:
         """`method` on `path` (:func:`api_path`) -> the answer's JSON ({} when empty)."""
-        data = self._send(method, path, query, body, content_type, timeout).data
+        data = _read(self._send(method, path, query, body, content_type, timeout))
         return json.loads(data) if data else {}
 
     def text(self, path: str, query: Mapping[str, Any] | None = None) -> str:
         """GET of a plain-text answer (a container's log; the API server answers it in plain text,
         though it accepts only JSON, YAML or protobuf in the request's Accept)."""
-        return self._send("GET", path, query, None, JSON, None).data.decode(errors="replace")
+        return _read(self._send("GET", path, query, None, JSON, None)).decode(errors="replace")
 
     def watch_path(self, path: str, query: Mapping[str, Any],
                    timeout: tuple[float, float]) -> Iterator[dict[str, Any]]:
@@ -195,8 +195,14 @@ class RawClient:
                                                    body=body, auth_settings=["BearerToken"])
                 resp = self._client.call_api(*req, _request_timeout=timeout or self._timeout).response
         if not 200 <= resp.status <= 299:
-            raise http_error(resp.status, resp.reason or "", resp.data)
+            raise http_error(resp.status, resp.reason or "", _read(resp))
         return resp
+
+
+def _read(resp: Any) -> bytes:
+    """A response's body; a connection lost or timed out while it comes is an ApiError too."""
+    with api_errors():
+        return resp.data
 
 
 def api_client(kubeconfig: str | None = None, env: Mapping[str, str] | None = None, sa_dir: str = SA_DIR) -> Any:

@@ -43,6 +43,15 @@ class Api:
                                      "body": json.loads(body) if body else None})
                 answer = api.answers.get(url.path, (404, {"kind": "Status", "reason": "NotFound",
                                                           "message": f"{url.path} not found"}, "application/json"))
+                if answer == "cut":  # a body that ends before its Content-Length: the connection lost
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", "1000")
+                    self.end_headers()
+                    self.wfile.write(b'{"kind": "PodList", "ite')
+                    self.wfile.flush()
+                    self.close_connection = True
+                    return
                 if isinstance(answer, list):  # a watch: chunked transfer, one chunk per item
                     self.send_response(200)
                     self.send_header("Content-Type", "application/json")
@@ -177,6 +186,14 @@ def test_refusals_carry_the_status_words_and_an_api_that_is_not_there_is_retryab
     with pytest.raises(ApiError) as err:
         gone.request("GET", "/api/v1/nodes")
     assert err.value.status == 0 and err.value.retryable
+
+
+def test_an_answer_cut_short_is_an_api_error_that_may_be_retried(api):
+    server, raw = api
+    server.answers["/api/v1/namespaces/slurm-x/pods"] = "cut"
+    with pytest.raises(ApiError) as err:
+        raw.request("GET", api_path("v1", "slurm-x", "pods"))
+    assert err.value.status == 0 and err.value.retryable, err.value
 
 
 def test_a_watch_streams_events_across_chunks(api):
