@@ -205,6 +205,12 @@ def _read(resp: Any) -> bytes:
         return resp.data
 
 
+def _in_cluster(env: Mapping[str, str], sa_dir: str) -> bool:
+    """No kubeconfig named: use the pod's ServiceAccount (KUBERNETES_SERVICE_HOST set, or the token
+    mounted and KUBECONFIG not set). The one rule api_client and quick_client both follow."""
+    return bool(env.get("KUBERNETES_SERVICE_HOST") or ((Path(sa_dir) / "token").exists() and not env.get("KUBECONFIG")))
+
+
 def api_client(kubeconfig: str | None = None, env: Mapping[str, str] | None = None, sa_dir: str = SA_DIR) -> Any:
     """A kubernetes ``ApiClient``: from ``kubeconfig`` (a path, or the file's YAML content) when given;
     else in-cluster when ``KUBERNETES_SERVICE_HOST`` is set or the ServiceAccount token is mounted
@@ -229,7 +235,7 @@ def api_client(kubeconfig: str | None = None, env: Mapping[str, str] | None = No
             if not path.exists():
                 raise KubeConfigError(f"kubeconfig {kubeconfig}: no such file")
             return config.new_client_from_config(config_file=str(path))
-        if env.get("KUBERNETES_SERVICE_HOST") or (token.exists() and not env.get("KUBECONFIG")):
+        if _in_cluster(env, sa_dir):
             cfg = client.Configuration()
             InClusterConfigLoader(
                 token_filename=str(token), cert_filename=str(Path(sa_dir) / "ca.crt"),
@@ -313,7 +319,7 @@ def quick_client(kubeconfig: str | None = None, env: Mapping[str, str] | None = 
             doc = yaml.safe_load(kubeconfig)
         else:
             if not kubeconfig:
-                if env.get("KUBERNETES_SERVICE_HOST") or ((Path(sa_dir) / "token").exists() and not env.get("KUBECONFIG")):
+                if _in_cluster(env, sa_dir):
                     return None
                 kubeconfig = env.get("KUBECONFIG") or "~/.kube/config"
                 if os.pathsep in kubeconfig:
