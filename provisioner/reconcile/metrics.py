@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 import threading
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
@@ -137,8 +138,9 @@ class Metrics:
                 if w.phase != "Terminating":
                     self._add_usage("provisioned", pool_of(name), dt)
         self._last = now
+        since = _whole_second(started)
         for name, w in snap.workers.items():
-            if w.phase != "Running" or w.created_at is None or w.created_at < started:
+            if w.phase != "Running" or w.created_at is None or w.created_at < since:
                 continue  # only workers created while this process watches: no stale huge values
             key = (name, w.created_at)
             if key in self._seen_ready:
@@ -162,7 +164,7 @@ class Metrics:
             if j.state not in RAN_STATES or not j.start_time or j.job_id in self._seen_running:
                 continue
             self._seen_running[j.job_id] = j.start_time or 0.0
-            if j.submit_time and j.start_time and j.start_time >= started - 1:
+            if j.submit_time and j.start_time and j.start_time >= _whole_second(started):
                 self.submit_to_running.labels(j.partition).observe(max(0.0, j.start_time - j.submit_time))
         listed = {j.job_id for j in jobs}  # forget a job once squeue no longer lists it (MinJobAge)
         for job_id in [k for k in self._seen_running if k not in listed]:
@@ -232,6 +234,13 @@ class Metrics:
         from prometheus_client import start_http_server
 
         return start_http_server(port, addr=addr, registry=self.registry)
+
+
+def _whole_second(started: float) -> float:
+    """The earliest stamp of something made after `started`: Kubernetes' creationTimestamp, Docker's
+    Created and Slurm's start_time are whole seconds, so a pod made 0.4 s after the loop started
+    can read as made before it."""
+    return float(math.floor(started))
 
 
 def _pool_of(inv: Any, node: str) -> str:
