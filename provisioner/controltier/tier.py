@@ -5,7 +5,7 @@ slurmctld StatefulSet and as Kubernetes Events.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .. import names as m
@@ -37,9 +37,16 @@ WAKE_WAITS_FOR = frozenset({m.CONTROLLER, m.LOGIN})
 # the kubelet's FailedMount message when it could not read a pod's PersistentVolumeClaim
 # (`Unable to attach or mount volumes: ... error processing PVC NS/NAME: failed to fetch PVC ...`)
 PVC_NOT_READ = "error processing PVC"
-REFUSAL_LOGGED = "(refusal logged)"  # in Tier._replace_skipped_pod's set of pod uids: said once per wake
 
 SLEEP_WAIT = 120.0  # how long a wake waits for a sleep under way to finish (each step is bounded)
+
+
+@dataclass
+class _Replaced:
+    """One wait's record for Tier._replace_skipped_pod: the pod uids it deleted (each once) and
+    whether a refusal was logged (once per wake)."""
+    uids: set[str] = field(default_factory=set)
+    refusal_logged: bool = False
 
 
 @dataclass
@@ -197,7 +204,7 @@ class Tier:
             quick = w.component == m.CONTROLLER and answers is not None
             nap = self.answer_poll if quick and self.answer_poll else self.poll
             scaled_up, look_at = False, t0
-            replaced: set[str] = set()
+            replaced = _Replaced()
             while True:
                 if not quick or self.clock() >= look_at:
                     cur = self._ready(w)
@@ -218,7 +225,7 @@ class Tier:
         progress(f"control tier awake ({self.clock() - start:.1f}s)")
         return True
 
-    def _replace_skipped_pod(self, w: Workload, replaced: set[str], progress: Callable[[str], None]) -> None:
+    def _replace_skipped_pod(self, w: Workload, replaced: "_Replaced", progress: Callable[[str], None]) -> None:
         """A woken StatefulSet's pod that the kubelet skipped for its volume claim: delete it, and the
         StatefulSet makes it again at once.
 
@@ -242,20 +249,20 @@ class Tier:
             pod = self.api.get_pod(self.namespace, name)
             uid = str((pod.get("metadata") or {}).get("uid") or "")
             statuses = (pod.get("status") or {}).get("containerStatuses") or []
-            if (not uid or uid in replaced or (pod.get("metadata") or {}).get("deletionTimestamp")
+            if (not uid or uid in replaced.uids or (pod.get("metadata") or {}).get("deletionTimestamp")
                     or not (pod.get("spec") or {}).get("nodeName")
                     or any("waiting" not in (c.get("state") or {"waiting": {}}) for c in statuses)):
                 return  # not bound yet, being deleted, or its containers are past their volumes
             events = self.api.list_events(self.namespace, f"involvedObject.uid={uid},reason=FailedMount")
             if not any(PVC_NOT_READ in str(e.get("message", "")) for e in events):
                 return
-            replaced.add(uid)
+            replaced.uids.add(uid)
             self.api.delete_pod(self.namespace, name, uid)
         except ApiError as err:
             if err.status in (404, 409):
                 return  # not made yet, or gone / made again meanwhile: nothing to do
-            if REFUSAL_LOGGED not in replaced:  # once per wake
-                replaced.add(REFUSAL_LOGGED)
+            if not replaced.refusal_logged:  # once per wake
+                replaced.refusal_logged = True
                 self.log(f"cannot look at pod {name}'s volume mounts: {err}")
             return
         progress(f"pod {name}: the kubelet could not read its volume claim (FailedMount) and would look again "
