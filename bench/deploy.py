@@ -10,7 +10,6 @@ reason), never touched.
 
 from __future__ import annotations
 
-import json
 import shutil
 import sys
 import time
@@ -22,8 +21,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "e2e"))
 
-from helpers import (LOCAL_KUBECONFIG, NotOurs, clear_leftover, kubeconfig, kubectl, mark_made_by,  # noqa: E402
-                     slurmk8s, static_volumes)
+from helpers import (LOCAL_KUBECONFIG, NotOurs, apply_static_volumes, clear_leftover, kubeconfig,  # noqa: E402
+                     kubectl, mark_made_by, slurmk8s)
 
 MADE_BY = "bench"  # the label value every benchmark's namespace carries (docs/testing.md)
 
@@ -43,10 +42,7 @@ def from_nothing(name: str, work: Path, made_by: str = MADE_BY) -> None:
     if kubeconfig() == LOCAL_KUBECONFIG:
         shutil.rmtree(f"/var/lib/slurmk8s/volumes/{name}", ignore_errors=True)
     shutil.rmtree(work / "state", ignore_errors=True)  # the stack of the cluster just removed
-    kubectl("apply", "-f", str(ROOT / "examples" / "localk8s" / "storage.yaml"))  # the StorageClass
-    (work / "volumes.json").write_text(json.dumps({"apiVersion": "v1", "kind": "List",
-                                                   "items": static_volumes(name, namespace_of(name))}))
-    kubectl("apply", "-f", str(work / "volumes.json"))
+    apply_static_volumes(name, namespace_of(name), work / "volumes.json")
 
 
 def up(spec: dict[str, Any], work: Path, made_by: str = MADE_BY) -> float:

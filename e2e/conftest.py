@@ -19,8 +19,8 @@ import asyncssh
 import pytest
 import yaml
 
-from helpers import (LOCAL_KUBECONFIG, LOCAL_VOLUMES, NAMESPACE, ROOT, Cluster, NotOurs, clear_leftover, e2e_spec,
-                     kjson, kubeconfig, kubectl, mark_made_by, programs_log, slurmk8s)
+from helpers import (LOCAL_KUBECONFIG, LOCAL_VOLUMES, NAMESPACE, Cluster, NotOurs, apply_storage_class, clear_leftover,
+                     e2e_spec, kjson, kubeconfig, kubectl, mark_made_by, programs_log, slurmk8s)
 
 MADE_BY = "e2e"  # the label the suite puts on the namespaces it deploys (helpers.MADE_BY)
 
@@ -50,7 +50,7 @@ def cluster(cluster_reachable, tmp_path_factory) -> Iterator[Cluster]:
     if kubeconfig() == LOCAL_KUBECONFIG:  # the local cluster's static volumes keep their data on the host
         shutil.rmtree(LOCAL_VOLUMES, ignore_errors=True)
     # volumes left Released by an earlier `down --purge`: `slurmk8s up` gives the local cluster's back
-    kubectl("apply", "-f", str(ROOT / "examples" / "localk8s" / "storage.yaml"))
+    apply_storage_class()
     t0 = time.monotonic()
     try:
         proc = slurmk8s("up", "--spec", str(spec_path), "--state", str(state), log=log)

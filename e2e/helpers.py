@@ -120,6 +120,20 @@ def mark_made_by(ns: str, made_by: str) -> None:
         kubectl("label", "namespace", ns, f"{MADE_BY}={made_by}", "--overwrite")
 
 
+def apply_storage_class() -> None:
+    """The local cluster's StorageClass slurmk8s-local (examples/localk8s/storage.yaml: no provisioner,
+    the volumes are made by hand); idempotent, so a bench on a fresh cluster needs no e2e run first."""
+    kubectl("apply", "-f", str(ROOT / "examples" / "localk8s" / "storage.yaml"))
+
+
+def apply_static_volumes(name: str, ns: str, manifest: Path) -> None:
+    """The StorageClass and :func:`static_volumes` for the cluster `name` in `ns` (written to
+    `manifest`, then applied)."""
+    apply_storage_class()
+    manifest.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": static_volumes(name, ns)}))
+    kubectl("apply", "-f", str(manifest))
+
+
 def static_volumes(name: str, ns: str) -> list[dict[str, Any]]:
     """hostPath PersistentVolumes (class slurmk8s-local, /var/lib/slurmk8s/volumes/<name>) bound to the
     three claims of the cluster in `ns`: the local cluster has no dynamic provisioner. Labelled

@@ -5,7 +5,6 @@ bench/wake_submit.py."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -19,19 +18,14 @@ import asyncssh
 import pytest
 import yaml
 
-from helpers import (LOCAL_KUBECONFIG, SLURMK8S, TOOLCHAIN_BIN, Login, clear_leftover, e2e_spec, kjson, kubeconfig,
-                     kubectl, login_in, mark_made_by, slurmk8s, static_volumes, wait_for)
+from helpers import (LOCAL_KUBECONFIG, SLURMK8S, TOOLCHAIN_BIN, Login, apply_static_volumes, clear_leftover, e2e_spec, kjson, kubeconfig,
+                     kubectl, login_in, mark_made_by, slurmk8s, wait_for)
 
 NAME = "sleepy"
 NS = f"slurm-{NAME}"
 VOLUMES = f"/var/lib/slurmk8s/volumes/{NAME}"
 SUSPEND = 10
 IDLE_TEARDOWN = 20
-
-
-def volumes() -> list[dict[str, Any]]:
-    """Static hostPath volumes bound to this cluster's three claims (no dynamic provisioner here)."""
-    return static_volumes(NAME, NS)
 
 
 def spec(public_key: str, login_sleeps: bool = False) -> dict[str, Any]:
@@ -84,9 +78,7 @@ def deploy(work: Path, login_sleeps: bool = False, made_by: str = "e2e") -> Slee
     kubectl("delete", "pv", "-l", f"slurmk8s.io/e2e={NAME}", "--ignore-not-found", "--wait=true", timeout=120)
     if kubeconfig() == LOCAL_KUBECONFIG:
         shutil.rmtree(VOLUMES, ignore_errors=True)
-    manifest = work / "volumes.json"
-    manifest.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": volumes()}))
-    kubectl("apply", "-f", str(manifest))
+    apply_static_volumes(NAME, NS, work / "volumes.json")  # no dynamic provisioner here
     try:
         proc = slurmk8s("up", "--spec", str(spec_path), "--state", str(state), log=log)
     finally:

@@ -19,8 +19,8 @@ import asyncssh
 import pytest
 import yaml
 
-from helpers import (LOCAL_KUBECONFIG, MADE_BY, ROOT, SUSPEND_TIME, TOOLCHAIN_BIN, Login, NotOurs, e2e_spec, job_state,
-                     kjson, kubeconfig, kubectl, refuse_foreign, submit, wait_for, wait_job)
+from helpers import (LOCAL_KUBECONFIG, MADE_BY, ROOT, SUSPEND_TIME, TOOLCHAIN_BIN, Login, NotOurs, apply_storage_class,
+                     e2e_spec, job_state, kjson, kubeconfig, kubectl, refuse_foreign, submit, wait_for, wait_job)
 
 pytestmark = pytest.mark.e2e
 
@@ -109,7 +109,7 @@ def release(cluster_reachable, tmp_path_factory) -> Iterator[Release]:
     except NotOurs as err:
         pytest.fail(str(err), pytrace=False)
     _clean()  # from nothing: a release left by an earlier run goes first
-    kubectl("apply", "-f", str(ROOT / "examples" / "localk8s" / "storage.yaml"))  # the StorageClass
+    apply_storage_class()
     for pv in (_pv(PVS[0], "home", "ReadWriteMany"), _pv(PVS[1], "slurmctld-state", "ReadWriteOnce"),
                _pv(PVS[2], "accounting-db", "ReadWriteOnce")):
         _apply(pv)
