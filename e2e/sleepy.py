@@ -18,8 +18,8 @@ import asyncssh
 import pytest
 import yaml
 
-from helpers import (LOCAL_KUBECONFIG, SLURMK8S, TOOLCHAIN_BIN, Login, apply_static_volumes, clear_leftover, e2e_spec, kjson, kubeconfig,
-                     kubectl, login_in, mark_made_by, slurmk8s, wait_for)
+from helpers import (LOCAL_KUBECONFIG, SLURMK8S, TOOLCHAIN_BIN, Login, apply_static_volumes, clear_leftover, e2e_spec,
+                     kjson, kubeconfig, kubectl, login_in, mark_made_by, slurmk8s, wait_for)
 
 NAME = "sleepy"
 NS = f"slurm-{NAME}"

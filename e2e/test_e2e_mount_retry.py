@@ -124,7 +124,7 @@ spec: {{accessModes: [ReadWriteOnce], storageClassName: "", volumeName: {PV}, re
     tier = Tier(ClientTierApi(api_client(kubeconfig())), namespace, "e2e")
     progress: list[str] = []
     tier._replace_skipped_pod(Workload(kind="StatefulSet", name=STS, component="x", replicas=1, ready=0),
-                              set(), progress.append)
+                              progress.append)
     asked = time.monotonic()
     assert progress and "could not read its volume claim" in progress[0], progress
     pod = wait_for("the pod made again, running", lambda: _pod(namespace), 60, 0.2,
@@ -135,5 +135,5 @@ spec: {{accessModes: [ReadWriteOnce], storageClassName: "", volumeName: {PV}, re
     assert ran - seen < KUBELET_BACKOFF_MIN - 1, (asked - seen, ran - asked)
     # a second look finds the new pod running: nothing more is deleted
     tier._replace_skipped_pod(Workload(kind="StatefulSet", name=STS, component="x", replicas=1, ready=0),
-                              set(), progress.append)
+                              progress.append)
     assert len(progress) == 1 and _pod(namespace)["metadata"]["uid"] == pod["metadata"]["uid"]

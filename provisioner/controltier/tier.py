@@ -212,7 +212,7 @@ class Tier:
                         break
                     scaled_up, look_at = cur.replicas >= 1, self.clock() + self.poll
                     if scaled_up and w.kind == "StatefulSet":
-                        self._replace_skipped_pod(w, replaced, progress)
+                        self._replace_skipped_pod(w, progress, replaced)
                 if quick and scaled_up and answers():
                     how = "takes connections on its port"
                     break
@@ -225,7 +225,8 @@ class Tier:
         progress(f"control tier awake ({self.clock() - start:.1f}s)")
         return True
 
-    def _replace_skipped_pod(self, w: Workload, replaced: "_Replaced", progress: Callable[[str], None]) -> None:
+    def _replace_skipped_pod(self, w: Workload, progress: Callable[[str], None],
+                             replaced: "_Replaced | None" = None) -> None:
         """A woken StatefulSet's pod that the kubelet skipped for its volume claim: delete it, and the
         StatefulSet makes it again at once.
 
@@ -244,6 +245,7 @@ class Tier:
         logged once and the wake goes on."""
         from ..kubeapi import ApiError
 
+        replaced = _Replaced() if replaced is None else replaced  # a wait passes its own, kept across its polls
         name = f"{w.name}-0"  # the tier's StatefulSets run one pod
         try:
             pod = self.api.get_pod(self.namespace, name)
