@@ -158,13 +158,14 @@ class Metrics:
                 key = (j.partition, j.state.lower())
                 counts[key] = counts.get(key, 0) + 1
         self._set_gauge("jobs", self.jobs, counts)
+        since = _whole_second(started)
         for j in jobs:
             # started jobs, running or already finished (a short job may never be seen RUNNING);
             # CANCELLED is left out: Slurm gives a job cancelled while pending a start time too
             if j.state not in RAN_STATES or not j.start_time or j.job_id in self._seen_running:
                 continue
             self._seen_running[j.job_id] = j.start_time or 0.0
-            if j.submit_time and j.start_time and j.start_time >= _whole_second(started):
+            if j.submit_time and j.start_time and j.start_time >= since:
                 self.submit_to_running.labels(j.partition).observe(max(0.0, j.start_time - j.submit_time))
         listed = {j.job_id for j in jobs}  # forget a job once squeue no longer lists it (MinJobAge)
         for job_id in [k for k in self._seen_running if k not in listed]:
