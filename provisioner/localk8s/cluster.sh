@@ -33,6 +33,9 @@ DNS_IP=${LOCALK8S_DNS_IP:-169.254.20.10}
 # which alone made a 500-pod resume take 9 s to Running here (4,096 pods: 86 s); a cluster built for
 # bursts of many pods raises it the same way (KubeSchedulerConfiguration clientConnection.qps/burst)
 SCHED_QPS=${LOCALK8S_SCHEDULER_QPS:-500}
+# how many pods kwok moves to Running at once (kwok's default: 4); a real cluster has one kubelet per
+# node, each starting its own pods, so a few kwok nodes standing in for hundreds of nodes need more
+KWOK_POD_PARALLELISM=${LOCALK8S_KWOK_POD_PARALLELISM:-32}
 CTRD_STATE=/run/slurmk8s-containerd
 CTRD_SOCK=$CTRD_STATE/containerd.sock
 PAUSE_IMAGE=registry.k8s.io/pause:3.10
@@ -524,6 +527,19 @@ kwok_up() {
   local stages=$SHARE/kwok-stages cfg=() f
   [ -d "$stages" ] || die "kwok stage files missing ($stages): run the toolchain build"
   for f in "$stages"/*.yaml; do grep -q '^kind: Stage' "$f" && cfg+=(--config "$f"); done
+  # a KwokConfiguration read from a file leaves the options it does not name at zero, not at kwok's
+  # defaults, so every worker count is named (the others are kwok v0.8.0's defaults)
+  cat > "$ROOT/kwok-config.yaml" <<EOF
+apiVersion: config.kwok.x-k8s.io/v1alpha1
+kind: KwokConfiguration
+options:
+  podPlayStageParallelism: $KWOK_POD_PARALLELISM
+  nodePlayStageParallelism: 4
+  nodeLeaseParallelism: 4
+  podsOnNodeSyncParallelism: 1
+  enablePodsOnNodeSyncListPager: true
+EOF
+  cfg+=(--config "$ROOT/kwok-config.yaml")
   check_port tcp 10247 kwok
   start kwok kwok --kubeconfig="$KUBECONFIG_PATH" "${cfg[@]}" \
     --manage-all-nodes=false --manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake \
