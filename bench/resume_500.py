@@ -32,6 +32,7 @@ sys.path.insert(0, str(ROOT / "tests"))  # the fakes package
 from helpers import NotOurs, clear_leftover, kubectl, kubectl_exe, kubeconfig, mark_made_by  # noqa: E402
 
 from provisioner import manifests as m  # noqa: E402
+from provisioner.kubeapi import api_path  # noqa: E402
 from provisioner.config import parse_spec  # noqa: E402
 from provisioner.elastic.programs import DEFAULT_PARALLEL, Context, run_resume, run_suspend  # noqa: E402
 from provisioner.logs import Log  # noqa: E402
@@ -44,12 +45,63 @@ NS = "slurm-p4b"
 ZONE = "topology.kubernetes.io/zone"
 
 
-def running(ns: str) -> int:
-    """Worker pods Running: filtered by the API server, names only (a full listing of 4,096 pods is
-    ~30 MB a poll, which would load the 2 cores that the figures measure)."""
-    out = kubectl("get", "pods", "-n", ns, "-l", "app.kubernetes.io/component=worker",
-                  "--field-selector=status.phase=Running", "-o", "name", timeout=120).stdout
-    return len(out.split())
+WORKERS = "app.kubernetes.io/component=worker"
+
+
+class RunningWatch:
+    """When the `count`-th worker pod of `ns` was seen Running: one watch of the pods Running (the
+    API server filters by phase), started before the pods are made. A poll (kubectl every 0.1 s, as
+    before) loaded the 2 cores that the figures measure, and read the time only to its next poll."""
+
+    def __init__(self, api, ns: str, count: int) -> None:
+        import threading
+
+        self._api, self._ns, self._count = api, ns, count
+        self._query = {"labelSelector": WORKERS, "fieldSelector": "status.phase=Running"}
+        self._names: set[str] = set()
+        self.done_at: float | None = None
+        self.error = ""
+        self._done = threading.Event()
+        listed = api.request("GET", api_path("v1", ns, "pods"), self._query)
+        self._note(listed.get("items") or ())
+        self._thread = threading.Thread(target=self._watch, args=(listed["metadata"]["resourceVersion"],),
+                                        daemon=True)
+        self._thread.start()
+
+    def _note(self, pods, gone: bool = False) -> None:
+        for pod in pods:
+            name = pod["metadata"]["name"]
+            if gone or pod["metadata"].get("deletionTimestamp"):
+                self._names.discard(name)
+            else:
+                self._names.add(name)
+        if self.done_at is None and len(self._names) >= self._count:
+            self.done_at = time.monotonic()
+            self._done.set()
+
+    def _watch(self, version: str) -> None:
+        limit = int(limit_s(self._count))
+        try:
+            for event in self._api.watch_path(api_path("v1", self._ns, "pods"),
+                                              {**self._query, "resourceVersion": version, "timeoutSeconds": limit},
+                                              (10.0, limit + 30.0)):
+                if event.get("type") == "ERROR":
+                    self.error = str(event.get("object"))
+                    break
+                self._note([event["object"]], gone=event.get("type") == "DELETED")
+                if self._done.is_set():
+                    return
+        except Exception as err:  # reported by wait()  # noqa: BLE001
+            self.error = str(err)
+        self._done.set()
+
+    def wait(self, t0: float, what: str) -> float:
+        """Seconds from `t0` to the moment the last pod was seen Running; exits with the count short."""
+        self._done.wait(limit_s(self._count) + 30)
+        if self.done_at is None:
+            sys.exit(f"{what}: only {len(self._names)} of {self._count} pods Running after "
+                     f"{time.monotonic() - t0:.0f} s{'; the watch failed: ' + self.error if self.error else ''}")
+        return self.done_at - t0
 
 
 def wait_nodes_schedulable(selector: str, count: int, timeout: float = 120.0) -> float:
@@ -144,15 +196,12 @@ def floor(backend, inventory, ns: str, nodes: int, parallel: int) -> tuple[float
         # same names (seen: 226 of 500 new pods deleted before binding, `pods "sim-p4b-272" not found`)
         pod["metadata"]["name"] += "-floor"
         bodies.append(pod)
+    watch = RunningWatch(backend.api, ns, nodes)
     t0 = time.monotonic()
     with ThreadPoolExecutor(parallel) as pool:
         list(pool.map(lambda body: backend.api.create(ns, body), bodies))
     created = time.monotonic() - t0
-    while running(ns) < nodes:
-        if time.monotonic() - t0 > limit_s(nodes):
-            sys.exit(f"floor: only {running(ns)} of {nodes} pods Running after {limit_s(nodes):.0f} s")
-        time.sleep(0.1)
-    all_running = time.monotonic() - t0
+    all_running = watch.wait(t0, "floor")
     with ThreadPoolExecutor(parallel) as pool:
         list(pool.map(lambda body: backend.api.delete(ns, body["metadata"]["name"], grace_seconds=0), bodies))
     wait_gone(ns, nodes)
@@ -161,7 +210,7 @@ def floor(backend, inventory, ns: str, nodes: int, parallel: int) -> tuple[float
 
 def wait_gone(ns: str, nodes: int) -> None:
     deadline = time.monotonic() + limit_s(nodes)
-    while kubectl("get", "pods", "-n", ns, "-l", "app.kubernetes.io/component=worker", "-o", "name",
+    while kubectl("get", "pods", "-n", ns, "-l", WORKERS, "-o", "name",
                   timeout=120).stdout.strip():
         if time.monotonic() > deadline:
             sys.exit(f"worker pods of {ns} still there after {limit_s(nodes):.0f} s")
@@ -227,17 +276,13 @@ def main() -> None:
                "SLURMK8S_PARALLEL": str(args.parallel), "SLURMK8S_BUDGET": "120"}
         log_path = Path(tmp) / "elastic.log"
         hostlist = compress(inventory.names)
+        watch = RunningWatch(from_env(env).api, NS, args.nodes)
         t0 = time.monotonic()
         ctx = Context(env, Log("resume", str(log_path)), backend=from_env(env), slurm=FakeSlurm(),
                       inventory=inventory)
         result = run_resume([hostlist], ctx, None)
         t_created = time.monotonic() - t0
-        while running(NS) < args.nodes:
-            if time.monotonic() - t0 > limit_s(args.nodes):
-                sys.exit(f"only {running(NS)} of {args.nodes} pods Running after {limit_s(args.nodes):.0f} s; "
-                         f"see {log_path}")
-            time.sleep(0.1)
-        t_running = time.monotonic() - t0
+        t_running = watch.wait(t0, f"resume (see {log_path})")
         pass_s, pass_peak, pass_findings, sync_s, listed_pass_s = reconcile_passes(from_env(env), inventory,
                                                                                   args.passes)
         t1 = time.monotonic()
