@@ -26,6 +26,9 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.append(str(ROOT / "tests"))  # waiting.py, shared with the integration tier
+
+import waiting  # noqa: E402
 LOCAL_KUBECONFIG = "/var/lib/slurmk8s/localk8s/kubeconfig"
 LOCAL_VOLUMES = "/var/lib/slurmk8s/volumes/local"  # examples/localk8s/storage.yaml's hostPath volumes
 TOOLCHAIN_BIN = "/var/cache/slurmk8s/toolchain/bin"
@@ -167,25 +170,9 @@ def worker_pods() -> dict[str, dict[str, Any]]:
     return {p["metadata"]["name"]: p for p in pods if not p["metadata"].get("deletionTimestamp")}
 
 
-def wait_for(what: str, predicate, timeout: float, interval: float = 0.5, *, until=None, show=None):
-    """Poll `predicate` until it returns something truthy; fail with `what` after `timeout` seconds.
-
-    With `until`, `predicate` reads a state and the wait ends when `until(state)` holds (the state
-    is returned). With `until` or `show`, a timeout also says what the last read showed:
-    `show(state)`, or the state itself (the end of it, when long)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if until(value) if until is not None else value:
-            return value
-        if time.monotonic() > deadline:
-            message = f"timed out after {timeout:.0f} s waiting for {what}"
-            if until is not None or show is not None:
-                seen = str(show(value)) if show is not None else value if isinstance(value, str) else repr(value)
-                seen = seen if len(seen) <= 6000 else "..." + seen[-6000:]
-                message += "; last seen:" + ("\n" if "\n" in seen else " ") + seen
-            pytest.fail(message)
-        time.sleep(interval)
+def wait_for(what: str, probe, timeout: float, interval: float = 0.5, *, until=None, show=None):
+    """tests/waiting.py's wait_for, failing the test on a timeout."""
+    return waiting.wait_for(what, probe, timeout, interval, until=until, show=show, fail=pytest.fail)
 
 
 @dataclass

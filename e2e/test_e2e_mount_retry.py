@@ -1,12 +1,12 @@
 """The wake's answer to a pod the kubelet skipped for its volume claim
 (controltier.tier.Tier._replace_skipped_pod), against the real kubelet, API server and StatefulSet
-controller.
+or ReplicaSet controller (slurmctld's StatefulSet; the login Deployment, when it sleeps with the tier).
 
 The race it answers (the node authorizer has not yet seen the pod bound when the kubelet reads the
 claim) cannot be forced; the kubelet's answer to it can: a StatefulSet's pod bound to a node whose
-claim does not exist yet fails the same way (`FailedMount`: "error processing PVC ...: failed to
+claim does not exist yet (or a Deployment's) fails the same way (`FailedMount`: "error processing PVC ...: failed to
 fetch PVC from API server"), and the kubelet then skips it for its back-off of 10-15 s. The claim
-is made, and the wake's step deletes the pod: the StatefulSet makes it again, and the new pod runs
+is made, and the wake's step deletes the pod: its controller makes it again, and the new pod runs
 well before the old one's back-off would have ended. Measured: running 2.6-3.2 s after the
 FailedMount was seen; without the step (the same test with the call left out) 12.0 s.
 """
@@ -25,7 +25,6 @@ pytestmark = pytest.mark.e2e
 NAMESPACE = "slurm-mountretry"  # the failure report collects this namespace's pod logs
 PV = "slurmk8s-e2e-mount-retry"
 STS = "waker"
-POD = f"{STS}-0"  # as the tier names a StatefulSet's one pod
 KUBELET_BACKOFF_MIN = 10.0  # the kubelet syncs a skipped pod again after 10-15 s (back-off with jitter)
 
 
@@ -63,11 +62,16 @@ def _running(pod: dict[str, Any]) -> bool:
 
 
 def _pod(namespace: str) -> dict[str, Any] | None:
-    found = kjson("get", "pods", "-n", namespace, "--field-selector", f"metadata.name={POD}")["items"]
-    return found[0] if found else None
+    """The workload's pod (the newest, when a Deployment's old one is still going)."""
+    found = [p for p in kjson("get", "pods", "-n", namespace, "-l", f"app={STS}")["items"]
+             if not p["metadata"].get("deletionTimestamp")]
+    return max(found, key=lambda p: p["metadata"]["creationTimestamp"]) if found else None
 
 
-def test_a_pod_the_kubelet_skipped_for_its_claim_is_made_again_and_runs_at_once(namespace):
+@pytest.mark.parametrize("kind", ["StatefulSet", "Deployment"])
+def test_a_pod_the_kubelet_skipped_for_its_claim_is_made_again_and_runs_at_once(namespace, kind):
+    """StatefulSet: slurmctld's (the pod read by name); Deployment: the login pod's, when it sleeps
+    with the tier (its pods listed by the Deployment's selector)."""
     from provisioner.controltier.api import ClientTierApi
     from provisioner.controltier.decision import Workload
     from provisioner.controltier.tier import Tier
@@ -75,10 +79,10 @@ def test_a_pod_the_kubelet_skipped_for_its_claim_is_made_again_and_runs_at_once(
 
     _apply(f"""
 apiVersion: apps/v1
-kind: StatefulSet
+kind: {kind}
 metadata: {{name: {STS}, namespace: {namespace}}}
 spec:
-  serviceName: {STS}
+  {f"serviceName: {STS}" if kind == "StatefulSet" else "strategy: {type: Recreate}"}
   replicas: 1
   selector: {{matchLabels: {{app: {STS}}}}}
   template:
@@ -91,7 +95,7 @@ spec:
           volumeMounts: [{{name: state, mountPath: /state}}]}}
       volumes: [{{name: state, persistentVolumeClaim: {{claimName: state}}}}]
 """)
-    uid = wait_for(f"pod {POD}", lambda: _pod(namespace), 60)["metadata"]["uid"]
+    uid = wait_for(f"the {kind}'s pod", lambda: _pod(namespace), 60)["metadata"]["uid"]
     failed = wait_for("the kubelet's FailedMount for the missing claim", lambda: _failed_mounts(uid), 60)
     seen = time.monotonic()  # the kubelet skipped the pod at most a poll before: its back-off ends >= ~10 s after
     assert "error processing PVC" in failed[0]["message"], failed[0]["message"]
@@ -123,8 +127,8 @@ spec: {{accessModes: [ReadWriteOnce], storageClassName: "", volumeName: {PV}, re
              30, 0.1)
     tier = Tier(ClientTierApi(api_client(kubeconfig())), namespace, "e2e")
     progress: list[str] = []
-    tier._replace_skipped_pod(Workload(kind="StatefulSet", name=STS, component="x", replicas=1, ready=0),
-                              progress.append)
+    workload = Workload(kind=kind, name=STS, component="x", replicas=1, ready=0, selector=f"app={STS}")
+    tier._replace_skipped_pod(workload, progress.append)
     asked = time.monotonic()
     assert progress and "could not read its volume claim" in progress[0], progress
     pod = wait_for("the pod made again, running", lambda: _pod(namespace), 60, 0.2,
@@ -134,6 +138,5 @@ spec: {{accessModes: [ReadWriteOnce], storageClassName: "", volumeName: {PV}, re
     # the old pod would not have been looked at again before its back-off
     assert ran - seen < KUBELET_BACKOFF_MIN - 1, (asked - seen, ran - asked)
     # a second look finds the new pod running: nothing more is deleted
-    tier._replace_skipped_pod(Workload(kind="StatefulSet", name=STS, component="x", replicas=1, ready=0),
-                              progress.append)
+    tier._replace_skipped_pod(workload, progress.append)
     assert len(progress) == 1 and _pod(namespace)["metadata"]["uid"] == pod["metadata"]["uid"]

@@ -204,6 +204,34 @@ def test_a_woken_pod_is_left_alone_unless_the_kubelet_skipped_it_for_its_claim(c
     assert api.pods["slurmctld-0"] == pod
 
 
+def test_a_woken_login_pod_the_kubelet_skipped_for_its_claim_is_deleted_for_its_replicaset_to_make_another():
+    """The login pod, when it sleeps with the tier (`slurmk8s submit` waits for it), loses the same
+    race: its Deployment's pods are listed by its selector, and the skipped one is deleted once."""
+    tier, api = _asleep_tier()
+    api.ready_after = 6
+    skipped = _bound_pod("uid-login")
+    skipped["metadata"].update(name="login-5f7c9d-x2k4q", labels={m.L_COMPONENT: "login"})
+    gone = _bound_pod("uid-old-login")
+    gone["metadata"].update(name="login-5f7c9d-a1b2c", labels={m.L_COMPONENT: "login"}, deletionTimestamp="t")
+    api.pods = {skipped["metadata"]["name"]: skipped, gone["metadata"]["name"]: gone}
+    api.events += [_failed_mount("uid-login", NO_RELATIONSHIP), _failed_mount("uid-old-login", NO_RELATIONSHIP)]
+    progress = []
+    assert tier.wake("submit", progress.append) is True
+    assert [c for c in api.calls if c[0] == "delete_pod"] == [("delete_pod", "login-5f7c9d-x2k4q", "uid-login")]
+    assert ("pod login-5f7c9d-x2k4q: the kubelet could not read its volume claim (FailedMount) and would look again "
+            "only after 10-15 s; deleted it, its ReplicaSet makes another at once") in progress, progress
+
+
+def test_a_wake_not_allowed_to_list_the_login_pods_goes_on_and_says_so_once():
+    tier, api = _asleep_tier()
+    api.ready_after = 4
+    api.forbidden.add("list_pods")
+    lines = tier.log.__self__  # the list _tier logs into
+    assert tier.wake("submit") is True
+    assert [line for line in lines if "volume mounts" in line] == [
+        "cannot look at deployment/login's pods' volume mounts: 403 Forbidden: cannot list_pods"], lines
+
+
 def test_a_wake_without_the_rights_to_look_at_its_pods_goes_on_and_says_so_once():
     """An older Role (before `slurmk8s up` gave it get/delete on slurmctld-0 and list on Events)."""
     tier, api = _asleep_tier()

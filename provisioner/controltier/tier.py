@@ -211,7 +211,7 @@ class Tier:
                     if cur.ready >= 1:
                         break
                     scaled_up, look_at = cur.replicas >= 1, self.clock() + self.poll
-                    if scaled_up and w.kind == "StatefulSet":
+                    if scaled_up:
                         self._replace_skipped_pod(w, progress, replaced)
                 if quick and scaled_up and answers():
                     how = "takes connections on its port"
@@ -227,8 +227,8 @@ class Tier:
 
     def _replace_skipped_pod(self, w: Workload, progress: Callable[[str], None],
                              replaced: "_Replaced | None" = None) -> None:
-        """A woken StatefulSet's pod that the kubelet skipped for its volume claim: delete it, and the
-        StatefulSet makes it again at once.
+        """A woken workload's pod that the kubelet skipped for its volume claim: delete it, and its
+        StatefulSet (or the Deployment's ReplicaSet) makes it again at once.
 
         The kubelet reads a new pod's PersistentVolumeClaims as the node. When it asks before the API
         server's node authorizer has seen the pod bound to the node, it is refused ("no relationship
@@ -237,38 +237,49 @@ class Tier:
         local cluster: one woken slurmctld pod in five answered after 18 s instead of 3 s. On that
         FailedMount Event of this pod (by uid), while none of its containers has started, the pod
         is deleted (gracefully, its uid a precondition: a pod made since under the same name is left
-        alone); the StatefulSet controller makes it again once it is gone, and the new pod's kubelet
-        reads the claim afresh (measured: running 2.2-3.1 s after the claim was readable, 10-17 s
-        without). Deleting is what a waker may do anyway in effect (it may scale the StatefulSet to
-        zero); changing the pod instead (an annotation makes the kubelet sync it) would need `patch`
-        on it, which allows a new image. Best effort: a refusal (a Role from before these rights) is
-        logged once and the wake goes on."""
+        alone); the controller makes it again, and the new pod's kubelet reads the claim afresh
+        (measured: running 2.2-3.1 s after the claim was readable, 10-17 s without). Deleting is what
+        a waker may do anyway in effect (it may scale the workload to zero); changing the pod instead
+        (an annotation makes the kubelet sync it) would need `patch` on it, which allows a new image.
+        A StatefulSet's one pod is read by name (the login agent's Role allows get/delete on
+        slurmctld-0 alone); a Deployment's pods (the login pod, when it sleeps with the tier, which
+        only `slurmk8s submit` waits for) are listed by its selector. Best effort: a refusal (a Role
+        from before these rights) is logged once and the wake goes on."""
         from ..kubeapi import ApiError
 
         replaced = _Replaced() if replaced is None else replaced  # a wait passes its own, kept across its polls
         name = f"{w.name}-0"  # the tier's StatefulSets run one pod
+        deleted = []
         try:
-            pod = self.api.get_pod(self.namespace, name)
-            uid = str((pod.get("metadata") or {}).get("uid") or "")
-            statuses = (pod.get("status") or {}).get("containerStatuses") or []
-            if (not uid or uid in replaced.uids or (pod.get("metadata") or {}).get("deletionTimestamp")
-                    or not (pod.get("spec") or {}).get("nodeName")
-                    or any("waiting" not in (c.get("state") or {"waiting": {}}) for c in statuses)):
-                return  # not bound yet, being deleted, or its containers are past their volumes
-            events = self.api.list_events(self.namespace, f"involvedObject.uid={uid},reason=FailedMount")
-            if not any(PVC_NOT_READ in str(e.get("message", "")) for e in events):
+            if w.kind == "StatefulSet":
+                pods = [self.api.get_pod(self.namespace, name)]
+            elif w.selector:
+                pods = self.api.list_pods(self.namespace, w.selector)
+            else:
                 return
-            replaced.uids.add(uid)
-            self.api.delete_pod(self.namespace, name, uid)
+            for pod in pods:
+                meta = pod.get("metadata") or {}
+                name, uid = str(meta.get("name") or ""), str(meta.get("uid") or "")
+                statuses = (pod.get("status") or {}).get("containerStatuses") or []
+                if (not uid or uid in replaced.uids or meta.get("deletionTimestamp")
+                        or not (pod.get("spec") or {}).get("nodeName")
+                        or any("waiting" not in (c.get("state") or {"waiting": {}}) for c in statuses)):
+                    continue  # not bound yet, being deleted, or its containers are past their volumes
+                events = self.api.list_events(self.namespace, f"involvedObject.uid={uid},reason=FailedMount")
+                if not any(PVC_NOT_READ in str(e.get("message", "")) for e in events):
+                    continue
+                replaced.uids.add(uid)
+                self.api.delete_pod(self.namespace, name, uid)
+                deleted.append(name)
         except ApiError as err:
-            if err.status in (404, 409):
-                return  # not made yet, or gone / made again meanwhile: nothing to do
-            if not replaced.refusal_logged:  # once per wake
-                replaced.refusal_logged = True
-                self.log(f"cannot look at pod {name}'s volume mounts: {err}")
-            return
-        progress(f"pod {name}: the kubelet could not read its volume claim (FailedMount) and would look again "
-                 "only after 10-15 s; deleted it, the StatefulSet makes it again at once")
+            if err.status not in (404, 409) and not replaced.refusal_logged:  # 404/409: not made yet, or
+                replaced.refusal_logged = True  # gone or made again meanwhile: nothing to do; a refusal: once
+                whose = f"pod {name}'s" if w.kind == "StatefulSet" else f"{w.ref}'s pods'"
+                self.log(f"cannot look at {whose} volume mounts: {err}")
+        maker = "the StatefulSet makes it again" if w.kind == "StatefulSet" else "its ReplicaSet makes another"
+        for gone in deleted:
+            progress(f"pod {gone}: the kubelet could not read its volume claim (FailedMount) and would look "
+                     f"again only after 10-15 s; deleted it, {maker} at once")
 
     def _await_sleep(self, ws: list[Workload], running_in: str, progress: Callable[[str], None],
                      deadline: float) -> list[Workload]:

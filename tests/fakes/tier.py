@@ -25,7 +25,7 @@ class FakeTierApi:
     # pods marked terminating there
     endpoint_ips: dict[str, str] = field(default_factory=dict)
     terminating: set[str] = field(default_factory=set)
-    # get_pod / delete_pod: pods by name, as the API returns them (none: 404)
+    # get_pod / delete_pod / list_pods: pods by name, as the API returns them (none: 404)
     pods: dict[str, dict[str, Any]] = field(default_factory=dict)
     _pending: dict[tuple[str, str], int] = field(default_factory=dict)
 
@@ -76,7 +76,13 @@ class FakeTierApi:
         self.workloads[(kind, name)]["metadata"]["annotations"].update(annotations)
 
     def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        """The pods of `pods` whose labels match; when none do, one per replica (a name alone)."""
+        self._check("list_pods")
         want = dict(kv.split("=", 1) for kv in selector.split(",") if kv)
+        labelled = [json.loads(json.dumps(p)) for p in self.pods.values()
+                    if want.items() <= (p["metadata"].get("labels") or {}).items()]
+        if labelled:
+            return labelled
         pods = []
         for obj in self.workloads.values():
             if obj["spec"]["selector"]["matchLabels"] == want:

@@ -20,16 +20,16 @@ import shlex
 import shutil
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence, TypeVar
+from typing import Any, Iterator, Sequence
 
 import asyncssh
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from factories import node  # noqa: E402
+from waiting import wait_for  # noqa: E402,F401  (the tests import it from here)
 
 from provisioner.config import ClusterSpec, parse_spec  # noqa: E402
 from provisioner.controltier.activity import port_open  # noqa: E402
@@ -48,8 +48,6 @@ DOCKER_SOCKET = "/var/run/docker.sock"
 REPO = Path(__file__).resolve().parents[2]
 USER = "alice"
 UID = 2001
-
-T = TypeVar("T")
 
 
 class TestbedError(RuntimeError):
@@ -75,28 +73,6 @@ def unavailable_reason() -> str | None:
     if not os.path.exists(DOCKER_SOCKET):
         return f"{DOCKER_SOCKET} not found (the Docker backend in slurmctld needs it)"
     return None
-
-
-def wait_for(what: str, probe: Callable[[], T | None], timeout: float, interval: float = 0.5, *,
-             until: Callable[[T], object] | None = None, show: Callable[[T], object] | None = None) -> T:
-    """Poll `probe` until it returns something truthy; fail with `what` after `timeout` seconds.
-
-    With `until`, `probe` reads a state and the wait ends when `until(state)` holds (the state is
-    returned). With `until` or `show`, a timeout also says what the last read showed:
-    `show(state)`, or the state itself (the end of it, when long)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if until(value) if until is not None else value:
-            return value
-        if time.monotonic() > deadline:
-            message = f"timed out after {timeout:.0f}s waiting for {what}"
-            if until is not None or show is not None:
-                seen = str(show(value)) if show is not None else value if isinstance(value, str) else repr(value)
-                seen = seen if len(seen) <= 6000 else "..." + seen[-6000:]
-                message += "; last seen:" + ("\n" if "\n" in seen else " ") + seen
-            raise TimeoutError(message)
-        time.sleep(interval)
 
 
 @dataclass(frozen=True)
