@@ -64,6 +64,8 @@ class RunningWatch:
         self._done = threading.Event()
         listed = api.request("GET", api_path("v1", ns, "pods"), self._query)
         self._note(listed.get("items") or ())
+        if self._done.is_set():
+            return  # already there: nothing to watch
         self._thread = threading.Thread(target=self._watch, args=(listed["metadata"]["resourceVersion"],),
                                         daemon=True)
         self._thread.start()
@@ -87,10 +89,12 @@ class RunningWatch:
                                               (10.0, limit + 30.0)):
                 if event.get("type") == "ERROR":
                     self.error = str(event.get("object"))
-                    break
+                    self._done.set()
+                    return
                 self._note([event["object"]], gone=event.get("type") == "DELETED")
                 if self._done.is_set():
                     return
+            self.error = "the API server ended the watch"
         except Exception as err:  # reported by wait()  # noqa: BLE001
             self.error = str(err)
         self._done.set()

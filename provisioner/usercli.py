@@ -137,7 +137,8 @@ def wake(api_client: Any, namespace: str, why: str, timeout: float, scaled: Any 
     from .controltier.decision import TierError
     from .controltier.tier import Tier
 
-    tier = Tier(ClientTierApi(api_client), namespace, "slurmk8s-cli", log=lambda line: typer.echo(line, err=True))
+    tier = Tier(ClientTierApi(api_client), namespace, "slurmk8s-cli", log=lambda line: typer.echo(line, err=True),
+                replace_deployment_pods=True)
     try:
         return tier.wake(why, progress=progress, timeout=timeout, scaled=scaled)
     except TierError as err:

@@ -208,6 +208,7 @@ def test_a_woken_login_pod_the_kubelet_skipped_for_its_claim_is_deleted_for_its_
     """The login pod, when it sleeps with the tier (`slurmk8s submit` waits for it), loses the same
     race: its Deployment's pods are listed by its selector, and the skipped one is deleted once."""
     tier, api = _asleep_tier()
+    tier.replace_deployment_pods = True  # the CLI's wake (usercli.wake)
     api.ready_after = 6
     skipped = _bound_pod("uid-login")
     skipped["metadata"].update(name="login-5f7c9d-x2k4q", labels={m.L_COMPONENT: "login"})
@@ -224,12 +225,42 @@ def test_a_woken_login_pod_the_kubelet_skipped_for_its_claim_is_deleted_for_its_
 
 def test_a_wake_not_allowed_to_list_the_login_pods_goes_on_and_says_so_once():
     tier, api = _asleep_tier()
+    tier.replace_deployment_pods = True
     api.ready_after = 4
     api.forbidden.add("list_pods")
     lines = tier.log.__self__  # the list _tier logs into
     assert tier.wake("submit") is True
     assert [line for line in lines if "volume mounts" in line] == [
         "cannot look at deployment/login's pods' volume mounts: 403 Forbidden: cannot list_pods"], lines
+
+
+def test_the_wakers_in_pods_never_list_the_login_pods():
+    """The login agent and the REST front (their Roles: get/delete on slurmctld-0 alone) wake
+    without `replace_deployment_pods`: a REST request's wake waits for a sleeping login pod too,
+    and must neither be refused each wake nor ask for `delete` on every pod of the namespace."""
+    tier, api = _asleep_tier()
+    api.ready_after = 4
+    api.forbidden.add("list_pods")
+    lines = tier.log.__self__
+    assert tier.wake("a REST request by alice") is True
+    assert not [line for line in lines if "volume mounts" in line], lines
+
+
+def test_the_cli_wake_may_replace_the_login_pod(monkeypatch):
+    """`slurmk8s submit` wakes with the user's own credentials, which may list and delete pods."""
+    import provisioner.usercli as usercli
+    from provisioner.controltier import tier as tier_module
+
+    made = []
+
+    class Recording(tier_module.Tier):
+        def wake(self, *args, **kwargs):
+            made.append(self)
+            return False
+
+    monkeypatch.setattr(tier_module, "Tier", Recording)
+    assert usercli.wake(object(), "slurm-zz", "submit", 1.0) is False
+    assert [t.replace_deployment_pods for t in made] == [True]
 
 
 def test_a_wake_without_the_rights_to_look_at_its_pods_goes_on_and_says_so_once():

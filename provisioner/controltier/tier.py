@@ -62,6 +62,11 @@ class Tier:
     poll: float = 0.5
     # how often a wake asks `answers` (slurmctld's port) while it waits; None: each poll
     answer_poll: float | None = None
+    # whether a wake may list and delete a woken Deployment's pods (the login pod's, when it sleeps
+    # with the tier) that the kubelet skipped for their claim: the CLI's own credentials may; the
+    # wakers' Roles (login agent, REST front) name slurmctld's pod alone, as a Deployment's pod names
+    # are not known in advance and an unnamed `delete` would reach the workers
+    replace_deployment_pods: bool = False
 
     def _api_error(self, what: str, err: Exception) -> TierError:
         status = getattr(err, "status", None)
@@ -211,7 +216,7 @@ class Tier:
                     if cur.ready >= 1:
                         break
                     scaled_up, look_at = cur.replicas >= 1, self.clock() + self.poll
-                    if scaled_up:
+                    if scaled_up and (w.kind == "StatefulSet" or self.replace_deployment_pods):
                         self._replace_skipped_pod(w, progress, replaced)
                 if quick and scaled_up and answers():
                     how = "takes connections on its port"
@@ -241,9 +246,9 @@ class Tier:
         (measured: running 2.2-3.1 s after the claim was readable, 10-17 s without). Deleting is what
         a waker may do anyway in effect (it may scale the workload to zero); changing the pod instead
         (an annotation makes the kubelet sync it) would need `patch` on it, which allows a new image.
-        A StatefulSet's one pod is read by name (the login agent's Role allows get/delete on
-        slurmctld-0 alone); a Deployment's pods (the login pod, when it sleeps with the tier, which
-        only `slurmk8s submit` waits for) are listed by its selector. Best effort: a refusal (a Role
+        A StatefulSet's one pod is read by name (the wakers' Roles allow get/delete on slurmctld-0
+        alone); a Deployment's pods (the login pod, when it sleeps with the tier) are listed by its
+        selector, by the CLI's wake alone (`replace_deployment_pods`). Best effort: a refusal (a Role
         from before these rights) is logged once and the wake goes on."""
         from ..kubeapi import ApiError
 

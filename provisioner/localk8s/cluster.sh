@@ -527,8 +527,12 @@ kwok_up() {
   local stages=$SHARE/kwok-stages cfg=() f
   [ -d "$stages" ] || die "kwok stage files missing ($stages): run the toolchain build"
   for f in "$stages"/*.yaml; do grep -q '^kind: Stage' "$f" && cfg+=(--config "$f"); done
-  # a KwokConfiguration read from a file leaves the options it does not name at zero, not at kwok's
-  # defaults, so every worker count is named (the others are kwok v0.8.0's defaults)
+  case $KWOK_POD_PARALLELISM in
+    ''|*[!0-9]*|0) die "LOCALK8S_KWOK_POD_PARALLELISM must be a whole number above 0 (it is '$KWOK_POD_PARALLELISM')" ;;
+  esac
+  # kwok applies none of its defaults to a KwokConfiguration read from a file (a worker count left
+  # out is 0, and kwok refuses to start), so the file names the options that kwok v0.8.0 defaults,
+  # at its defaults but the one changed
   cat > "$ROOT/kwok-config.yaml" <<EOF
 apiVersion: config.kwok.x-k8s.io/v1alpha1
 kind: KwokConfiguration
@@ -538,6 +542,11 @@ options:
   nodeLeaseParallelism: 4
   podsOnNodeSyncParallelism: 1
   enablePodsOnNodeSyncListPager: true
+  enablePodsOnNodeSyncStreamWatch: false
+  enableDebuggingHandlers: true
+  enableProfilingHandler: true
+  enableContentionProfiling: false
+  manageAllNodes: false
 EOF
   cfg+=(--config "$ROOT/kwok-config.yaml")
   check_port tcp 10247 kwok
