@@ -73,7 +73,7 @@ sys.path.insert(0, str(BENCH))
 
 from all_rows import (GOAL, NONE, ORDER, WHAT, Row, p1_rows, p3_rows, p4_rows, p4b_rows, p6_rows,  # noqa: E402
                       p7_rows, render_rows)
-from helpers import LOCAL_KUBECONFIG, TOOLCHAIN_BIN, kubeconfig, kubectl_exe  # noqa: E402
+from helpers import LOCAL_KUBECONFIG, TOOLCHAIN_BIN, kubeconfig, server_version  # noqa: E402
 
 TAIL = 30  # lines of a failed bench's output in the table's notes
 GRACE = 120.0  # s between SIGINT and SIGKILL for a bench past its timeout
@@ -476,12 +476,7 @@ def probe(needs: set[str]) -> tuple[dict[str, str], str]:
     missing: dict[str, str] = {}
     server = ""
     if "cluster" in needs:
-        try:
-            got = subprocess.run([kubectl_exe(), "--kubeconfig", kubeconfig(), "version", "-o", "json",
-                                  "--request-timeout=10s"], capture_output=True, text=True, timeout=30, check=False)
-            server = json.loads(got.stdout or "{}").get("serverVersion", {}).get("gitVersion", "")
-        except (OSError, subprocess.TimeoutExpired, ValueError):
-            pass
+        server = server_version("")
         if not server:
             missing["cluster"] = (f"no Kubernetes API answered at KUBECONFIG={kubeconfig()} "
                                   "(the local one: `slurmk8s cluster up`)")

@@ -63,7 +63,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "e2e"))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from helpers import SLURMK8S, e2e_spec, kjson, kubeconfig, kubectl  # noqa: E402
+from helpers import SLURMK8S, e2e_spec, kjson, kubeconfig, server_version  # noqa: E402
 from deploy import down, up  # noqa: E402
 from load_10k import pct  # noqa: E402
 
@@ -561,9 +561,8 @@ def run(args: argparse.Namespace, trace: list[TraceJob], key: asyncssh.SSHKey, w
     delta, at_drain = usage_delta(status["before"], after, POOL), usage_delta(status["before"], status["drained"], POOL)
     sim = simulate_always_on(trace, args.nodes)
     lags = [(s.at_ms - s.planned_ms) / 1000 for s in replay.submissions]
-    server = json.loads(kubectl("version", "-o", "json", check=False).stdout or "{}").get("serverVersion", {})
     doc = {
-        "kubernetes": server.get("gitVersion", "?"), "slurm": slurm, "up_seconds": round(up_s, 3),
+        "kubernetes": server_version(), "slurm": slurm, "up_seconds": round(up_s, 3),
         "jobs": len(trace), "seed": args.seed,
         "nodes": args.nodes, "suspend_time": None if args.always_on else args.suspend_time,
         "time_scale": args.time_scale, "always_on": args.always_on, "tag": tag, "trace_span_s": trace[-1].offset,

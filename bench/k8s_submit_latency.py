@@ -94,7 +94,7 @@ sys.path.insert(0, str(ROOT / "e2e"))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from helpers import (LOCAL_KUBECONFIG, NotOurs, clear_leftover, e2e_spec, kjson, kubeconfig, kubectl,  # noqa: E402
-                     kubectl_exe, mark_made_by, slurmk8s, static_volumes)
+                     kubectl_exe, mark_made_by, server_version, slurmk8s, static_volumes)
 from p1_phases import (PHASES, Sources, json_stream, parse_runs, pct, phase_table, phases,  # noqa: E402
                        pod_times, prolog_waits, resume_calls, run_table, scheduled_events, slurmctld_events)
 
@@ -299,8 +299,7 @@ def main() -> None:
     zero = [r.seconds for r in zero_runs]
     idle = [r.seconds for r in idle_runs]
     bare = bare_pod_start("slurmk8s/slurmd:dev", max(5, args.runs // 2))
-    versions = kubectl("version", "-o", "json", check=False).stdout
-    server = json.loads(versions).get("serverVersion", {}).get("gitVersion", "?") if versions else "?"
+    server = server_version()
     print(f"Kubernetes {server}, Slurm 24.11 images, {args.runs} runs each, 1-node batch job")
     for name, vals in (("from zero workers", zero), ("from idle workers", idle), ("bare pod start", bare)):
         print(f"{name:18s}: p50 {statistics.median(vals):5.2f} s  p95 {pct(vals, 0.95):5.2f} s  "

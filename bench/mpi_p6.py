@@ -52,7 +52,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "e2e"))
 
 from helpers import (LOCAL_KUBECONFIG, NotOurs, clear_leftover, kjson, kubeconfig, kubectl,  # noqa: E402
-                     mark_made_by, refuse_foreign, side_spec, slurmk8s, static_volumes)
+                     mark_made_by, refuse_foreign, server_version, side_spec, slurmk8s, static_volumes)
 
 NAME = "bench-p6"  # its own cluster: never the quickstart's or the e2e suite's `local`
 NAMESPACE = f"slurm-{NAME}"
@@ -332,8 +332,7 @@ def measure_on_kubernetes(args: argparse.Namespace) -> dict[str, Any]:
         (WORK / "mpi_p6").chmod(0o755)
         result["binary_sha256"] = hashlib.sha256(binary).hexdigest()
         result["host"] = host_floor(WORK / "mpi_p6")
-        versions = kubectl("version", "-o", "json", check=False).stdout
-        result["kubernetes"] = json.loads(versions).get("serverVersion", {}).get("gitVersion", "?") if versions else "?"
+        result["kubernetes"] = server_version()
         result["node_ips"] = dict(zip(NODES, ips))
     finally:
         if args.keep:

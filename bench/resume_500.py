@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "e2e"))
 sys.path.insert(0, str(ROOT / "tests"))  # the fakes package
 
-from helpers import NotOurs, clear_leftover, kubectl, kubectl_exe, kubeconfig, mark_made_by  # noqa: E402
+from helpers import NotOurs, clear_leftover, kubectl, kubectl_exe, kubeconfig, mark_made_by, server_version  # noqa: E402
 
 from provisioner import manifests as m  # noqa: E402
 from provisioner.kubeapi import api_path  # noqa: E402
@@ -310,8 +310,7 @@ def main() -> None:
               f"{f_created:.2f} s, all Running {f_running:.2f} s -> resume / floor {t_running / f_running:.2f}x "
               f"(target <= 1.3x)")
     if args.json:
-        versions = kubectl("version", "-o", "json", check=False).stdout
-        server = json.loads(versions).get("serverVersion", {}).get("gitVersion", "?") if versions else "?"
+        server = server_version()
         args.json.write_text(json.dumps({
             "kubernetes": server, "nodes": args.nodes, "parallel": args.parallel, "kwok_nodes": kwok_nodes,
             "hostlist": hostlist, "resume_exit": result.code, "set_down": len(result.down),

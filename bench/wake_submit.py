@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "e2e"))
 
 import sleepy  # noqa: E402
-from helpers import NotOurs, kubectl  # noqa: E402
+from helpers import NotOurs, server_version  # noqa: E402
 
 MADE_BY = "bench"  # the label this benchmark puts on the namespace it deploys (helpers.MADE_BY)
 
@@ -142,8 +142,7 @@ def main() -> int:
               f"{statistics.median(plain_id):.1f}s (max {max(plain_id):.1f}s; target <= 3 s), RUNNING seen median "
               f"{statistics.median(plain_seen):.1f}s")
     if args.json:
-        versions = kubectl("version", "-o", "json", check=False).stdout
-        server = json.loads(versions).get("serverVersion", {}).get("gitVersion", "?") if versions else "?"
+        server = server_version()
         args.json.write_text(json.dumps({
             "kubernetes": server, "runs": args.runs, "login_sleeps": args.login_sleeps, "jobs": jobs,
             "to_job_id": [round(x, 3) for x in to_id], "to_start_time": [round(x, 3) for x in to_start],

@@ -59,6 +59,16 @@ def kubectl(*args: str, check: bool = True, timeout: float = 60,
                           check=check, timeout=timeout, input=input)
 
 
+def server_version(default: str = "?") -> str:
+    """The API server's version (its gitVersion), or `default` when it does not answer: for the
+    benches' JSON and the table's machine line."""
+    try:
+        got = kubectl("version", "-o", "json", "--request-timeout=10s", check=False, timeout=30)
+        return json.loads(got.stdout or "{}").get("serverVersion", {}).get("gitVersion", default) or default
+    except (OSError, subprocess.TimeoutExpired, ValueError):  # no kubectl, no answer, not JSON
+        return default
+
+
 def kjson(*args: str) -> Any:
     return json.loads(kubectl(*args, "-o", "json").stdout)
 
