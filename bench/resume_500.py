@@ -51,7 +51,9 @@ WORKERS = "app.kubernetes.io/component=worker"
 class RunningWatch:
     """When the `count`-th worker pod of `ns` was seen Running: one watch of the pods Running (the
     API server filters by phase), started before the pods are made. A poll (kubectl every 0.1 s, as
-    before) loaded the 2 cores that the figures measure, and read the time only to its next poll."""
+    before) loaded the 2 cores that the figures measure, and read the time only to its next poll.
+    The API server closes a watch whose reader falls behind (seen at 4,096 pods, this process busy
+    creating them): the pods are then listed again and watched from there (`restarts`)."""
 
     def __init__(self, api, ns: str, count: int) -> None:
         import threading
@@ -61,14 +63,19 @@ class RunningWatch:
         self._names: set[str] = set()
         self.done_at: float | None = None
         self.error = ""
+        self.restarts = 0
         self._done = threading.Event()
-        listed = api.request("GET", api_path("v1", ns, "pods"), self._query)
+        self._deadline = time.monotonic() + limit_s(count)
+        version = self._list()
+        if not self._done.is_set():
+            threading.Thread(target=self._watch, args=(version,), daemon=True).start()
+
+    def _list(self) -> str:
+        """The pods Running now (replacing what was seen); returns the list's resourceVersion."""
+        listed = self._api.request("GET", api_path("v1", self._ns, "pods"), self._query)
+        self._names = set()
         self._note(listed.get("items") or ())
-        if self._done.is_set():
-            return  # already there: nothing to watch
-        self._thread = threading.Thread(target=self._watch, args=(listed["metadata"]["resourceVersion"],),
-                                        daemon=True)
-        self._thread.start()
+        return listed["metadata"]["resourceVersion"]
 
     def _note(self, pods, gone: bool = False) -> None:
         for pod in pods:
@@ -82,29 +89,35 @@ class RunningWatch:
             self._done.set()
 
     def _watch(self, version: str) -> None:
-        limit = int(limit_s(self._count))
-        try:
-            for event in self._api.watch_path(api_path("v1", self._ns, "pods"),
-                                              {**self._query, "resourceVersion": version, "timeoutSeconds": limit},
-                                              (10.0, limit + 30.0)):
-                if event.get("type") == "ERROR":
-                    self.error = str(event.get("object"))
-                    self._done.set()
-                    return
-                self._note([event["object"]], gone=event.get("type") == "DELETED")
+        while (left := int(self._deadline - time.monotonic())) > 0:
+            try:
+                for event in self._api.watch_path(api_path("v1", self._ns, "pods"),
+                                                  {**self._query, "resourceVersion": version, "timeoutSeconds": left},
+                                                  (10.0, left + 30.0)):
+                    if event.get("type") == "ERROR":  # e.g. 410: the version is too old; list again
+                        self.error = str(event.get("object"))
+                        break
+                    self._note([event["object"]], gone=event.get("type") == "DELETED")
+                    if self._done.is_set():
+                        return
+                else:
+                    self.error = "the API server ended the watch"
+                self.restarts += 1
+                version = self._list()
                 if self._done.is_set():
                     return
-            self.error = "the API server ended the watch"
-        except Exception as err:  # reported by wait()  # noqa: BLE001
-            self.error = str(err)
+            except Exception as err:  # reported by wait()  # noqa: BLE001
+                self.error = str(err)
+                break
         self._done.set()
 
     def wait(self, t0: float, what: str) -> float:
         """Seconds from `t0` to the moment the last pod was seen Running; exits with the count short."""
-        self._done.wait(limit_s(self._count) + 30)
+        self._done.wait(max(0.0, self._deadline - time.monotonic()) + 30)
         if self.done_at is None:
             sys.exit(f"{what}: only {len(self._names)} of {self._count} pods Running after "
-                     f"{time.monotonic() - t0:.0f} s{'; the watch failed: ' + self.error if self.error else ''}")
+                     f"{time.monotonic() - t0:.0f} s{'; the watch failed: ' + self.error if self.error else ''}"
+                     f" ({self.restarts} restarts)")
         return self.done_at - t0
 
 
@@ -189,7 +202,8 @@ def reconcile_passes(backend, inventory, passes: int) -> tuple[list[float], int,
 
 def floor(backend, inventory, ns: str, nodes: int, parallel: int) -> tuple[float, float]:
     """The same pods created straight through the API (`parallel` calls in flight), no resume
-    program: (seconds until every create returned, until all were Running). Deletes them after."""
+    program: (seconds until every create returned, until all were Running, restarts of the watch
+    that saw them Running). Deletes them after."""
     from concurrent.futures import ThreadPoolExecutor
 
     bodies = []
@@ -209,7 +223,7 @@ def floor(backend, inventory, ns: str, nodes: int, parallel: int) -> tuple[float
     with ThreadPoolExecutor(parallel) as pool:
         list(pool.map(lambda body: backend.api.delete(ns, body["metadata"]["name"], grace_seconds=0), bodies))
     wait_gone(ns, nodes)
-    return created, all_running
+    return created, all_running, watch.restarts
 
 
 def wait_gone(ns: str, nodes: int) -> None:
@@ -295,12 +309,16 @@ def main() -> None:
         run_suspend([hostlist], ctx)
         t_deleted = time.monotonic() - t1
         wait_gone(NS, args.nodes)
-        f_created, f_running = floor(from_env(env), inventory, NS, args.nodes, args.parallel)
+        f_created, f_running, f_restarts = floor(from_env(env), inventory, NS, args.nodes, args.parallel)
         print(f"resume of {args.nodes} nodes ({hostlist}) through the resume program + Kubernetes backend, "
               f"{args.parallel} parallel API calls, {kwok_nodes} kwok nodes:")
-        print(f"  resume program returned (every pod created): {t_created:.2f} s, exit {result.code}, "
+        goal_created = " (target <= 20 s at 4,096 nodes)" if args.nodes == 4096 else ""
+        goal_running = " (target <= 5 s)" if args.nodes == 500 else ""
+        print(f"  resume program returned (every pod created): {t_created:.2f} s{goal_created}, exit {result.code}, "
               f"{len(result.down)} nodes set DOWN")
-        print(f"  all {args.nodes} worker pods Running: {t_running:.2f} s (target <= 5 s)")
+        restarts = (f"; the Running watch restarted {watch.restarts} / {f_restarts} times (resume / floor): "
+                    "a pod first seen Running by a list is timed at that list" if watch.restarts or f_restarts else "")
+        print(f"  all {args.nodes} worker pods Running: {t_running:.2f} s{goal_running}{restarts}")
         print(f"  reconcile pass at {args.nodes} worker pods (Slurm's side canned): "
               f"{' / '.join(f'{t:.2f}' for t in pass_s)} s (target <= 2 s), peak Python memory of a pass "
               f"{pass_peak / 2**20:.1f} MiB, {pass_findings} findings other than ok; the watch's first list "
@@ -319,6 +337,7 @@ def main() -> None:
             "reconcile_findings": pass_findings, "reconcile_watch_sync_s": round(sync_s, 6),
             "reconcile_listed_pass_s": round(listed_pass_s, 6),
             "floor_created_s": round(f_created, 6), "floor_running_s": round(f_running, 6),
+            "watch_restarts": watch.restarts, "floor_watch_restarts": f_restarts,
         }, indent=2) + "\n")
     kubectl("delete", "namespace", NS, "--wait=false", check=False)
     kubectl("delete", "pv", "p4b-home", "--wait=false", check=False)
