@@ -223,29 +223,6 @@ def test_a_woken_login_pod_the_kubelet_skipped_for_its_claim_is_deleted_for_its_
             "only after 10-15 s; deleted it, its ReplicaSet makes another at once") in progress, progress
 
 
-def test_a_wake_not_allowed_to_list_the_login_pods_goes_on_and_says_so_once():
-    tier, api = _asleep_tier()
-    tier.replace_deployment_pods = True
-    api.ready_after = 4
-    api.forbidden.add("list_pods")
-    lines = tier.log.__self__  # the list _tier logs into
-    assert tier.wake("submit") is True
-    assert [line for line in lines if "volume mounts" in line] == [
-        "cannot look at deployment/login's pods' volume mounts: 403 Forbidden: cannot list_pods"], lines
-
-
-def test_the_wakers_in_pods_never_list_the_login_pods():
-    """The login agent and the REST front (their Roles: get/delete on slurmctld-0 alone) wake
-    without `replace_deployment_pods`: a REST request's wake waits for a sleeping login pod too,
-    and must neither be refused each wake nor ask for `delete` on every pod of the namespace."""
-    tier, api = _asleep_tier()
-    api.ready_after = 4
-    api.forbidden.add("list_pods")
-    lines = tier.log.__self__
-    assert tier.wake("a REST request by alice") is True
-    assert not [line for line in lines if "volume mounts" in line], lines
-
-
 def test_the_cli_wake_may_replace_the_login_pod(monkeypatch):
     """`slurmk8s submit` wakes with the user's own credentials, which may list and delete pods."""
     import provisioner.usercli as usercli
@@ -263,15 +240,23 @@ def test_the_cli_wake_may_replace_the_login_pod(monkeypatch):
     assert [t.replace_deployment_pods for t in made] == [True]
 
 
-def test_a_wake_without_the_rights_to_look_at_its_pods_goes_on_and_says_so_once():
-    """An older Role (before `slurmk8s up` gave it get/delete on slurmctld-0 and list on Events)."""
+@pytest.mark.parametrize("refused, cli, said", [
+    ("get_pod", False, "cannot look at pod slurmctld-0's volume mounts: 403 Forbidden: cannot get_pod"),
+    ("list_pods", True, "cannot look at deployment/login's pods' volume mounts: 403 Forbidden: cannot list_pods"),
+    ("list_pods", False, None),
+])
+def test_a_wake_without_the_rights_to_look_at_its_pods_goes_on_and_says_so_once(refused, cli, said):
+    """An older Role (before `slurmk8s up` gave it get/delete on slurmctld-0 and list on Events), or
+    a user who may not list pods. The wakers in pods (the login agent, the REST front: their Roles
+    name slurmctld-0 alone) never list the login pods, though the REST front waits for a sleeping
+    login pod: they are neither refused each wake nor given `delete` on every pod of the namespace."""
     tier, api = _asleep_tier()
+    tier.replace_deployment_pods = cli  # the CLI's wake (usercli.wake) sets it
     api.ready_after = 4
-    api.forbidden.add("get_pod")
+    api.forbidden.add(refused)
     lines = tier.log.__self__  # the list _tier logs into
     assert tier.wake("submit") is True
-    assert [line for line in lines if "cannot look at pod slurmctld-0" in line] == [
-        "cannot look at pod slurmctld-0's volume mounts: 403 Forbidden: cannot get_pod"], lines
+    assert [line for line in lines if "volume mounts" in line] == ([said] if said else []), lines
 
 
 def test_wake_says_when_everything_is_scaled_before_waiting_for_readiness():
