@@ -53,7 +53,10 @@ class RunningWatch:
     API server filters by phase), started before the pods are made. A poll (kubectl every 0.1 s, as
     before) loaded the 2 cores that the figures measure, and read the time only to its next poll.
     The API server closes a watch whose reader falls behind (seen at 4,096 pods, this process busy
-    creating them): the pods are then listed again and watched from there (`restarts`)."""
+    creating them), a stream may break: the pods are then listed again and watched from there
+    (`restarts`, at most MAX_RESTARTS)."""
+
+    MAX_RESTARTS = 20
 
     def __init__(self, api, ns: str, count: int) -> None:
         import threading
@@ -64,6 +67,7 @@ class RunningWatch:
         self.done_at: float | None = None
         self.error = ""
         self.restarts = 0
+        self.reasons: list[str] = []  # why each restart
         self._done = threading.Event()
         self._deadline = time.monotonic() + limit_s(count)
         version = self._list()
@@ -101,14 +105,24 @@ class RunningWatch:
                     if self._done.is_set():
                         return
                 else:
+                    if time.monotonic() >= self._deadline:
+                        break  # its own timeoutSeconds: the deadline
                     self.error = "the API server ended the watch"
-                self.restarts += 1
-                version = self._list()
-                if self._done.is_set():
-                    return
-            except Exception as err:  # reported by wait()  # noqa: BLE001
+            except Exception as err:  # a broken stream, a refused request: list again; wait() reports  # noqa: BLE001
                 self.error = str(err)
+            if self.restarts >= self.MAX_RESTARTS:
+                self.error += f" ({self.restarts} restarts: given up)"
                 break
+            self.restarts += 1
+            self.reasons.append(self.error[:300])
+            time.sleep(0.2)  # not a tight loop of lists on the cores being measured
+            try:
+                version = self._list()
+            except Exception as err:  # noqa: BLE001
+                self.error = str(err)
+                continue
+            if self._done.is_set():
+                return
         self._done.set()
 
     def wait(self, t0: float, what: str) -> float:
@@ -200,10 +214,10 @@ def reconcile_passes(backend, inventory, passes: int) -> tuple[list[float], int,
     return times, peak, findings, sync_s, listed_pass
 
 
-def floor(backend, inventory, ns: str, nodes: int, parallel: int) -> tuple[float, float]:
+def floor(backend, inventory, ns: str, nodes: int, parallel: int) -> tuple[float, float, RunningWatch]:
     """The same pods created straight through the API (`parallel` calls in flight), no resume
-    program: (seconds until every create returned, until all were Running, restarts of the watch
-    that saw them Running). Deletes them after."""
+    program: (seconds until every create returned, until all were Running, the watch that saw them
+    Running). Deletes them after."""
     from concurrent.futures import ThreadPoolExecutor
 
     bodies = []
@@ -223,7 +237,7 @@ def floor(backend, inventory, ns: str, nodes: int, parallel: int) -> tuple[float
     with ThreadPoolExecutor(parallel) as pool:
         list(pool.map(lambda body: backend.api.delete(ns, body["metadata"]["name"], grace_seconds=0), bodies))
     wait_gone(ns, nodes)
-    return created, all_running, watch.restarts
+    return created, all_running, watch
 
 
 def wait_gone(ns: str, nodes: int) -> None:
@@ -309,15 +323,17 @@ def main() -> None:
         run_suspend([hostlist], ctx)
         t_deleted = time.monotonic() - t1
         wait_gone(NS, args.nodes)
-        f_created, f_running, f_restarts = floor(from_env(env), inventory, NS, args.nodes, args.parallel)
+        f_created, f_running, f_watch = floor(from_env(env), inventory, NS, args.nodes, args.parallel)
         print(f"resume of {args.nodes} nodes ({hostlist}) through the resume program + Kubernetes backend, "
               f"{args.parallel} parallel API calls, {kwok_nodes} kwok nodes:")
         goal_created = " (target <= 20 s at 4,096 nodes)" if args.nodes == 4096 else ""
         goal_running = " (target <= 5 s)" if args.nodes == 500 else ""
         print(f"  resume program returned (every pod created): {t_created:.2f} s{goal_created}, exit {result.code}, "
               f"{len(result.down)} nodes set DOWN")
-        restarts = (f"; the Running watch restarted {watch.restarts} / {f_restarts} times (resume / floor): "
-                    "a pod first seen Running by a list is timed at that list" if watch.restarts or f_restarts else "")
+        reasons = sorted(set(watch.reasons + f_watch.reasons))
+        restarts = (f"; the Running watch restarted {watch.restarts} / {f_watch.restarts} times (resume / floor): "
+                    f"a pod first seen Running by a list is timed at that list; why: {' | '.join(reasons)}"
+                    if reasons else "")
         print(f"  all {args.nodes} worker pods Running: {t_running:.2f} s{goal_running}{restarts}")
         print(f"  reconcile pass at {args.nodes} worker pods (Slurm's side canned): "
               f"{' / '.join(f'{t:.2f}' for t in pass_s)} s (target <= 2 s), peak Python memory of a pass "
@@ -337,7 +353,7 @@ def main() -> None:
             "reconcile_findings": pass_findings, "reconcile_watch_sync_s": round(sync_s, 6),
             "reconcile_listed_pass_s": round(listed_pass_s, 6),
             "floor_created_s": round(f_created, 6), "floor_running_s": round(f_running, 6),
-            "watch_restarts": watch.restarts, "floor_watch_restarts": f_restarts,
+            "watch_restarts": watch.reasons, "floor_watch_restarts": f_watch.reasons,
         }, indent=2) + "\n")
     kubectl("delete", "namespace", NS, "--wait=false", check=False)
     kubectl("delete", "pv", "p4b-home", "--wait=false", check=False)

@@ -522,14 +522,14 @@ status() {
 kwok_up() {
   need_toolchain kwok
   running kube-apiserver || die "the cluster is not running: run '$ME up' first"
-  touch "$ROOT/kwok.enabled"
   if running kwok; then say "kwok already running"; return 0; fi
   local stages=$SHARE/kwok-stages cfg=() f
   [ -d "$stages" ] || die "kwok stage files missing ($stages): run the toolchain build"
   for f in "$stages"/*.yaml; do grep -q '^kind: Stage' "$f" && cfg+=(--config "$f"); done
   case $KWOK_POD_PARALLELISM in
-    ''|*[!0-9]*|0) die "LOCALK8S_KWOK_POD_PARALLELISM must be a whole number above 0 (it is '$KWOK_POD_PARALLELISM')" ;;
+    ''|*[!0-9]*|0*) die "LOCALK8S_KWOK_POD_PARALLELISM must be a whole number above 0, without leading zeros (it is '$KWOK_POD_PARALLELISM')" ;;
   esac
+  touch "$ROOT/kwok.enabled"
   # kwok applies none of its defaults to a KwokConfiguration read from a file (a worker count left
   # out is 0, and kwok refuses to start), so the file names the options that kwok v0.8.0 defaults,
   # at its defaults but the one changed
