@@ -172,6 +172,41 @@ def test_a_restarted_loop_keeps_a_busy_leaving_node_from_the_running_inventory(c
     assert cluster.inventory()["gpu-k-3"].unavailable.startswith("kubernetes node k-3 left the pool")
 
 
+def test_a_reconfigure_waits_for_the_power_saving_programs_running_then_goes_ahead(cluster):
+    """Slurm 24.11's reconfigure waits, answering nothing, for every script slurmctld started; a
+    suspend program polling sinfo meanwhile held both for 14 s (an e2e run). While the loop runs
+    programs, the reconfigure waits (files unchanged, retried each pass), at most defer_max; a
+    change needing no reconfigure (a cordon) is not held."""
+    running, now = [1], [100.0]
+    lines = []
+    cluster.live.programs_running = lambda: running[0]
+    cluster.live.clock = lambda: now[0]
+    cluster.live.log = type("L", (), {"write": staticmethod(lines.append)})()
+    before = {p.name: p.read_text() for p in cluster.dir.iterdir()}
+    cluster.nodes[1]["metadata"]["labels"][AWS + "3"] = "leaf-b"
+    outcome = cluster.live.step()
+    assert outcome.deferred and not outcome.reconfigured and not outcome.error and not outcome.written
+    assert {p.name: p.read_text() for p in cluster.dir.iterdir()} == before and cluster.reconfigures() == 0
+    assert [line for line in lines if "waits for 1 power-saving program(s)" in line], lines
+    now[0] += 10
+    assert cluster.live.step().deferred, "retried next pass, not forgotten"
+    running[0] = 0  # the program ended: the next pass reconfigures
+    now[0] += 10
+    outcome = cluster.live.step()
+    assert outcome.reconfigured and not outcome.deferred and cluster.reconfigures() == 1
+    # a program that never ends holds a reconfigure for defer_max at most
+    running[0] = 2
+    cluster.nodes[1]["metadata"]["labels"][AWS + "3"] = "leaf-a"
+    assert cluster.live.step().deferred
+    now[0] += cluster.live.defer_max
+    outcome = cluster.live.step()
+    assert outcome.reconfigured and cluster.reconfigures() == 2
+    assert [line for line in lines if "reconfiguring with 2 power-saving program(s) still running" in line]
+    # a cordon needs no reconfigure: not held by the programs
+    cluster.nodes[0]["spec"]["unschedulable"] = True
+    assert cluster.live.step().written == ("inventory.json",)
+
+
 def test_a_refused_reconfigure_puts_the_old_files_back_and_is_retried(cluster):
     before = {p.name: p.read_text() for p in cluster.dir.iterdir()}
     cluster.nodes.append(k8s("k-4", "leaf-b"))

@@ -120,6 +120,45 @@ def test_calls_run_at_once_side_by_side(sock: str, tmp_path: Path):
     assert elapsed < 1.5, f"4 calls of 0.6 s took {elapsed:.2f} s: not run side by side"
 
 
+def test_the_server_counts_the_calls_it_is_running(sock: str, tmp_path: Path):
+    """running(): what a reconfigure waits for (livenodes.live.LiveNodes), a failed run included."""
+    release = threading.Event()
+
+    def runner(program, *rest):
+        release.wait(10)
+        if program == "suspend":
+            raise RuntimeError("a bug")
+        return 0
+
+    server = serve(sock, runner, tmp_path)
+    try:
+        assert server.running() == 0
+        answers: list[object] = []
+
+        def call(program: str) -> None:
+            try:
+                answers.append(delegate(sock, program, ["n"], None))
+            except NotServed:  # the run failed in the loop: the program would run it itself
+                answers.append("not served")
+
+        calls = [threading.Thread(target=call, args=(p,)) for p in ("resume", "suspend")]
+        for t in calls:
+            t.start()
+        deadline = time.monotonic() + 5
+        while server.running() < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert server.running() == 2
+        release.set()
+        for t in calls:
+            t.join(10)
+        deadline = time.monotonic() + 5
+        while server.running() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert server.running() == 0 and sorted(map(str, answers)) == ["0", "not served"]
+    finally:
+        server.close()
+
+
 def test_a_warm_run_is_the_programs_run_logged_under_the_callers_pid(sock: str, tmp_path: Path):
     """runner_for runs the real run_suspend with a fresh Context per call; its log lines carry the
     pid of the program Slurm started, as if it had run them itself."""

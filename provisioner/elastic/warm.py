@@ -126,6 +126,14 @@ class ProgramServer:
         self.runner = runner
         self.log = log
         self._sock: socket.socket | None = None
+        self._running = 0  # calls being run now (running())
+        self._count_lock = threading.Lock()
+
+    def running(self) -> int:
+        """How many program calls are being run now: slurmctld's reconfigure waits for every script
+        it started to end, and these may be waiting for slurmctld (livenodes.live.LiveNodes)."""
+        with self._count_lock:
+            return self._running
 
     def start(self) -> bool:
         """Bind and serve in the background; False (logged) when the socket cannot be made."""
@@ -177,12 +185,17 @@ class ProgramServer:
             except (OSError, ValueError, KeyError, TypeError) as err:
                 self.log.write(f"program call refused: unreadable request ({err})")
                 return  # no reply: the caller runs it itself
+            with self._count_lock:
+                self._running += 1
             try:
                 code = self.runner(program, args, resume_file, pid)
             except Exception as err:  # a bug in a run must not stop the loop; the caller runs it itself
                 self.log.write(f"{program} {' '.join(args)} for pid {pid} failed in the loop: "
                                f"{type(err).__name__}: {err}; the program runs it itself")
                 return
+            finally:
+                with self._count_lock:
+                    self._running -= 1
             try:
                 conn.sendall(json.dumps({"code": code}).encode() + b"\n")
             except OSError:

@@ -47,6 +47,12 @@ INVENTORY = "inventory.json"
 PENDING = ".reconfigure-pending"
 HAS_JOB = frozenset({"ALLOCATED", "MIXED", "COMPLETING"})
 RECONFIGURE_WAIT = 30.0  # seconds slurmctld gets to answer again after a reconfigure
+# Slurm 24.11 re-executes slurmctld on `scontrol reconfigure`, and first waits, answering no RPC,
+# for every script it started (PrologSlurmctld, the resume and suspend programs) to end; a program
+# that waits for slurmctld meanwhile (the suspend program's sinfo polls) then holds both up to its
+# own timeout (seen: 14 s of timed-out commands). So a reconfigure waits while power-saving
+# programs run in the loop, for at most this long, then goes ahead.
+RECONFIGURE_DEFER = 60.0
 
 
 @dataclass(frozen=True)
@@ -57,6 +63,7 @@ class Outcome:
     removed: tuple[str, ...] = ()
     kept: tuple[str, ...] = ()  # Slurm nodes whose Kubernetes node left, kept until their job ends
     error: str = ""
+    deferred: bool = False  # a reconfigure was due and waits for the programs running (next pass)
 
 
 def _fingerprint(raw: Sequence[Mapping[str, Any]]) -> str:
@@ -84,7 +91,9 @@ def _leaving(obj: Mapping[str, Any], why: str) -> dict[str, Any]:
 class LiveNodes:
     def __init__(self, spec: ClusterSpec, conf_dir: str, list_nodes: Callable[[], list[dict[str, Any]]],
                  slurm: SlurmClient, log: Log, *, cluster_domain: str = "cluster.local",
-                 scontrol: str = "scontrol", reconfigure_wait: float = RECONFIGURE_WAIT) -> None:
+                 scontrol: str = "scontrol", reconfigure_wait: float = RECONFIGURE_WAIT,
+                 programs_running: Callable[[], int] = lambda: 0, defer_max: float = RECONFIGURE_DEFER,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.spec = spec
         self.conf_dir = conf_dir
         self.list_nodes = list_nodes
@@ -93,6 +102,10 @@ class LiveNodes:
         self.domain = cluster_domain
         self.scontrol = scontrol
         self.reconfigure_wait = reconfigure_wait
+        self.programs_running = programs_running  # the power-saving programs running in the loop now
+        self.defer_max = defer_max
+        self.clock = clock
+        self._deferred_since: float | None = None
         self._applied: str | None = None  # fingerprint of the nodes last rendered and applied
         self._seen: dict[str, dict[str, Any]] = {}  # Kubernetes node -> its last Node object
         self._kept: dict[str, dict[str, Any]] = {}  # Kubernetes node -> the object a kept Slurm node renders from
@@ -129,7 +142,7 @@ class LiveNodes:
             return self._fail(f"the Kubernetes nodes do not give a valid cluster; the running configuration "
                               f"is kept:\n{err}")
         outcome = self._apply(old, rendered, kept)
-        if not outcome.error:
+        if not outcome.error and not outcome.deferred:
             self._applied = fingerprint
             self._last_error = ""
         return outcome
@@ -191,6 +204,8 @@ class LiveNodes:
         added = tuple(n for n in rendered.inventory.names if n not in old)
         removed = tuple(n for n in old.names if n not in rendered.inventory)
         reconfigure = any(n != INVENTORY for n in changed + stale)
+        if reconfigure and self._defer():
+            return Outcome(kept=kept, deferred=True)
         pending = os.path.join(self.conf_dir, PENDING)
         if reconfigure:
             open(pending, "w").close()
@@ -214,6 +229,25 @@ class LiveNodes:
         for note in rendered.notes:
             self.log.write(note)
         return Outcome(tuple(changed + stale), reconfigure, added, removed, kept)
+
+    def _defer(self) -> bool:
+        """Whether the reconfigure due waits for the power-saving programs running (RECONFIGURE_DEFER)."""
+        running = self.programs_running()
+        now = self.clock()
+        if not running:
+            self._deferred_since = None
+            return False
+        if self._deferred_since is None:
+            self._deferred_since = now
+            self.log.write(f"the Kubernetes nodes changed; the reconfigure waits for {running} power-saving "
+                           "program(s) to end (slurmctld's reconfigure would wait for them, answering nothing, "
+                           f"while they may wait for slurmctld), at most {self.defer_max:.0f}s")
+        if now - self._deferred_since < self.defer_max:
+            return True
+        self.log.write(f"reconfiguring with {running} power-saving program(s) still running after "
+                       f"{now - self._deferred_since:.0f}s")
+        self._deferred_since = None
+        return False
 
     def _reconfigure(self, why: str) -> str:
         """`scontrol reconfigure`, then wait for slurmctld to answer; '' or what went wrong."""

@@ -10,7 +10,7 @@ import socket
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from ..elastic.backend import BackendError, NodeBackend
 from ..elastic.events import DEFAULT_EVENTS, EventTail
@@ -41,7 +41,8 @@ def _load_inventory(path: str) -> "Inventory":
     return Inventory.read(path)
 
 
-def _live_nodes(env: Mapping[str, str], inventory_path: str, slurm: SlurmCli, log: "Log") -> "LiveNodes | None":
+def _live_nodes(env: Mapping[str, str], inventory_path: str, slurm: SlurmCli, log: "Log",
+                programs_running: Callable[[], int] = lambda: 0) -> "LiveNodes | None":
     """The follower of the Kubernetes nodes, for a spec with a pinned pool (None otherwise, or when
     the spec cannot be read: then the configuration rendered at the pod's start stays)."""
     from ..errors import SlurmK8sError
@@ -61,7 +62,7 @@ def _live_nodes(env: Mapping[str, str], inventory_path: str, slurm: SlurmCli, lo
         log.write(warning)
     log.write("following the Kubernetes nodes of the pinned pools (cordon, labels, nodes added and removed)")
     return LiveNodes(spec, os.path.dirname(inventory_path), lambda: read_nodes(env), slurm, log,
-                     cluster_domain=domain, scontrol=slurm.scontrol)
+                     cluster_domain=domain, scontrol=slurm.scontrol, programs_running=programs_running)
 
 
 def _drop_config(cache: "ConfigCache", log: "Log") -> None:
@@ -209,7 +210,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     idle = idle_watch_from_env(env, log, slurm, get_backend)
     code = 0
-    live = _live_nodes(env, inventory_path, slurm, log)
+    live = _live_nodes(env, inventory_path, slurm, log,
+                       programs_server.running if programs_server is not None else lambda: 0)
     cache: ConfigCache | None = cache_from_env(env, os.path.dirname(inventory_path))
     cache_error = ""
     if live is not None:  # a pinned pool: every start renders from the Kubernetes nodes as they are then
