@@ -205,6 +205,14 @@ def test_a_reconfigure_waits_for_the_power_saving_programs_running_then_goes_ahe
     # a cordon needs no reconfigure: not held by the programs
     cluster.nodes[0]["spec"]["unschedulable"] = True
     assert cluster.live.step().written == ("inventory.json",)
+    # a change held, then undone before it was applied: a later change is held afresh
+    cluster.nodes[1]["metadata"]["labels"][AWS + "3"] = "leaf-b"
+    assert cluster.live.step().deferred
+    cluster.nodes[1]["metadata"]["labels"][AWS + "3"] = "leaf-a"
+    assert not cluster.live.step().deferred
+    now[0] += 2 * cluster.live.defer_max
+    cluster.nodes[1]["metadata"]["labels"][AWS + "3"] = "leaf-b"
+    assert cluster.live.step().deferred and cluster.reconfigures() == 2
 
 
 def test_a_refused_reconfigure_puts_the_old_files_back_and_is_retried(cluster):

@@ -114,6 +114,12 @@ class LiveNodes:
     # ------------------------------------------------------------ the pass
 
     def step(self) -> Outcome:
+        outcome = self._step()
+        if not outcome.deferred:  # a reconfigure held is held from its first pass, not an older one's
+            self._deferred_since = None
+        return outcome
+
+    def _step(self) -> Outcome:
         try:
             raw = self.list_nodes()
         except Exception as err:  # noqa: BLE001 - any API failure: report it, retry next pass
@@ -235,7 +241,6 @@ class LiveNodes:
         running = self.programs_running()
         now = self.clock()
         if not running:
-            self._deferred_since = None
             return False
         if self._deferred_since is None:
             self._deferred_since = now
@@ -246,7 +251,6 @@ class LiveNodes:
             return True
         self.log.write(f"reconfiguring with {running} power-saving program(s) still running after "
                        f"{now - self._deferred_since:.0f}s")
-        self._deferred_since = None
         return False
 
     def _reconfigure(self, why: str) -> str:
