@@ -66,13 +66,16 @@ class RunningWatch:
         self._names: set[str] = set()
         self.done_at: float | None = None
         self.error = ""
-        self.restarts = 0
         self.reasons: list[str] = []  # why each restart
         self._done = threading.Event()
         self._deadline = time.monotonic() + limit_s(count)
         version = self._list()
         if not self._done.is_set():
             threading.Thread(target=self._watch, args=(version,), daemon=True).start()
+
+    @property
+    def restarts(self) -> int:
+        return len(self.reasons)
 
     def _list(self) -> str:
         """The pods Running now (replacing what was seen); returns the list's resourceVersion."""
@@ -113,7 +116,6 @@ class RunningWatch:
             if self.restarts >= self.MAX_RESTARTS:
                 self.error += f" ({self.restarts} restarts: given up)"
                 break
-            self.restarts += 1
             self.reasons.append(self.error[:300])
             time.sleep(0.2)  # not a tight loop of lists on the cores being measured
             try:

@@ -3,12 +3,13 @@
 or ReplicaSet controller (slurmctld's StatefulSet; the login Deployment, when it sleeps with the tier).
 
 The race it answers (the node authorizer has not yet seen the pod bound when the kubelet reads the
-claim) cannot be forced; the kubelet's answer to it can: a StatefulSet's pod bound to a node whose
-claim does not exist yet (or a Deployment's) fails the same way (`FailedMount`: "error processing PVC ...: failed to
-fetch PVC from API server"), and the kubelet then skips it for its back-off of 10-15 s. The claim
-is made, and the wake's step deletes the pod: its controller makes it again, and the new pod runs
-well before the old one's back-off would have ended. Measured: running 2.6-3.2 s after the
-FailedMount was seen; without the step (the same test with the call left out) 12.0 s.
+claim) cannot be forced; the kubelet's answer to it can: a StatefulSet's (or a Deployment's) pod
+bound to a node whose claim does not exist yet fails the same way (`FailedMount`: "error processing
+PVC ...: failed to fetch PVC from API server"), and the kubelet then skips it for its back-off of
+10-15 s. The claim is made, and the wake's step deletes the pod: its controller makes it again,
+and the new pod runs well before the old one's back-off would have ended. Measured: running
+2.6-3.2 s after the FailedMount was seen; without the step (the same test with the call left out)
+12.0 s.
 """
 
 from __future__ import annotations
