@@ -9,8 +9,9 @@ UTC with milliseconds, the program and its pid, then the message; one line per r
 globally, so short-lived programs and tests leave nothing behind) with one handler, a file or a
 stream. A log file that cannot be opened falls back to stderr, so a wrong log path never stops a
 program from doing its work. A log file past ``max_bytes`` (16 MiB) is renamed to ``<file>.1`` and
-started anew, so the logs stay within the small emptyDir they share. ``lines`` keeps what was
-written (tests, final summaries).
+started anew, so the logs stay within the small emptyDir they share. ``lines`` keeps the last
+:data:`KEEP_LINES` lines written (tests, final summaries): a bounded deque, as the reconcile loop
+logs for as long as its pod lives and kept every line of it in memory before.
 """
 
 from __future__ import annotations
@@ -19,7 +20,10 @@ import logging
 import os
 import sys
 import time
+from collections import deque
 from typing import TextIO
+
+KEEP_LINES = 1000  # lines kept in memory per Log: the file (or stream) has them all
 
 
 class Formatter(logging.Formatter):
@@ -39,7 +43,7 @@ class _Lines(logging.Handler):
     def __init__(self, formatter: logging.Formatter) -> None:
         super().__init__()
         self.setFormatter(formatter)
-        self.lines: list[str] = []
+        self.lines: deque[str] = deque(maxlen=KEEP_LINES)
 
     def emit(self, record: logging.LogRecord) -> None:
         self.lines.append(self.format(record))
@@ -123,7 +127,7 @@ class Log:
         self.logger.propagate = False
         formatter = Formatter(program, pid)
         self._lines = _Lines(formatter)
-        self.lines = self._lines.lines  # kept for tests and for the final summary
+        self.lines = self._lines.lines  # the last KEEP_LINES, for tests and for the final summary
         self.logger.addHandler(self._lines)
         self._handler: logging.Handler | None = None
         problem = ""

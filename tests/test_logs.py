@@ -15,7 +15,7 @@ def test_format_and_lines(tmp_path):
     log.close()
     text = (tmp_path / "a.log").read_text().splitlines()
     assert len(text) == 1 and LINE.match(text[0]), text
-    assert log.lines == text
+    assert list(log.lines) == text
 
 
 def test_an_unwritable_path_falls_back_to_stderr(tmp_path, capsys):
@@ -73,3 +73,15 @@ def test_the_events_file_rotates_and_the_tail_follows_a_new_file_even_when_it_is
 
     assert programs.append_events(str(path), "resume", [O()]) == ""
     assert (tmp_path / "events.jsonl.1").exists() and path.read_text().count("\n") == 1
+
+
+def test_the_lines_kept_in_memory_are_bounded(tmp_path):
+    """A daemon logs for weeks (the reconcile loop: lines every pass): the lines kept in memory
+    (for tests and summaries) are the last ones only, however many were written; the file has all."""
+    log = Log("reconcile", str(tmp_path / "r.log"))
+    for i in range(20_000):
+        log.write(f"pass {i}")
+    log.close()
+    assert len(log.lines) <= 2_000, f"{len(log.lines)} lines kept in memory"
+    assert log.lines[-1].endswith("pass 19999") and log.lines[-500].endswith("pass 19500")
+    assert (tmp_path / "r.log").read_text().count("\n") == 20_000
