@@ -196,40 +196,105 @@ class FailureLedger(Protocol):
         ...
 
 
+class _BadLedger(ValueError):
+    """The ledger file's content is not a ledger (empty, zeroed, not JSON, the wrong shape)."""
+
+
+def parse_ledger(data: bytes) -> dict[str, PoolHistory]:
+    """The pools of a ledger file's content; :class:`_BadLedger` when it is not one. Pure."""
+    try:
+        doc = json.loads(data)
+        if not isinstance(doc, dict) or not isinstance(doc.get("pools") or {}, dict):
+            raise ValueError("not a ledger object ({\"pools\": {...}})")
+        return {str(k): PoolHistory.from_json(v) for k, v in (doc.get("pools") or {}).items() if isinstance(v, dict)}
+    except (ValueError, TypeError, KeyError, AttributeError) as err:  # JSONDecodeError, UnicodeDecodeError: ValueErrors
+        raise _BadLedger(str(err) or type(err).__name__) from None
+
+
+def _fsync_dir(path: str) -> None:
+    """The directory's entries (a rename into it) on disk."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 @dataclass
 class FileLedger:
     """FailureLedger in one JSON file (on the StateSaveLocation volume), updated under flock and
-    replaced atomically, so the resume programs and the loop can write it concurrently."""
+    replaced atomically, so the resume programs and the loop can write it concurrently.
+
+    Durable: the new file's data is fsynced before it is renamed in, and the directory after, so
+    a crash (the node losing power) leaves the old ledger or the new one, not an empty file under
+    the name (ext4 and XFS may write the rename before the data). A file that is nonetheless bad
+    (empty, zeroed, not JSON, the wrong shape) would otherwise fail every read and every update for
+    good, which keeps the pool backoff off for good: it is reset to empty under the lock, once,
+    said on ``log``, and its copy kept as ``<path>.bad``. A file that cannot be read at all
+    (permissions, an I/O error) says nothing of its content: a :class:`LedgerError`, never a reset."""
 
     path: str = DEFAULT_LEDGER
     policy: Policy = field(default_factory=Policy)
+    log: Callable[[str], None] | None = None  # where a reset is said (the program's log); None: stderr
 
     def _read(self) -> dict[str, PoolHistory]:
         try:
-            with open(self.path) as fh:
-                doc = json.load(fh)
+            with open(self.path, "rb") as fh:
+                data = fh.read()
         except FileNotFoundError:
             return {}
-        except (OSError, json.JSONDecodeError) as err:
+        except OSError as err:
             raise LedgerError(f"cannot read the failure ledger {self.path}: {err}") from None
-        pools = doc.get("pools") if isinstance(doc, dict) else None
-        return {str(k): PoolHistory.from_json(v) for k, v in (pools or {}).items() if isinstance(v, dict)}
+        return parse_ledger(data)
 
     def load(self) -> dict[str, PoolHistory]:
-        return self._read()
+        try:
+            return self._read()
+        except _BadLedger:
+            pass  # read again under the lock (a writer may have just replaced it), and reset if still bad
+        found: dict[str, PoolHistory] = {}
+
+        def same(pools: dict[str, PoolHistory]) -> dict[str, PoolHistory]:
+            found.update(pools)
+            return pools
+
+        self._update(same)
+        return found
+
+    def _reset(self, err: _BadLedger) -> dict[str, PoolHistory]:
+        """Under the lock: the bad file aside as <path>.bad (its last copy), said once; an empty ledger."""
+        bad = self.path + ".bad"
+        os.replace(self.path, bad)
+        message = (f"the failure ledger {self.path} was unreadable ({str(err)[:200]}); reset to empty, its copy "
+                   f"kept as {bad}: the pools' failure history (and any backoff) starts over")
+        if self.log is not None:
+            self.log(message)
+        else:
+            import sys
+
+            print(message, file=sys.stderr)
+        return {}
 
     def _update(self, fn: Callable[[dict[str, PoolHistory]], dict[str, PoolHistory]]) -> None:
         import fcntl
 
+        directory = os.path.dirname(self.path) or "."
         try:
-            os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+            os.makedirs(directory, exist_ok=True)
             with open(self.path + ".lock", "a") as lock:
                 fcntl.flock(lock, fcntl.LOCK_EX)
-                pools = fn(self._read())
+                try:
+                    current = self._read()
+                except _BadLedger as err:
+                    current = self._reset(err)
+                pools = fn(current)
                 tmp = f"{self.path}.{os.getpid()}.tmp"
                 with open(tmp, "w") as fh:
                     json.dump({"pools": {k: v.to_json() for k, v in sorted(pools.items())}}, fh, indent=1)
+                    fh.flush()
+                    os.fsync(fh.fileno())
                 os.replace(tmp, self.path)
+                _fsync_dir(directory)
         except OSError as err:
             raise LedgerError(f"cannot update the failure ledger {self.path}: {err}") from None
 

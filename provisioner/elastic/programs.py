@@ -228,7 +228,7 @@ class Context:
         if self._ledger is None and self.env.get("SLURMK8S_LEDGER"):
             from .ledger import FileLedger, Policy
 
-            self._ledger = FileLedger(self.env["SLURMK8S_LEDGER"], Policy.from_env(self.env))
+            self._ledger = FileLedger(self.env["SLURMK8S_LEDGER"], Policy.from_env(self.env), log=self.log.write)
         return self._ledger
 
     def emit(self, outcomes: Sequence["Outcome"], pending: Sequence["Decision"] = ()) -> None:

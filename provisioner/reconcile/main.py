@@ -170,7 +170,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     overrides = {k: v for k, v in (("grace", args.grace), ("pending_timeout", args.pending_timeout),
                                    ("unschedulable_timeout", args.unschedulable_timeout)) if v is not None}
     policy = Policy.from_env(env, **overrides)
-    ledger = FileLedger(env.get("SLURMK8S_LEDGER", DEFAULT_LEDGER), policy)
+    ledger = FileLedger(env.get("SLURMK8S_LEDGER", DEFAULT_LEDGER), policy, log=log.write)
     metrics = Metrics() if args.metrics_port else None
     slurm = SlurmCli(observe=metrics.observe_rpc if metrics else None)
     if metrics is not None:
