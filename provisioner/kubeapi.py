@@ -11,6 +11,9 @@ gets its client from :func:`api_client` and sees failures as :class:`ApiError`.
   events, with request timeouts; refusals become :class:`ApiError` with the API's own words. The
   hot paths (the CLI's wake, the login agent, the resume / suspend programs and the reconcile
   loop) use it. :func:`raw_call`: a call of a generated API method the same way (the deploy code).
+  Every answer is read one way (:func:`read_json`): a body cut short, by a lost connection or
+  before the end a length said or, without one, where only its JSON shows it, is an ApiError
+  (status 0, retryable) like any answer that did not come.
 - :func:`quick_client`: for the CLI's wake, a :class:`KubeconfigClient` that RawClient sends over
   (urllib3, the kubeconfig's server, CA and credentials) without importing the kubernetes package;
   for the common kubeconfig shapes only (token or client certificate), None for the rest, which
@@ -109,11 +112,31 @@ def api_errors() -> Iterator[None]:
 
 def raw_call(fn: Callable[..., Any], timeout: tuple[float, float], *args: Any, **kwargs: Any) -> Any:
     """Call a kubernetes-client API method for its raw JSON (no model objects), with a request
-    timeout; refusals become ApiError with the API's words, transport failures an 'Unreachable' one."""
+    timeout; refusals become ApiError with the API's words, transport failures an 'Unreachable' one,
+    and so does a body cut short (:func:`read_json`, the one way every call's answer is read)."""
     with api_errors():
         resp = fn(*args, _preload_content=False, _request_timeout=timeout, **kwargs)
-    data = resp.data
-    return json.loads(data) if data else {}
+    return read_json(resp)
+
+
+def decode(data: bytes) -> Any:
+    """A 2xx answer's body (or a watch event's line) as JSON, {} when empty. A body that is not JSON
+    is an ApiError with status 0 (no usable answer: retryable), as a connection lost while the body
+    comes: where no length says where a body ends (a connection closed early, a proxy between), a
+    body cut short is whole to the transport and only its JSON shows the cut."""
+    if not data:
+        return {}
+    try:
+        return json.loads(data)
+    except ValueError as err:  # JSONDecodeError, UnicodeDecodeError
+        raise ApiError(0, "Unreadable", f"the API's answer is not JSON (cut short?): {err}; "
+                                        f"{len(data)} bytes, starting {bytes(data[:60])!r}") from None
+
+
+def read_json(resp: Any) -> Any:
+    """A 2xx response's body as JSON: read (a connection lost or timed out meanwhile is an ApiError,
+    :func:`_read`) and decoded (:func:`decode`). Every call's answer goes this one way."""
+    return decode(_read(resp))
 
 
 def json_lines(resp: Any) -> Iterator[dict[str, Any]]:
@@ -127,9 +150,9 @@ def json_lines(resp: Any) -> Iterator[dict[str, Any]]:
                 rest = lines.pop()
                 for line in lines:
                     if line.strip():
-                        yield json.loads(line)
+                        yield decode(line)
             if rest.strip():
-                yield json.loads(rest)
+                yield decode(rest)  # a last event cut short is an ApiError (decode)
     finally:
         resp.close()  # a consumer that stopped early leaves the rest unread: the connection is not reused
         resp.release_conn()
@@ -166,8 +189,7 @@ class RawClient:
     def request(self, method: str, path: str, query: Mapping[str, Any] | None = None, body: Any = None,
                 content_type: str = JSON, timeout: tuple[float, float] | None = None) -> Any:
         """`method` on `path` (:func:`api_path`) -> the answer's JSON ({} when empty)."""
-        data = _read(self._send(method, path, query, body, content_type, timeout))
-        return json.loads(data) if data else {}
+        return read_json(self._send(method, path, query, body, content_type, timeout))
 
     def text(self, path: str, query: Mapping[str, Any] | None = None) -> str:
         """GET of a plain-text answer (a container's log; the API server answers it in plain text,

@@ -21,7 +21,8 @@ from provisioner.kubeapi import MERGE_PATCH, ApiError, KubeconfigClient, RawClie
 
 class Api:
     """A local HTTP server: records each request, answers from `answers` (path -> (status, body,
-    content type) or a list of chunks for a streamed watch)."""
+    content type) or a list of chunks for a streamed watch; "cut": a body shorter than its
+    Content-Length; "cut-close": a body without a length, cut by the connection's close)."""
 
     def __init__(self) -> None:
         self.requests: list[dict[str, Any]] = []
@@ -47,6 +48,15 @@ class Api:
                     self.send_response(200)
                     self.send_header("Content-Type", "application/json")
                     self.send_header("Content-Length", "1000")
+                    self.end_headers()
+                    self.wfile.write(b'{"kind": "PodList", "ite')
+                    self.wfile.flush()
+                    self.close_connection = True
+                    return
+                if answer == "cut-close":  # no length said, the connection closed before the body's end
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Connection", "close")
                     self.end_headers()
                     self.wfile.write(b'{"kind": "PodList", "ite')
                     self.wfile.flush()
