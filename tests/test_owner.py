@@ -264,6 +264,7 @@ class Cli:
     found: Found
     calls: list[str] = field(default_factory=list)
     secrets_set: dict[str, str] = field(default_factory=dict)
+    claims: list[Any] = field(default_factory=list)  # owner.claim's writes
 
     def invoke(self, *args: str) -> Any:
         from provisioner.cli import app
@@ -307,6 +308,7 @@ def cli(monkeypatch, tmp_path) -> Cli:
     monkeypatch.setattr(a, "_run", run)
     monkeypatch.setattr(a, "set_secret_config", lambda session, key, value: state.secrets_set.__setitem__(key, value))
     monkeypatch.setattr(ow, "read", lambda kubeconfig, name: state.found)
+    monkeypatch.setattr(ow, "claim", lambda kubeconfig, wanted: state.claims.append(wanted))
     return state
 
 
@@ -420,3 +422,99 @@ def test_the_engine_forces_this_stacks_fields(tmp_path):
     assert a.engine_env(tool, state, {})["PULUMI_K8S_ENABLE_PATCH_FORCE"] == "true"
     mine = a.engine_env(tool, state, {"PULUMI_K8S_ENABLE_PATCH_FORCE": "false"})
     assert mine["PULUMI_K8S_ENABLE_PATCH_FORCE"] == "false"
+
+
+# ---------------------------------------------------------------- the claim: two first `up`s at once
+
+
+def _session(stack: FakeStack, tmp_path: Path) -> Any:
+    from types import SimpleNamespace
+
+    return SimpleNamespace(spec=load_spec(ROOT / "examples/local.yaml"), stack=stack, state=tmp_path / "state",
+                           kubeconfig=None)
+
+
+def _race(monkeypatch, tmp_path, api, take_over: bool = False) -> tuple[list[Any], list[BaseException]]:
+    """Two `up`s of two stacks check the namespace at once: both read before either writes."""
+    import threading
+
+    first_reads = threading.Barrier(2, timeout=10)
+    reads = iter(range(1_000_000))
+    api.after_read = lambda: first_reads.wait() if next(reads) < 2 else None
+    monkeypatch.setattr(ow, "claim", api.claim, raising=False)
+    decided: list[Any] = []
+    refused: list[BaseException] = []
+
+    def up(i: int) -> None:
+        stack = FakeStack()
+        stack.config[f"slurmk8s:{ow.OWNER_CONFIG}"] = Value(f"owner-{i}")
+        try:
+            decided.append((i, ow.check(_session(stack, tmp_path / str(i)), "up", lambda s: None,
+                                        take_over=take_over, reader=api.read)))
+        except ow.NotOwner as err:
+            refused.append(err)
+
+    threads = [threading.Thread(target=up, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    return decided, refused
+
+
+def test_two_first_ups_of_one_namespace_one_wins_the_other_is_refused(monkeypatch, tmp_path):
+    """No namespace yet: both `up`s saw none. The claim is the Namespace's create with this stack's
+    owner record, which the API server refuses (409 AlreadyExists) to the second: it reads again and
+    is refused, naming the winner, before anything is applied."""
+    from fakes.namespaces import FakeNamespaces
+
+    api = FakeNamespaces()
+    decided, refused = _race(monkeypatch, tmp_path, api)
+    assert len(decided) == 1 and len(refused) == 1, (decided, refused)
+    winner = decided[0][0]
+    assert api.namespaces[NS]["metadata"]["annotations"][ow.OWNER_ANNOTATION] == f"owner-{winner}"
+    assert f"namespace {NS} belongs to another slurmk8s stack" in str(refused[0])
+    created = api.namespaces[NS]["metadata"]
+    assert created["labels"]["pod-security.kubernetes.io/enforce"], "created as the program declares it"
+    assert api.writes == [("create", NS)]
+
+
+def test_two_ups_recording_an_unowned_namespace_one_wins(monkeypatch, tmp_path):
+    """A namespace without an owner record and without workloads (made by hand, or by an old `up`):
+    the claim writes the record under the resourceVersion read (409 Conflict for the second)."""
+    from fakes.namespaces import FakeNamespaces
+
+    api = FakeNamespaces()
+    api.add(NS)
+    decided, refused = _race(monkeypatch, tmp_path, api)
+    assert len(decided) == 1 and len(refused) == 1, (decided, refused)
+    assert api.namespaces[NS]["metadata"]["annotations"][ow.OWNER_ANNOTATION] == f"owner-{decided[0][0]}"
+    assert api.writes == [("annotate", NS)]
+
+
+def test_two_take_overs_at_once_one_wins(monkeypatch, tmp_path):
+    """--take-over takes the namespace from the owner this run saw: a stack that took it meanwhile is
+    not taken from again (the second take-over is refused, naming it)."""
+    from fakes.namespaces import FakeNamespaces
+
+    api = FakeNamespaces()
+    api.add(NS, ow.annotations(THEIRS, THEM))
+    decided, refused = _race(monkeypatch, tmp_path, api, take_over=True)
+    assert len(decided) == 1 and len(refused) == 1, (decided, refused)
+    assert decided[0][1].took_over
+    assert api.namespaces[NS]["metadata"]["annotations"][ow.OWNER_ANNOTATION] == f"owner-{decided[0][0]}"
+
+
+def test_the_owner_and_preview_and_down_write_nothing(monkeypatch, tmp_path):
+    from fakes.namespaces import FakeNamespaces
+
+    api = FakeNamespaces()
+    monkeypatch.setattr(ow, "claim", api.claim, raising=False)
+    stack = FakeStack()
+    stack.config[f"slurmk8s:{ow.OWNER_CONFIG}"] = Value(MINE)
+    for op in ("preview", "down"):
+        ow.check(_session(stack, tmp_path), op, lambda s: None, reader=api.read)
+    assert api.writes == [] and NS not in api.namespaces
+    api.add(NS, ow.annotations(MINE, ME))
+    ow.check(_session(stack, tmp_path), "up", lambda s: None, reader=api.read)
+    assert api.writes == [], "the record names this stack already"

@@ -24,6 +24,15 @@ dicts) says whether this stack may go on:
 ``--take-over`` (`up`, `down`) makes this stack the owner; `up` first copies the cluster's running
 keys (munge key, SSH host keys, database password) into this stack's config, so taking over
 changes no key.
+
+`up` claims the namespace before it applies anything, atomically (:func:`claim_for`,
+:func:`claim`): the decision was made on a read, and two first `up`s of one namespace both read
+"no namespace" and both went on. The claim is a write the API server refuses to the second of two:
+the Namespace created with this stack's record when there was none (409 AlreadyExists), else the
+record written under the resourceVersion read as precondition (409 Conflict). The loser reads
+again and decides again: refused, naming the winner. A `--take-over` takes the namespace from the
+owner it saw first only, never from a stack that claimed it meanwhile. The program then applies the
+same Namespace (server-side apply of an existing object, as after a `down` that kept it).
 """
 
 from __future__ import annotations
@@ -45,6 +54,8 @@ OWNER_CONFIG = "owner"  # slurmk8s:owner in the stack config (plain): the random
 DESCRIPTION_CONFIG = "ownerDescription"  # slurmk8s:ownerDescription: who and where, rewritten each run
 HELM_RELEASE_ANNOTATION = "meta.helm.sh/release-name"
 READ_TIMEOUT = (5.0, 30.0)
+FIELD_MANAGER = "slurmk8s-owner"  # the claim's writes
+CLAIM_TRIES = 3  # reads and claims before giving up on a namespace that keeps changing
 SHOWN = 4  # workloads named in a message
 
 Printer = Callable[[str], Any]
@@ -249,20 +260,94 @@ def ensure_owner(session: Any, *, write: bool = True) -> tuple[str | None, str]:
     return mine, me
 
 
+@dataclass(frozen=True)
+class Claim:
+    """This stack's owner record as one write the API server refuses to the second of two writers:
+    the Namespace created with it (`namespace`), or its annotations written under `resource_version`."""
+
+    name: str
+    annotations: Mapping[str, str]
+    namespace: Mapping[str, Any] | None = None  # the Namespace to create; None: it exists
+    resource_version: str = ""  # the version read: the precondition of the write to an existing one
+
+
+def claim_for(found: Found, namespace: Mapping[str, Any], mine: str | None, me: str) -> Claim | None:
+    """The claim `up` makes before applying (pure): None when the namespace's record already names
+    this stack (or the stack has no id); `namespace`: the Namespace the program applies, created with
+    the record when there is none yet."""
+    if not mine or recorded_owner(found.namespace)[0] == mine:
+        return None
+    record = annotations(mine, me)
+    name = str(namespace["metadata"]["name"])
+    if found.namespace is None:
+        meta = {**namespace["metadata"], "annotations": {**(namespace["metadata"].get("annotations") or {}), **record}}
+        return Claim(name, record, {**namespace, "metadata": meta})
+    return Claim(name, record, None, str((found.namespace.get("metadata") or {}).get("resourceVersion") or ""))
+
+
+def claim(kubeconfig: str | None, wanted: Claim) -> None:
+    """Write the claim (a create, or a merge patch with the resourceVersion as precondition); the
+    API server's refusal is an ApiError (409: another writer was first)."""
+    from urllib.parse import quote
+
+    from ..kubeapi import MERGE_PATCH, RawClient, api_client
+
+    raw = RawClient(api_client(kubeconfig), timeout=READ_TIMEOUT)
+    query = {"fieldManager": FIELD_MANAGER}
+    if wanted.namespace is not None:
+        raw.request("POST", "/api/v1/namespaces", query, dict(wanted.namespace))
+    else:
+        # a resourceVersion in the patch is a precondition: 409 Conflict when the object changed since
+        patch = {"metadata": {"resourceVersion": wanted.resource_version, "annotations": dict(wanted.annotations)}}
+        raw.request("PATCH", f"/api/v1/namespaces/{quote(wanted.name, safe='')}", query, patch, MERGE_PATCH)
+
+
+def _claimed(session: Any, found: Found, mine: str | None, me: str) -> bool:
+    """`up`'s claim written (or none needed): True; False when another writer was first (read again)."""
+    from .. import manifests as m
+    from ..kubeapi import ApiError
+
+    name = session.spec.namespace_name
+    wanted = claim_for(found, m.namespace(session.spec), mine, me)
+    if wanted is None:
+        return True
+    try:
+        claim(session.kubeconfig, wanted)
+    except ApiError as err:
+        if err.status == 409 or (err.status == 404 and wanted.namespace is None):  # first, or deleted meanwhile
+            return False
+        raise NotOwner(f"cannot record this stack as the owner of namespace {name}: {err}; nothing was applied. "
+                       "Fix: check that the kubeconfig may create and patch namespaces") from None
+    return True
+
+
 def check(session: Any, op: str, echo: Printer, *, take_over: bool = False,
           reader: Callable[[str | None, str], Found] | None = None) -> Decision:
     """Before `op` applies or deletes anything: refuse (NotOwner, nothing changed) unless this stack
     owns the namespace, or may take it (see :func:`decide`). `up` and `preview` record this stack's
-    owner id in its config (down only reads it)."""
+    owner id in its config (down only reads it); `up` then claims the namespace atomically (see the
+    module's docstring), and a claim lost to another writer reads and decides again."""
     name = session.spec.namespace_name
     mine, me = ensure_owner(session, write=op != "down")
-    found = (reader or read)(session.kubeconfig, name)
-    holds = False
-    if found.namespace is not None and recorded_owner(found.namespace)[0] is None:
-        holds = stack_holds(session.stack, name)
-    decision = decide(op, name, found, mine=mine, me=me, stack_holds_it=holds, take_over=take_over)
-    if not decision.proceed:
-        raise NotOwner(decision.message)
+    seen_first: list[str | None] = []
+    for _ in range(CLAIM_TRIES):
+        found = (reader or read)(session.kubeconfig, name)
+        owner_now = recorded_owner(found.namespace)[0]
+        seen_first = seen_first or [owner_now]
+        holds = False
+        if found.namespace is not None and owner_now is None:
+            holds = stack_holds(session.stack, name)
+        # a take-over is of the owner this run saw, never of a stack that claimed the namespace meanwhile
+        decision = decide(op, name, found, mine=mine, me=me, stack_holds_it=holds,
+                          take_over=take_over and owner_now == seen_first[0])
+        if not decision.proceed:
+            raise NotOwner(decision.message)
+        if op != "up" or _claimed(session, found, mine, me):
+            break
+    else:
+        raise NotOwner(f"namespace {name} changed under each of this stack's {CLAIM_TRIES} claims of it (another "
+                       "writer each time); nothing was applied. Fix: see who writes it "
+                       f"(`kubectl get namespace {name} -o yaml`), then rerun")
     if decision.message:
         echo(decision.message)
     return decision
@@ -313,5 +398,6 @@ def adopt_keys(session: Any, echo: Printer) -> list[str]:
 
 __all__: Sequence[str] = (
     "OWNER_ANNOTATION", "DESCRIPTION_ANNOTATION", "NotOwner", "Decision", "Found", "annotations", "recorded_owner",
-    "decide", "describe", "read", "found_from", "stack_holds", "ensure_owner", "check", "adopt_keys",
+    "decide", "describe", "read", "found_from", "stack_holds", "ensure_owner", "Claim", "claim_for", "claim", "check",
+    "adopt_keys",
 )
