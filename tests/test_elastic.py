@@ -104,9 +104,9 @@ def test_plan_resume_classifies_every_node():
     got = {d.node: (d.action, d.reason) for d in decisions}
     assert got == {
         "cpu-0": (Action.CREATE, Reason.RESUME),
-        "cpu-1": (Action.NOTHING, Reason.ALREADY_RUNNING),
+        "cpu-1": (Action.ADOPT, Reason.ALREADY_RUNNING),
         "cpu-2": (Action.REPLACE, Reason.WORKER_DEAD),
-        "cpu-3": (Action.NOTHING, Reason.ALREADY_RUNNING),
+        "cpu-3": (Action.ADOPT, Reason.ALREADY_RUNNING),
         "cpu-4": (Action.FAIL, Reason.UNAVAILABLE),
         "gpu-0": (Action.FAIL, Reason.UNKNOWN_NODE),
     }

@@ -68,7 +68,8 @@ def test_create_is_idempotent(world):
     api.calls.clear()
     backend.create(inv["cpu-n1"])
     assert api.pods[(NS, "cpu-n1")]["metadata"]["uid"] == uid
-    assert [c[0] for c in api.calls] == ["create", "get"]  # 409, then a look at what is there
+    # 409, then a look at what is there, then the adoption's mark (conditional on its version)
+    assert [c[0] for c in api.calls] == ["create", "get", "patch"]
 
 
 @pytest.mark.parametrize("phase", ["Failed", "Succeeded"])
@@ -304,9 +305,9 @@ def test_resume_program_replaces_a_dead_worker_through_this_backend(world):
     assert decision.action == Action.REPLACE
     backend.delete(decision.node)
     backend.create(decision.slurm_node)
-    new = api.pods[(NS, "cpu-n1")]["metadata"]["uid"]
+    new = api.pods[(NS, "cpu-n1")]["metadata"]
     assert backend.list() == {"cpu-n1": Worker("cpu-n1", "Pending", "", backend.list()["cpu-n1"].created_at, "n1",
-                                               uid=new)}
+                                               uid=new["uid"], version=new["resourceVersion"])}
 
 
 # ---------------------------------------------------------------- e2e: the real API server
