@@ -236,7 +236,8 @@ def test_parallelism_is_bounded():
 
 def test_suspend_deletes_and_a_failed_delete_sets_down():
     class FailingDelete(FakeBackend):
-        def delete(self, name: str, uid: str | None = None, force: bool = False) -> None:
+        def delete(self, name: str, uid: str | None = None, force: bool = False,
+                   version: str | None = None) -> None:
             if name == "cpu-1":
                 raise BackendError(name, "container removal failed (500): device busy")
             super().delete(name)
@@ -259,7 +260,8 @@ def test_resume_fail_removes_the_worker_and_returns_the_node():
 
 def test_resume_fail_keeps_a_node_down_while_its_worker_remains():
     class Stuck(FakeBackend):
-        def delete(self, name: str, uid: str | None = None, force: bool = False) -> None:
+        def delete(self, name: str, uid: str | None = None, force: bool = False,
+                   version: str | None = None) -> None:
             raise BackendError(name, "container removal failed (500): busy")
 
     slurm = FakeSlurm()
