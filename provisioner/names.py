@@ -29,6 +29,9 @@ L_SUBDOMAIN = "slurmk8s.io/subdomain"
 L_TIER = "slurmk8s.io/tier"  # "control" on the workloads the idle teardown scales (provisioner.controltier)
 TIER_CONTROL = "control"
 A_SPEC_HASH = "slurmk8s.io/spec-hash"
+# on a worker pod a resume kept (adopted) for its attempt: when, and a token (every adoption is a
+# write, which changes the pod's resourceVersion: elastic.k8s_backend.KubernetesBackend.adopt)
+A_ADOPTED = "slurmk8s.io/adopted"
 A_K8S_NODE = "slurmk8s.io/k8s-node"
 A_CONFIG_HASH = "slurmk8s.io/config-hash"
 A_USERS_HASH = "slurmk8s.io/users-hash"

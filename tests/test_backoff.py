@@ -87,7 +87,7 @@ def test_a_failed_create_counts_once_though_resume_fail_sees_the_node_again(ledg
 class GracefulBackend(FakeBackend):
     """Deletion as the API server does it for a running pod: Terminating first, gone later."""
 
-    def delete(self, name: str, uid: str | None = None, force: bool = False) -> None:
+    def delete(self, name: str, uid: str | None = None, force: bool = False, version: str | None = None) -> None:
         self.calls.append(("delete", name))
         if name in self.workers:
             self.workers[name] = replace(self.workers[name], phase="Terminating")

@@ -104,9 +104,9 @@ def test_plan_resume_classifies_every_node():
     got = {d.node: (d.action, d.reason) for d in decisions}
     assert got == {
         "cpu-0": (Action.CREATE, Reason.RESUME),
-        "cpu-1": (Action.NOTHING, Reason.ALREADY_RUNNING),
+        "cpu-1": (Action.ADOPT, Reason.ALREADY_RUNNING),
         "cpu-2": (Action.REPLACE, Reason.WORKER_DEAD),
-        "cpu-3": (Action.NOTHING, Reason.ALREADY_RUNNING),
+        "cpu-3": (Action.ADOPT, Reason.ALREADY_RUNNING),
         "cpu-4": (Action.FAIL, Reason.UNAVAILABLE),
         "gpu-0": (Action.FAIL, Reason.UNKNOWN_NODE),
     }
@@ -236,7 +236,8 @@ def test_parallelism_is_bounded():
 
 def test_suspend_deletes_and_a_failed_delete_sets_down():
     class FailingDelete(FakeBackend):
-        def delete(self, name: str, uid: str | None = None, force: bool = False) -> None:
+        def delete(self, name: str, uid: str | None = None, force: bool = False,
+                   version: str | None = None) -> None:
             if name == "cpu-1":
                 raise BackendError(name, "container removal failed (500): device busy")
             super().delete(name)
@@ -259,7 +260,8 @@ def test_resume_fail_removes_the_worker_and_returns_the_node():
 
 def test_resume_fail_keeps_a_node_down_while_its_worker_remains():
     class Stuck(FakeBackend):
-        def delete(self, name: str, uid: str | None = None, force: bool = False) -> None:
+        def delete(self, name: str, uid: str | None = None, force: bool = False,
+                   version: str | None = None) -> None:
             raise BackendError(name, "container removal failed (500): busy")
 
     slurm = FakeSlurm()

@@ -21,6 +21,7 @@ from provisioner.elastic.k8s_backend import (LIST_BY_NAME_MAX, ClientPodApi, Kub
 from provisioner.generate import generate
 from provisioner.inventory import SlurmNode, nodes_from_api
 from provisioner.kubeapi import ApiError, api_error_from, api_path
+from provisioner.names import A_ADOPTED
 
 NS = "slurm-t"
 
@@ -68,7 +69,8 @@ def test_create_is_idempotent(world):
     api.calls.clear()
     backend.create(inv["cpu-n1"])
     assert api.pods[(NS, "cpu-n1")]["metadata"]["uid"] == uid
-    assert [c[0] for c in api.calls] == ["create", "get"]  # 409, then a look at what is there
+    # 409, then a look at what is there, then the adoption's mark (conditional on its version)
+    assert [c[0] for c in api.calls] == ["create", "get", "patch"]
 
 
 @pytest.mark.parametrize("phase", ["Failed", "Succeeded"])
@@ -304,9 +306,9 @@ def test_resume_program_replaces_a_dead_worker_through_this_backend(world):
     assert decision.action == Action.REPLACE
     backend.delete(decision.node)
     backend.create(decision.slurm_node)
-    new = api.pods[(NS, "cpu-n1")]["metadata"]["uid"]
+    new = api.pods[(NS, "cpu-n1")]["metadata"]
     assert backend.list() == {"cpu-n1": Worker("cpu-n1", "Pending", "", backend.list()["cpu-n1"].created_at, "n1",
-                                               uid=new)}
+                                               uid=new["uid"], version=new["resourceVersion"])}
 
 
 # ---------------------------------------------------------------- e2e: the real API server
@@ -449,6 +451,71 @@ def test_e2e_the_reconcile_watch_follows_real_pods(live):
         assert watch.events >= 2
     finally:
         watch.stop()
+
+
+@pytest.mark.e2e
+def test_e2e_an_adoption_refuses_the_reconcile_delete_judged_before_it(live):
+    """Issue 40 item 2 on the real API server, with the ServiceAccount's own Role and the worker
+    pod admission policy bound to the namespace: the resume's adoption (a merge patch conditional
+    on the resourceVersion) is allowed and admitted, and the loop's delete judged before it fails
+    its resourceVersion precondition; a delete that came first makes the adoption's write fail
+    (409) and the pod is not kept; a pod gone is WorkerGone."""
+    from kubernetes import client, config
+
+    from provisioner.elastic.backend import WorkerGone, WorkerReplaced
+
+    spec, inv, api, core, ns = live
+    admission = client.AdmissionregistrationV1Api(config.new_client_from_config(config_file=_kubeconfig()))
+    policy, binding = m.admission_objects(spec)
+    admission.create_validating_admission_policy(policy)
+    admission.create_validating_admission_policy_binding(binding)
+    try:
+        backend = KubernetesBackend(spec, api, namespace=ns)
+        n = inv.nodes[0]
+        bad = m.worker_pod(spec, n)
+        bad["metadata"]["name"] = "not-a-worker"
+        bad["spec"]["containers"][0]["image"] = "busybox:latest"
+        for _ in range(100):  # a policy takes a moment to be enforced: until it refuses a foreign image
+            try:
+                api.create(ns, bad)
+                api.delete(ns, "not-a-worker", grace_seconds=0)
+                time.sleep(0.2)
+            except ApiError as err:
+                assert err.status == 403 and "ValidatingAdmissionPolicy" in err.message, err.message
+                break
+        else:
+            pytest.fail("the admission policy was never enforced")
+        backend.create(n)
+        judged = backend.list()[n.name]
+        t0 = time.monotonic()
+        assert backend.adopt(n.name, judged.uid, judged.version)  # allowed (Role) and admitted (UPDATE)
+        adopted = time.monotonic() - t0
+        pod = api.get(ns, n.name)
+        assert pod["metadata"]["annotations"][A_ADOPTED] and pod["metadata"]["resourceVersion"] != judged.version
+        with pytest.raises(WorkerReplaced, match="changed since"):
+            backend.delete(n.name, judged.uid, version=judged.version)
+        assert not api.get(ns, n.name)["metadata"].get("deletionTimestamp")
+        # a merge patch's resourceVersion is a precondition: the adoption's write from a version gone stale
+        with pytest.raises(ApiError) as err:
+            api.patch(ns, n.name, {"metadata": {"resourceVersion": judged.version, "annotations": {A_ADOPTED: "x"}}})
+        assert err.value.status == 409
+        # the other order: a delete as judged now (the kubelet may write the pod's status between
+        # a read and the delete: read again), then an adoption from the older version
+        for _ in range(20):
+            now = backend.list()[n.name]
+            try:
+                backend.delete(n.name, now.uid, version=now.version)
+                break
+            except WorkerReplaced:
+                continue
+        assert not backend.adopt(n.name, now.uid, now.version)  # terminating (or gone): not kept
+        backend.delete(n.name, force=True)
+        with pytest.raises(WorkerGone):
+            backend.delete(n.name, now.uid, version=now.version)
+        print(f"e2e: adoption {adopted * 1000:.0f} ms")
+    finally:
+        admission.delete_validating_admission_policy_binding(binding["metadata"]["name"])
+        admission.delete_validating_admission_policy(policy["metadata"]["name"])
 
 
 @pytest.mark.e2e

@@ -140,7 +140,8 @@ def test_rbac_is_pods_only_in_the_own_namespace_and_reading_nodes(fabric, secret
     assert len(roles) == 1
     assert roles[0]["metadata"]["namespace"] == "slurm-fab"
     assert roles[0]["rules"] == [{"apiGroups": [""], "resources": ["pods"],
-                                  "verbs": ["create", "get", "list", "watch", "delete"]},
+                                  # patch: a resume's adoption of a live pod (k8s_backend.adopt)
+                                  "verbs": ["create", "get", "list", "watch", "delete", "patch"]},
                                  # the worker pods' owner's uid (ownerReferences), nothing else of apps
                                  {"apiGroups": ["apps"], "resources": ["statefulsets"], "resourceNames": ["slurmctld"],
                                   "verbs": ["get"]},

@@ -141,7 +141,8 @@ def test_the_wait_ends_before_suspend_timeout_counted_from_the_runs_start(tmp_pa
 
 def test_suspend_ends_the_power_down_of_the_nodes_whose_workers_it_removed(tmp_path):
     class FailingDelete(FakeBackend):
-        def delete(self, name: str, uid: str | None = None, force: bool = False) -> None:
+        def delete(self, name: str, uid: str | None = None, force: bool = False,
+                   version: str | None = None) -> None:
             if name == "cpu-1":
                 raise BackendError(name, "pod deletion refused (403)")
             super().delete(name)

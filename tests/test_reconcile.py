@@ -399,7 +399,7 @@ def test_run_once_pool_recovery_resets_the_ledger():
 
 def test_run_once_a_failing_step_stops_the_rest_and_is_reported():
     class NoDelete(FakeBackend):
-        def delete(self, name, uid=None, force=False):
+        def delete(self, name, uid=None, force=False, version=None):
             raise BackendError(name, "RBAC: not allowed to delete pods")
 
     report, _, slurm, ledger, log = run([up("cpu-1")], backend=NoDelete({"cpu-1": worker("cpu-1", "Failed")}))
@@ -472,7 +472,7 @@ def test_programs_append_one_event_per_decision_with_its_outcome(tmp_path):
     rows = [json.loads(line) for line in events.read_text().splitlines()]
     got = sorted((r["program"], r["node"], r["action"], r["reason"], r["outcome"]) for r in rows)
     assert got == [("resume", "cpu-0", "create", "resume", "ok"),
-                   ("resume", "cpu-1", "nothing", "already-running", "ok"),
+                   ("resume", "cpu-1", "adopt", "already-running", "ok"),
                    ("resume", "cpu-2", "create", "resume", "failed"),
                    ("suspend", "cpu-0", "delete", "suspend", "ok")]
     assert [r["error"] for r in rows if r["node"] == "cpu-2"] == ["boom"]

@@ -47,10 +47,10 @@ class ResumeRacesTheLoop:
     def create(self, node):
         self.inner.create(node)
 
-    def delete(self, name, uid=None, force=False):
+    def delete(self, name, uid=None, force=False, version=None):
         if uid is None:
             return self.inner.delete(name)
-        return self.inner.delete(name, uid)
+        return self.inner.delete(name, uid, version=version)
 
 
 def test_the_loop_never_deletes_the_pod_that_replaced_the_one_it_judged():
@@ -109,7 +109,7 @@ def _one_pinned_pod():
 def test_a_kubernetes_delete_with_a_uid_removes_only_that_pod():
     import pytest
 
-    from provisioner.elastic.backend import WorkerReplaced
+    from provisioner.elastic.backend import WorkerGone, WorkerReplaced
 
     api, backend, uid = _one_pinned_pod()
     with pytest.raises(WorkerReplaced, match="left alone"):
@@ -118,7 +118,9 @@ def test_a_kubernetes_delete_with_a_uid_removes_only_that_pod():
     backend.delete("cpu-n1", uid)
     assert backend.list()["cpu-n1"].phase == "Terminating"
     api.advance(60)
-    backend.delete("cpu-n1", uid)  # gone: a no-op
+    with pytest.raises(WorkerGone):  # gone: nothing deleted, and the caller's finding is stale (issue 40)
+        backend.delete("cpu-n1", uid)
+    backend.delete("cpu-n1")  # by name (the suspend's): gone is a no-op
     assert backend.list() == {}
 
 

@@ -292,17 +292,40 @@ class Tier:
         command that reaches slurmctld after that look is saved with its state and nothing would
         run it. Wait until the sleep is done (every workload at 0) or aborted (`awake` again), then
         the caller wakes what is asleep. A sleep that stops half-way (its pod killed) is waited for
-        up to SLEEP_WAIT seconds; the wake then scales up what is at 0 and waits for the rest."""
+        up to SLEEP_WAIT seconds; the wake then scales up what is at 0 and waits for the rest. One
+        whose sleeper is gone (:meth:`_sleeper_gone`) is not waited for at all: nothing can finish it."""
         progress("the control tier is going to sleep; waking it again once it is down")
         give_up = min(deadline, self.clock() + SLEEP_WAIT)
         while True:
             if tier_state(ws) != ASLEEP or all(w.replicas < 1 for w in ws):
+                return ws
+            if self._sleeper_gone(ws):
+                self.log("wake: the sleep recorded stopped half-way (slurmctld's pod, which ran it, is gone); "
+                         "waking what is down")
                 return ws
             if self.clock() > give_up:
                 self.log(f"wake: the sleep under way did not finish in {SLEEP_WAIT:.0f}s; waking what is down")
                 return ws
             self.sleep(self.poll)
             ws = [w for w in self.workloads() if not running_in or w.component != running_in]
+
+    def _sleeper_gone(self, ws: list[Workload]) -> bool:
+        """No sleep can be under way: slurmctld is scaled to zero and its pod is gone. The sleep
+        runs in that pod (the reconcile loop), whose object the API server keeps until every
+        container of it has ended: the loop finishing the sleep's last steps keeps it there. Only
+        a 404 says so: a refusal (a Role without `get` on that pod) or an error says nothing, and
+        the wake waits as before (SLEEP_WAIT at most). With slurmctld still up, a sleep that failed
+        is its loop's own to repair (at its next pass)."""
+        from ..kubeapi import ApiError
+
+        ctl = next((w for w in ws if w.component == m.CONTROLLER), None)
+        if ctl is None or ctl.replicas >= 1:
+            return False
+        try:
+            self.api.get_pod(self.namespace, m.CONTROLLER_POD)
+        except ApiError as err:
+            return err.status == 404
+        return False
 
     # -- sleep
 
@@ -312,15 +335,20 @@ class Tier:
         gone before the next. `recheck()` runs once the login pod is gone (and before slurmctld
         goes): a non-empty answer (a job or session appeared) aborts, scaling back up what was
         scaled down. `controller_stopped()` tells when slurmctld has saved its state and exited
-        (this runs in the slurmctld pod: its own stop is awaited that way). True when asleep."""
+        (this runs in the slurmctld pod: its own stop is awaited that way). True when asleep.
+
+        All or nothing: a step that fails (one API error) undoes the sleep, slurmctld included when
+        it was stopped already (its StatefulSet makes its pod again, whose loop starts awake), and
+        records `awake` (``sleep failed: ...``), then raises. A half left recorded asleep had every
+        later wake wait SLEEP_WAIT for a sleep nobody was running. What cannot be undone here (the
+        API away) is repaired by the loop's next pass (reconcile.idle.IdleWatch) or, once this pod
+        is gone, by the next wake (:meth:`_await_sleep`)."""
         ws = sleep_order(self.workloads())
         self.record(ASLEEP, reason, EV_SLEEP)
         done: list[Workload] = []
         try:
             return self._sleep_steps(ws, done, recheck, controller_stopped, gone_timeout)
         except TierError as err:
-            if any(d.component == m.CONTROLLER for d in done):
-                raise  # slurmctld is stopping: the woken loop finishes or undoes the rest
             for d in reversed(done):
                 try:
                     self._scale(d, 1)
@@ -358,10 +386,11 @@ class Tier:
 
     # -- on start of the reconcile loop
 
-    def on_controller_start(self) -> str:
-        """The loop just started in a running slurmctld pod: the tier is awake. Record it (with the
-        latest wake request's reason when the annotation still says asleep), and scale back up any
-        tier workload left at zero by an interrupted sleep. Returns what was done."""
+    def on_controller_start(self, started: str = "slurmctld started") -> str:
+        """The loop just started in a running slurmctld pod (or repairs a sleep of its own that
+        failed: `started` says which): the tier is awake. Record it (with the latest wake request's
+        reason when the annotation still says asleep), and scale back up any tier workload left at
+        zero by an interrupted sleep. Returns what was done."""
         from ..kubeapi import ApiError
 
         ws = self.workloads()
@@ -379,7 +408,7 @@ class Tier:
             self.record(AWAKE, "deployed", EV_WAKE)
             return "recorded awake (deployed)"
         since = parse_rfc3339(ctl.annotations.get(A_SINCE)) or 0.0
-        reason = "slurmctld started (no wake request recorded)"
+        reason = f"{started} (no wake request recorded)"
         try:
             events = self.api.list_events(self.namespace, f"involvedObject.name={m.CONTROLLER},reason={EV_WAKE_REQUEST}")
         except ApiError as err:

@@ -2,8 +2,8 @@
 
 The resume/suspend programs decide *what* to do (see ``plan``); a backend only *does* it. Every
 method is idempotent: creating a worker that exists, or deleting one that is gone, is a no-op. A
-delete made because of what one worker did names that worker's uid, so its replacement is never
-removed in its stead.
+delete made because of what one worker did names that worker's uid (and the version judged), so its
+replacement, or the same worker since adopted by a resume, is never removed in its stead.
 Errors are raised as :class:`BackendError` with a short reason that ends up as the Slurm node's
 DOWN reason, so it must say what went wrong in words an operator can act on.
 """
@@ -26,8 +26,14 @@ class BackendError(SlurmK8sError):
 
 
 class WorkerReplaced(BackendError):
-    """``delete(name, uid)``: the node's worker is another one than `uid` now (a resume replaced it);
-    nothing was deleted."""
+    """``delete(name, uid)``: the node's worker is not the one judged any more (a resume replaced it,
+    or, with a `version`, it changed since: a resume adopted it); nothing was deleted."""
+
+
+class WorkerGone(WorkerReplaced):
+    """``delete(name, uid)``: the worker `uid` is gone already, removed by someone else (the
+    resume-fail or suspend program, a resume replacing it); nothing was deleted. What was judged
+    about it is stale: the node may be on its next attempt already."""
 
 
 @dataclass(frozen=True)
@@ -54,16 +60,28 @@ class Worker:
     # (Ready False) while its containers were last seen ready, as it does for every pod of a node
     # whose kubelet stopped posting status (NotReady / Unknown, after node-monitor-grace-period)
     host_lost: bool = False
+    # the version of the worker as listed (the pod's metadata.resourceVersion; '' where the backend
+    # has none): any write to the pod changes it, a resume's adoption included (NodeBackend.adopt)
+    version: str = ""
 
 
 class NodeBackend(Protocol):
     def create(self, node: SlurmNode) -> None: ...
 
-    def delete(self, name: str, uid: str | None = None, force: bool = False) -> None:
-        """Remove the node's worker. With `uid`, only that worker: gone already is a no-op, another
-        worker by the name now raises :class:`WorkerReplaced` and is left alone. With `force`, at
-        once (no grace period): for a worker whose host stopped answering, which could not confirm
-        a graceful end; its host kills what is left when it answers again."""
+    def delete(self, name: str, uid: str | None = None, force: bool = False, version: str | None = None) -> None:
+        """Remove the node's worker. With `uid`, only that worker: another worker by the name now
+        raises :class:`WorkerReplaced` and is left alone, one gone already :class:`WorkerGone`
+        (nothing to delete, and what was judged about it is stale). With `version` too, only that
+        worker as it was then: a worker changed since (adopted by a resume) raises WorkerReplaced.
+        With `force`, at once (no grace period): for a worker whose host stopped answering, which
+        could not confirm a graceful end; its host kills what is left when it answers again."""
+        ...
+
+    def adopt(self, name: str, uid: str, version: str = "") -> bool:
+        """A resume keeps the node's live worker `uid` (listed at `version`) for this attempt, and
+        records it on the worker where the backend can, so that a delete judged before, conditional
+        on that version, is refused. False when the worker is not kept (gone, replaced, being
+        deleted or dead, a delete having come first): the caller creates the node's worker."""
         ...
 
     def list(self, names: Sequence[str] | None = None) -> Mapping[str, Worker]:

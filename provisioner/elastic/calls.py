@@ -42,7 +42,10 @@ def act(backend: "NodeBackend", decision: Decision) -> Outcome:
                 backend.delete(decision.node, decision.uid or None)
             except WorkerReplaced:
                 pass  # not the dead worker any more: the create looks at the one there now
-        if decision.action in (Action.CREATE, Action.REPLACE):
+        elif decision.action is Action.ADOPT and backend.adopt(decision.node, decision.uid, decision.version):
+            return Outcome(decision, True, "", time.monotonic() - start)
+        if decision.action in (Action.CREATE, Action.REPLACE, Action.ADOPT):
+            # ADOPT here: the worker was not kept (a delete came first, or it died): the node's next one
             if decision.slurm_node is None:
                 raise BackendError(decision.node, "no inventory entry to create the worker from")
             backend.create(decision.slurm_node)

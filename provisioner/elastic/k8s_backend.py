@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import re
 import time
+import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -33,14 +34,16 @@ from .. import manifests as m
 from ..config import ClusterSpec, parse_spec
 from ..errors import SlurmK8sError
 from ..inventory import SlurmNode
-from ..kubeapi import MAX_REASON, ApiError, KubeConfigError, RawClient, api_client, api_path
+from ..kubeapi import MAX_REASON, MERGE_PATCH, ApiError, KubeConfigError, RawClient, api_client, api_path
 from ..manifests.admission import PREFIX as ADMISSION_PREFIX
-from .backend import BackendError, Worker, WorkerReplaced
+from ..names import A_ADOPTED
+from .backend import BackendError, Worker, WorkerGone, WorkerReplaced
 
 DEFAULT_SPEC = f"{m.SPEC_DIR}/spec.json"
 DEFAULT_SITE = f"{m.SPEC_DIR}/site.json"
 SA_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 TERMINAL_PHASES = frozenset({"Failed", "Succeeded"})
+KEPT_PHASES = frozenset({"Pending", "Running"})  # a pod in these (not terminating) may be adopted
 # a resume / suspend / resume-fail of at most this many nodes lists only their pods (KubernetesBackend.list)
 LIST_BY_NAME_MAX = 200
 
@@ -66,7 +69,9 @@ class PodApi(Protocol):
     def get(self, namespace: str, name: str) -> dict[str, Any]: ...
 
     def delete(self, namespace: str, name: str, *, grace_seconds: int | None = None,
-               uid: str | None = None) -> None: ...
+               uid: str | None = None, resource_version: str | None = None) -> None: ...
+
+    def patch(self, namespace: str, name: str, body: Mapping[str, Any]) -> dict[str, Any]: ...
 
     def list(self, namespace: str, label_selector: str) -> list[dict[str, Any]]: ...
 
@@ -84,13 +89,23 @@ class ClientPodApi(RawClient):
     def get(self, namespace: str, name: str) -> dict[str, Any]:
         return self.request("GET", api_path("v1", namespace, "pods", name))
 
-    def delete(self, namespace: str, name: str, *, grace_seconds: int | None = None, uid: str | None = None) -> None:
+    def delete(self, namespace: str, name: str, *, grace_seconds: int | None = None, uid: str | None = None,
+               resource_version: str | None = None) -> None:
+        """Delete the pod, with `uid` and `resource_version` as preconditions where given (the API
+        server answers 409 Conflict when the pod is another one, or has changed since)."""
         body: dict[str, Any] = {"apiVersion": "v1", "kind": "DeleteOptions"}
         if grace_seconds is not None:
             body["gracePeriodSeconds"] = grace_seconds
-        if uid is not None:
-            body["preconditions"] = {"uid": uid}
+        preconditions = {k: v for k, v in (("uid", uid), ("resourceVersion", resource_version)) if v is not None}
+        if preconditions:
+            body["preconditions"] = preconditions
         self.request("DELETE", api_path("v1", namespace, "pods", name), None, body)
+
+    def patch(self, namespace: str, name: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        """A JSON merge patch of the pod; a metadata.resourceVersion in it is a precondition (409
+        Conflict when the pod has changed since). Returns the pod as written."""
+        return self.request("PATCH", api_path("v1", namespace, "pods", name), {"fieldManager": "slurmk8s-resume"},
+                            dict(body), MERGE_PATCH)
 
     def list(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
         return list_all(self, namespace, label_selector)[0]
@@ -191,6 +206,7 @@ def worker_from_pod(pod: Mapping[str, Any]) -> Worker:
                      for cs in (pod.get("status") or {}).get("containerStatuses") or ()),
         uid=str(meta.get("uid") or ""),
         host_lost=host_lost(pod),
+        version=str(meta.get("resourceVersion") or ""),
     )
 
 
@@ -347,26 +363,31 @@ class KubernetesBackend:
                 self._delete(node.name, meta.get("uid"), grace=0)
             elif (meta.get("annotations") or {}).get(m.A_SPEC_HASH) != want_hash:
                 self._delete(node.name, meta.get("uid"))
+            elif self.adopt(node.name, str(meta.get("uid") or ""), str(meta.get("resourceVersion") or "")):
+                return  # already there for this node, same spec: kept, and marked so (adopt)
             else:
-                return  # already there for this node, same spec: nothing to do
+                continue  # deleted or replaced since the get: look again
             if not self._wait_gone(node.name, deadline):
                 raise BackendError(node.name, f"previous pod {node.name} is still terminating after "
                                               f"{self.terminating_wait:.0f}s", retryable=True)
         raise BackendError(node.name, f"pod {node.name} kept reappearing while being replaced", retryable=True)
 
-    def delete(self, name: str, uid: str | None = None, force: bool = False) -> None:
+    def delete(self, name: str, uid: str | None = None, force: bool = False, version: str | None = None) -> None:
         grace = 0 if force else None
         if uid:
-            # conditional on the pod judged (the uid came from our own labelled list): a pod that
-            # replaced it under the same name fails the precondition (409) and stays
+            # conditional on the pod judged (the uid came from our own labelled list, the version
+            # with it): a pod that replaced it under the same name, or the same pod written since (a
+            # resume adopted it, a delete began), fails the precondition (409) and stays
             try:
-                self.api.delete(self.namespace, name, uid=uid, grace_seconds=grace)
+                self.api.delete(self.namespace, name, uid=uid, grace_seconds=grace, resource_version=version or None)
             except ApiError as err:
                 if err.status == 404:
-                    return
+                    raise WorkerGone(name, f"pod {name} (uid {uid}) is gone already: removed by another "
+                                           "(the node may be on its next attempt); nothing deleted") from None
                 if err.status == 409:
-                    raise WorkerReplaced(name, f"pod {name} was replaced since (uid {uid} is gone); "
-                                               "the new pod is left alone") from None
+                    since = f"changed since it was judged (version {version})" if version else "replaced since"
+                    raise WorkerReplaced(name, f"pod {name} was {since}, or replaced (uid {uid}); "
+                                               "left alone, judged again by the next pass") from None
                 raise self._error(name, "delete", err) from None
             return
         pod = self._get(name)
@@ -375,6 +396,37 @@ class KubernetesBackend:
         if not self._ours(pod, name):
             raise BackendError(name, f"pod {name} in {self.namespace} is not this cluster's worker; not deleting it")
         self._delete(name, (pod.get("metadata") or {}).get("uid"), grace=grace)
+
+    def adopt(self, name: str, uid: str, version: str = "") -> bool:
+        """Keep the live pod `uid` for this resume: write an annotation on it (A_ADOPTED: when, and
+        a token, so every adoption is a change) with the version listed as a precondition. The
+        write changes the pod's resourceVersion, so a delete judged before it (the reconcile loop's,
+        conditional on the version it judged) fails from then on; and a delete that came first
+        changed the version too, so the write fails (409) and the pod, read again, is seen being
+        deleted: not kept. One call when nothing changed since the list; a version gone stale is
+        read again (the kubelet writes the pod's status). False: not kept (gone, another pod by the
+        name, terminating or dead); the caller creates the node's worker."""
+        for _ in range(self.max_attempts):
+            if not version:
+                pod = self._get(name)
+                meta = (pod or {}).get("metadata") or {}
+                if pod is None or meta.get("uid") != uid or pod_phase(pod) not in KEPT_PHASES:
+                    return False
+                version = str(meta.get("resourceVersion") or "")
+            mark = f"{time.time():.3f} {uuid.uuid4().hex[:8]}"
+            try:
+                pod = self.api.patch(self.namespace, name, {"metadata": {"resourceVersion": version,
+                                                                         "annotations": {A_ADOPTED: mark}}})
+            except ApiError as err:
+                if err.status == 404:
+                    return False
+                if err.status == 409:
+                    version = ""  # written since the list: read it again
+                    continue
+                raise self._error(name, "patch", err) from None
+            meta = (pod or {}).get("metadata") or {}
+            return meta.get("uid") == uid and pod_phase(pod) in KEPT_PHASES
+        raise BackendError(name, f"pod {name} kept changing while a resume adopted it", retryable=True)
 
     @property
     def selector(self) -> str:

@@ -26,6 +26,7 @@ class Action(str, Enum):
     CREATE = "create"  # create the node's worker
     REPLACE = "replace"  # remove a dead worker, then create a new one
     DELETE = "delete"  # remove the node's worker
+    ADOPT = "adopt"  # keep the node's live worker for this attempt, recorded on it (else create one)
     NOTHING = "nothing"  # already as wanted
     FAIL = "fail"  # cannot act: set the node DOWN with the decision's detail as reason
 
@@ -50,7 +51,8 @@ class Decision:
     detail: str = ""
     slurm_node: SlurmNode | None = None  # for CREATE / REPLACE
     jobs: tuple[int, ...] = ()  # jobs Slurm resumes the node for (from SLURM_RESUME_FILE)
-    uid: str = ""  # REPLACE: the dead worker to remove (only that one, not one that replaced it)
+    uid: str = ""  # REPLACE: the dead worker to remove (only that one, not one that replaced it); ADOPT: the one kept
+    version: str = ""  # ADOPT: the kept worker's version as listed (the adoption's write is conditional on it)
 
     def describe(self) -> str:
         jobs = f" jobs={','.join(map(str, self.jobs))}" if self.jobs else ""
@@ -184,8 +186,11 @@ def plan_resume(
         elif worker is None:
             decisions.append(Decision(name, Action.CREATE, Reason.RESUME, trial, slurm_node=node, jobs=jobs))
         elif worker.phase in LIVE_PHASES:
-            decisions.append(Decision(name, Action.NOTHING, Reason.ALREADY_RUNNING,
-                                      f"worker is {worker.phase}", jobs=jobs))
+            # kept, and the keeping written on the worker: the reconcile loop may have judged it
+            # (a worker for a powered-down node) just before Slurm resumed the node; its delete,
+            # conditional on the version it judged, is refused once this attempt has adopted it
+            decisions.append(Decision(name, Action.ADOPT, Reason.ALREADY_RUNNING, f"worker is {worker.phase}",
+                                      slurm_node=node, jobs=jobs, uid=worker.uid, version=worker.version))
         else:
             why = f"worker is {worker.phase}" + (f" ({worker.reason})" if worker.reason else "")
             decisions.append(Decision(name, Action.REPLACE, Reason.WORKER_DEAD, why + (f"; {trial}" if trial else ""),

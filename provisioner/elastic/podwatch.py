@@ -203,8 +203,11 @@ class WatchedBackend:
     def create(self, node: "SlurmNode") -> None:
         self.backend.create(node)
 
-    def delete(self, name: str, uid: str | None = None, force: bool = False) -> None:
-        self.backend.delete(name, uid, force)
+    def delete(self, name: str, uid: str | None = None, force: bool = False, version: str | None = None) -> None:
+        self.backend.delete(name, uid, force, version)
+
+    def adopt(self, name: str, uid: str, version: str = "") -> bool:
+        return self.backend.adopt(name, uid, version)
 
     def owner_uid(self, pod_name: str) -> str:
         return self.backend.owner_uid(pod_name)

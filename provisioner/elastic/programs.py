@@ -452,7 +452,7 @@ def run_resume(args: Sequence[str], ctx: Context, resume_file_text: str | None) 
     # failures of the backend count towards the pool's backoff; refusals (unknown node, unavailable,
     # backoff itself) do not, nor calls abandoned at the deadline: their outcome is unknown, and a
     # worker they made after all is judged by its uid (the loop, resume-fail)
-    counted = {d.node for d in decisions if d.action in (Action.CREATE, Action.REPLACE)} - set(result.pending)
+    counted = {d.node for d in decisions if d.action in (Action.CREATE, Action.REPLACE, Action.ADOPT)} - set(result.pending)
     _record_failures(ctx, {n: r for n, r in result.down.items() if n in counted}, inventory)
     # a node refused for backoff, or because its Kubernetes node must not take pods (cordoned,
     # NotReady, leaving), is DOWN (its jobs requeue) but still powering up: POWER_DOWN_FORCE ends

@@ -19,16 +19,19 @@ def controller_service_account(spec: ClusterSpec) -> dict[str, Any]:
 
 
 def worker_role(spec: ClusterSpec) -> dict[str, Any]:
-    """Pods, in this namespace only: what ResumeProgram / SuspendProgram need; a get of the
-    slurmctld StatefulSet alone, whose uid every worker pod's ownerReference names; and a get of
-    the ConfigMaps and Secrets slurmctld's pod reads at its start instead of mounting them
-    (:func:`.slurmctld.pod_files`), by name."""
+    """Pods, in this namespace only: what ResumeProgram / SuspendProgram need (`patch`: a resume
+    that keeps a live worker marks it so, which makes the reconcile loop's delete judged before it
+    fail its resourceVersion precondition: elastic.k8s_backend.KubernetesBackend.adopt; what any
+    update may make of a pod is bounded by the worker pod admission policy, which checks UPDATE as
+    CREATE); a get of the slurmctld StatefulSet alone, whose uid every worker pod's ownerReference
+    names; and a get of the ConfigMaps and Secrets slurmctld's pod reads at its start instead of
+    mounting them (:func:`.slurmctld.pod_files`), by name."""
     files = pod_files(spec)
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
         "metadata": _meta(spec, WORKER_ROLE, CONTROLLER),
         "rules": [{"apiGroups": [""], "resources": ["pods"],
-                   "verbs": ["create", "get", "list", "watch", "delete"]},
+                   "verbs": ["create", "get", "list", "watch", "delete", "patch"]},
                   {"apiGroups": ["apps"], "resources": ["statefulsets"], "resourceNames": [CONTROLLER],
                    "verbs": ["get"]},
                   *({"apiGroups": [""], "resources": [f"{kind}s"], "verbs": ["get"],

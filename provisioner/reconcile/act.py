@@ -63,8 +63,10 @@ def _do(op: Op, finding: Finding, slurm: SlurmClient, backend: NodeBackend, ledg
     """Carry out one op; returns the argv it ran (Slurm ops). Raises on failure."""
     name = finding.node
     if op in (Op.DELETE_WORKER, Op.FORCE_DELETE_WORKER):
-        # only the worker judged, never its replacement
-        backend.delete(name, finding.uid or None, force=op is Op.FORCE_DELETE_WORKER)
+        # only the worker judged, as judged: never its replacement, nor the same pod since adopted
+        # by a resume (uid and version preconditions); one gone already raises WorkerGone
+        backend.delete(name, finding.uid or None, force=op is Op.FORCE_DELETE_WORKER,
+                       version=(finding.version or None) if finding.uid else None)
         return ()
     if op is Op.SET_DOWN:
         argv = down_argv([name], finding.down_reason, scontrol)
@@ -158,8 +160,10 @@ def run_once(slurm: SlurmClient, backend: NodeBackend, inventory: "Inventory", l
             try:
                 argv = _do(op, finding, slurm, backend, ledger, now, scontrol)
             except WorkerReplaced as err:
-                # a resume replaced the worker since the list: the finding is about a worker that
-                # is gone; the node's new attempt is not set DOWN nor counted for it
+                # the worker is not the one judged any more: a resume replaced it or adopted it
+                # since the list, or another removed it (WorkerGone: the attempt may have ended and
+                # the node's next begun, its pod not made yet). The finding is stale: the node's
+                # attempt now is not set DOWN nor counted for it; the next pass judges what is there
                 report.done.append(Done(finding, op, False, err.reason, skipped=True))
                 steps.append(f"{op.value} skipped, and the rest: {err.reason}")
                 break

@@ -90,6 +90,7 @@ class Finding:
     detail: str = ""
     pool: str = ""
     uid: str = ""  # the uid of the worker the finding was made about ('' for none)
+    version: str = ""  # and its version then: a delete of the worker is conditional on both
 
     @property
     def ops(self) -> tuple[Op, ...]:
@@ -322,7 +323,7 @@ def classify(snapshot: Snapshot, now: float, policy: Policy = Policy()) -> list[
     for n in names:
         finding = classify_pair(n, snapshot.nodes.get(n), snapshot.workers.get(n), snapshot, now, policy)
         worker = snapshot.workers.get(n)
-        findings.append(replace(finding, uid=worker.uid) if worker is not None else finding)
+        findings.append(replace(finding, uid=worker.uid, version=worker.version) if worker is not None else finding)
     for pool, history in sorted(snapshot.history.items()):
         detail = backoff_detail(history, now, policy)
         if detail:

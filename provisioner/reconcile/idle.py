@@ -36,6 +36,7 @@ class IdleWatch:
     recent: float = 15.0  # a Slurm command / login this recent aborts a sleep at the last check
     started: bool = False
     _said: str = ""
+    _failed: str = ""  # a sleep of this loop failed: the next pass repairs what it left
 
     def activity(self, job_doc: Mapping[str, Any] | None, workers: int | None, now: float) -> Any:
         from ..controltier.decision import Activity, active_jobs
@@ -67,8 +68,11 @@ class IdleWatch:
 
         if not self.started:
             try:
-                self.log(f"control tier: {self.tier.on_controller_start()}")
-                self.started = True
+                if self._failed:
+                    self.log(f"control tier: {self.tier.on_controller_start(self._failed)}")
+                else:
+                    self.log(f"control tier: {self.tier.on_controller_start()}")
+                self.started, self._failed = True, ""
             except TierError as err:
                 self.log(f"control tier: cannot record the wake yet: {err}")
         act = self.activity(job_doc, workers, now)
@@ -87,6 +91,9 @@ class IdleWatch:
         except TierError as err:
             self.log(f"control tier: sleep failed: {err}")
             self.tracker.idle_since = None  # try again after a full idle period
+            # the sleep undid itself and recorded awake, unless the API refused that too: the next
+            # pass does it again (records awake, scales up what is at zero), as a loop that starts
+            self.started, self._failed = False, "a sleep that failed was undone"
             return False
 
 

@@ -5,10 +5,10 @@ node name to the BackendError reason its create raises.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Mapping, Sequence
 
-from provisioner.elastic.backend import BackendError, Worker, WorkerReplaced
+from provisioner.elastic.backend import BackendError, Worker, WorkerGone, WorkerReplaced
 from provisioner.inventory import SlurmNode
 
 
@@ -31,12 +31,25 @@ class FakeBackend:
             self.workers[node.name] = Worker(node.name, "Running", host=node.k8s_node, created_at=time.time(),
                                              uid=f"{node.name}-uid-{self.created}")
 
-    def delete(self, name: str, uid: str | None = None, force: bool = False) -> None:
+    def delete(self, name: str, uid: str | None = None, force: bool = False, version: str | None = None) -> None:
         self.calls.append(("force-delete", name) if force else ("delete", name))
         current = self.workers.get(name)
+        if uid and current is None:
+            raise WorkerGone(name, f"worker {name} ({uid}) is gone already")
         if uid and current is not None and current.uid and current.uid != uid:
             raise WorkerReplaced(name, f"worker {name} was replaced since ({uid} is gone)")
+        if uid and version and current is not None and current.version and current.version != version:
+            raise WorkerReplaced(name, f"worker {name} changed since it was judged (version {version})")
         self.workers.pop(name, None)
+
+    def adopt(self, name: str, uid: str, version: str = "") -> bool:
+        """Kept when it is the live worker `uid`; the keeping changes its version (as a pod's write)."""
+        self.calls.append(("adopt", name))
+        current = self.workers.get(name)
+        if current is None or current.uid != uid or current.phase not in ("Pending", "Running"):
+            return False
+        self.workers[name] = replace(current, version=f"{current.version}+adopted")
+        return True
 
     def list(self, names: Sequence[str] | None = None) -> Mapping[str, Worker]:
         self.lists.append(None if names is None else list(names))

@@ -29,9 +29,14 @@ class FakePodApi:
     - create: 422 Invalid for a bad name or a missing container, 404 for an unknown namespace,
       409 AlreadyExists for a taken name; new pods get uid, creationTimestamp, phase Pending and,
       when their node affinity names a node, spec.nodeName (bound);
-    - delete: 404 NotFound; 409 Conflict when a uid precondition does not match; an unbound or
-      finished pod, or grace 0, goes at once, a bound running pod gets deletionTimestamp and goes
-      when its grace period has passed on the fake clock (``advance``, ``sleep``);
+    - delete: 404 NotFound; 409 Conflict when a uid or resourceVersion precondition does not match;
+      an unbound or finished pod, or grace 0, goes at once, a bound running pod gets
+      deletionTimestamp and goes when its grace period has passed on the fake clock (``advance``,
+      ``sleep``);
+    - resourceVersion: a new one (one counter, as etcd's revision) at every write of a pod: its
+      create, a phase the kubelet stand-in sets, the deletionTimestamp, a patch that changes it;
+    - patch: a JSON merge patch of metadata.annotations / labels; a metadata.resourceVersion in it
+      is a precondition (409 Conflict); 404 NotFound; a patch that changes nothing writes nothing;
     - list with a label selector (`k=v`, `k in (a,b)`; recorded in ``selectors``); get;
     - RBAC: ``allowed`` verbs (403 Forbidden with the API server's wording otherwise);
     - ``fail_next``: errors to raise on the next calls (e.g. 500, 429, 0 = unreachable);
@@ -41,7 +46,7 @@ class FakePodApi:
     """
 
     namespaces: set[str] = field(default_factory=set)
-    allowed: frozenset[str] = frozenset({"create", "get", "list", "watch", "delete"})
+    allowed: frozenset[str] = frozenset({"create", "get", "list", "watch", "delete", "patch"})
     user: str = "system:serviceaccount:ns:slurmctld"
     now: float = 1_700_000_000.0
     pods: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
@@ -50,6 +55,7 @@ class FakePodApi:
     selectors: list[str] = field(default_factory=list)  # the label selector of each list
     limits: list[int] = field(default_factory=list)  # the limit of each list_page
     _gone_at: dict[tuple[str, str], float] = field(default_factory=dict)
+    _revision: int = 0
     statefulsets: dict[tuple[str, str], dict[str, Any]] | None = None
     statefulset_error: ApiError | None = None
 
@@ -67,12 +73,17 @@ class FakePodApi:
                 self.pods.pop(key, None)
                 self._gone_at.pop(key, None)
 
+    def _written(self, pod: dict[str, Any]) -> None:
+        self._revision += 1
+        pod["metadata"]["resourceVersion"] = str(self._revision)
+
     # kubelet stand-in
     def set_phase(self, namespace: str, name: str, phase: str, *, waiting: str | None = None) -> None:
         pod = self.pods[(namespace, name)]
         pod["status"]["phase"] = phase
         if waiting:
             pod["status"]["containerStatuses"] = [{"name": "slurmd", "state": {"waiting": {"reason": waiting}}}]
+        self._written(pod)
 
     def _check(self, verb: str, namespace: str) -> None:
         self.calls.append((verb, namespace))
@@ -100,8 +111,8 @@ class FakePodApi:
         if (namespace, name) in self.pods:
             raise _status(409, "AlreadyExists", f'pods "{name}" already exists')
         meta.update(namespace=namespace, uid=str(uuid.uuid4()),
-                    creationTimestamp=datetime.fromtimestamp(self.now, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-                    resourceVersion=str(len(self.calls)))
+                    creationTimestamp=datetime.fromtimestamp(self.now, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))
+        self._written(pod)
         pod["status"] = {"phase": "Pending"}
         node = _affinity_node(pod)
         if node:
@@ -116,7 +127,8 @@ class FakePodApi:
             raise _status(404, "NotFound", f'pods "{name}" not found')
         return json.loads(json.dumps(pod))
 
-    def delete(self, namespace: str, name: str, *, grace_seconds: int | None = None, uid: str | None = None) -> None:
+    def delete(self, namespace: str, name: str, *, grace_seconds: int | None = None, uid: str | None = None,
+               resource_version: str | None = None) -> None:
         self._check("delete", namespace)
         key = (namespace, name)
         pod = self.pods.get(key)
@@ -125,6 +137,9 @@ class FakePodApi:
         if uid is not None and pod["metadata"]["uid"] != uid:
             raise _status(409, "Conflict", f"Precondition failed: UID in precondition: {uid}, "
                                            f"UID in object meta: {pod['metadata']['uid']}")
+        if resource_version is not None and pod["metadata"]["resourceVersion"] != resource_version:
+            raise _status(409, "Conflict", f"Precondition failed: ResourceVersion in precondition: {resource_version}, "
+                                           f"ResourceVersion in object meta: {pod['metadata']['resourceVersion']}")
         grace = grace_seconds if grace_seconds is not None else pod["spec"].get("terminationGracePeriodSeconds", 30)
         bound = bool(pod["spec"].get("nodeName"))
         if grace == 0 or not bound or pod["status"].get("phase") in TERMINAL_PHASES:
@@ -135,6 +150,28 @@ class FakePodApi:
             pod["metadata"]["deletionTimestamp"] = "terminating"
             pod["metadata"]["deletionGracePeriodSeconds"] = grace
             self._gone_at[key] = self.now + grace
+            self._written(pod)
+
+    def patch(self, namespace: str, name: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        self._check("patch", namespace)
+        pod = self.pods.get((namespace, name))
+        if pod is None:
+            raise _status(404, "NotFound", f'pods "{name}" not found')
+        meta = pod["metadata"]
+        want = (body.get("metadata") or {}).get("resourceVersion")
+        if want is not None and want != meta["resourceVersion"]:
+            raise _status(409, "Conflict", f'Operation cannot be fulfilled on pods "{name}": the object has been '
+                                           "modified; please apply your changes to the latest version and try again")
+        before = json.dumps(meta, sort_keys=True)
+        for part in ("annotations", "labels"):
+            for k, v in ((body.get("metadata") or {}).get(part) or {}).items():
+                if v is None:
+                    (meta.get(part) or {}).pop(k, None)
+                else:
+                    meta.setdefault(part, {})[k] = v
+        if json.dumps(meta, sort_keys=True) != before:
+            self._written(pod)
+        return json.loads(json.dumps(pod))
 
     def list(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
         self._check("list", namespace)
