@@ -171,6 +171,157 @@ def test_more_waiters_than_slots_are_let_go(tmp_path: Path):
         server.server_close()
 
 
+def _gate_server(gate: BootGate, tmp_path: Path, **attrs) -> GateServer:
+    server = GateServer(("127.0.0.1", 0), gate, Log("reconcile", str(tmp_path / "r.log")), wait_max=2)
+    for name, value in attrs.items():  # the server's settings, as the loop sets them
+        setattr(server, name, value)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def _waiting(port: int, node: str = "cpu-0") -> tuple[threading.Thread, list[str]]:
+    """A question that waits at the gate (its node held), answered into the list."""
+    answers: list[str] = []
+    t = threading.Thread(target=lambda: answers.append(ask("127.0.0.1", port, node)))
+    t.start()
+    time.sleep(0.2)
+    return t, answers
+
+
+def test_a_connection_over_the_cap_is_closed_before_a_thread_is_started_for_it(tmp_path: Path, monkeypatch):
+    """The cap is taken in the accept loop: a flood of connections starts no thread once the slots
+    are full (each would otherwise cost a thread before it found no slot)."""
+    started: list[object] = []
+    thread_for = GateServer.process_request_thread
+    monkeypatch.setattr(GateServer, "process_request_thread",
+                        lambda self, request, address: (started.append(address), thread_for(self, request, address)))
+    gate = BootGate()
+    gate.hold(["cpu-0"])
+    server = _gate_server(gate, tmp_path, slots=threading.BoundedSemaphore(1))
+    port = server.server_address[1]
+    try:
+        t, first = _waiting(port)
+        assert [ask("127.0.0.1", port, "cpu-0", timeout=2) for _ in range(20)] == [""] * 20
+        gate.release(["cpu-0"])
+        t.join(3)
+        assert first == ["open"]
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert len(started) == 1, f"{len(started)} threads started for 21 connections with one slot"
+
+
+def test_one_peer_holds_at_most_its_share_of_the_slots(tmp_path: Path):
+    """A job that opens connection after connection from its pod cannot fill the gate: past
+    `max_per_peer` questions in flight from one address, the next is closed at once."""
+    gate = BootGate()
+    gate.hold(["cpu-0"])
+    server = _gate_server(gate, tmp_path, max_per_peer=1)
+    port = server.server_address[1]
+    try:
+        t, first = _waiting(port)
+        started = time.monotonic()
+        assert ask("127.0.0.1", port, "cpu-0", timeout=3) == ""
+        assert time.monotonic() - started < 1
+        gate.release(["cpu-0"])
+        t.join(3)
+        assert first == ["open"]
+        assert ask("127.0.0.1", port, "cpu-0", timeout=3) == "open"  # its slot came back
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_question_from_a_pod_that_is_not_the_nodes_worker_is_closed_at_once(tmp_path: Path):
+    """Only the worker pod of the node named may ask for it (its pod IP, the loop's check): a job
+    elsewhere naming a held node gets a closed connection, at once, and takes no waiting slot."""
+    asked: list[tuple[str, str]] = []
+
+    def is_worker(node: str, ip: str) -> bool | None:
+        asked.append((node, ip))
+        return {"cpu-0": False, "cpu-1": True}.get(node)  # cpu-2: cannot tell (the API did not answer)
+
+    gate = BootGate()
+    gate.hold(["cpu-0", "cpu-1", "cpu-2"])
+    server = _gate_server(gate, tmp_path, is_worker=is_worker, wait_max=0.3)
+    port = server.server_address[1]
+    try:
+        started = time.monotonic()
+        assert ask("127.0.0.1", port, "cpu-0", timeout=3) == ""
+        assert time.monotonic() - started < 0.25
+        assert ask("127.0.0.1", port, "cpu-1", timeout=3) == "held"
+        assert ask("127.0.0.1", port, "cpu-2", timeout=3) == "held"  # as before the check: Slurm's state decides
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert asked == [("cpu-0", "127.0.0.1"), ("cpu-1", "127.0.0.1"), ("cpu-2", "127.0.0.1")]
+    said = (tmp_path / "r.log").read_text()
+    assert "boot gate: refused a question for cpu-0 from 127.0.0.1, not its worker pod" in said
+
+
+def test_a_silent_connection_is_closed_after_the_read_timeout(tmp_path: Path):
+    """Sound before this change (StreamRequestHandler's 5 s timeout): a connection that sends no
+    node name holds its slot for the read timeout only."""
+    import socket
+
+    server = _gate_server(BootGate(), tmp_path)
+    try:
+        with socket.create_connection(server.server_address, timeout=10) as conn:
+            started = time.monotonic()
+            assert conn.recv(64) == b""
+            took = time.monotonic() - started
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert 4 <= took < 7
+
+
+def _pod(ip: str = "", *, ips: tuple[str, ...] = (), deleting: bool = False) -> dict:
+    status: dict = {"podIP": ip} if ip else {}
+    if ips:
+        status["podIPs"] = [{"ip": i} for i in ips]
+    meta = {"deletionTimestamp": "2025-01-01T00:00:00Z"} if deleting else {}
+    return {"metadata": meta, "status": status}
+
+
+def test_worker_pods_match_the_callers_address_with_the_nodes_pod_ip():
+    from provisioner.kubeapi import ApiError
+    from provisioner.elastic.bootgate import WorkerPods
+
+    pods = {"cpu-0": [_pod("10.0.0.5")], "cpu-1": [_pod(ips=("10.0.0.7", "fd00::7"))],
+            "cpu-2": [_pod("10.0.0.9", deleting=True)], "cpu-3": []}
+    asked: list[str] = []
+
+    def pods_of(node: str) -> list:
+        asked.append(node)
+        if node == "down":
+            raise ApiError(0, "Unreachable", "connection refused")
+        if node == "bad..name":
+            raise ApiError(400, "BadRequest", "invalid label value")
+        return pods[node]
+
+    slept: list[float] = []
+    check = WorkerPods(pods_of, wait=1.0, poll=0.25, sleep=slept.append, clock=lambda: sum(slept))
+    assert check("cpu-0", "10.0.0.5") is True
+    assert check("cpu-0", "10.0.0.5") is True and asked == ["cpu-0"]  # remembered: no second list
+    assert check("cpu-0", "10.0.0.6") is False  # another address than the node's pod: at once
+    assert check("cpu-1", "fd00::7") is True
+    assert check("cpu-2", "10.0.0.9") is False  # a pod being deleted asks for nobody
+    assert slept == [0.25] * 4  # (cpu-2's deleted pod counts as none: asked again, as for cpu-3)
+    slept.clear()
+    assert check("cpu-3", "10.0.0.5") is False and slept == [0.25] * 4  # no pod IP posted in 1 s
+    assert check("down", "10.0.0.5") is None  # cannot tell
+    assert check("bad..name", "10.0.0.5") is False
+
+
+def test_a_worker_pod_whose_ip_is_posted_late_is_asked_again():
+    from provisioner.elastic.bootgate import WorkerPods
+
+    answers = iter([[_pod()], [], [_pod("10.0.0.5")]])
+    check = WorkerPods(lambda _n: next(answers), wait=5.0, poll=0.01)
+    assert check("cpu-0", "10.0.0.5") is True
+
+
 def test_serve_says_when_the_port_is_taken(tmp_path: Path):
     log_path = tmp_path / "reconcile.log"
     gate = BootGate()
@@ -285,3 +436,12 @@ def test_a_gate_that_stays_held_is_given_up_after_its_bound(tmp_path: Path):
         server.server_close()
     assert proc.returncode == 0 and 0.9 <= took < 6  # bash SECONDS: whole seconds of the wall clock
     assert ": held after " in proc.stderr, proc.stderr
+
+
+def test_on_kubernetes_the_loop_serves_no_gate_that_cannot_check_who_asks(tmp_path: Path):
+    from provisioner.reconcile.main import _boot_gate
+
+    log_path = tmp_path / "reconcile.log"
+    env = {"SLURMK8S_BACKEND": "kubernetes", "SLURMK8S_SPEC": str(tmp_path / "missing.json")}
+    assert _boot_gate(True, Log("reconcile", str(log_path)), env) is None
+    assert "boot gate not served (it cannot check who asks:" in log_path.read_text()

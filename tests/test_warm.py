@@ -159,6 +159,60 @@ def test_the_server_counts_the_calls_it_is_running(sock: str, tmp_path: Path):
         server.close()
 
 
+def test_a_caller_that_sends_nothing_is_dropped_after_the_read_timeout(sock: str, tmp_path: Path):
+    """A connection that never sends its request does not hold a thread for ever."""
+    server = ProgramServer(sock, lambda *a: 0, Log("reconcile", str(tmp_path / "reconcile.log")), read_timeout=0.3)
+    assert server.start()
+    try:
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        conn.settimeout(3)
+        conn.connect(sock)
+        started = time.monotonic()
+        try:
+            assert conn.recv(64) == b""  # closed by the loop, unanswered
+        finally:
+            conn.close()
+        assert time.monotonic() - started < 2
+        assert delegate(sock, "resume", ["n"], None) == 0  # the next call is served as ever
+    finally:
+        server.close()
+    assert "program call refused: unreadable request" in (tmp_path / "reconcile.log").read_text()
+
+
+def test_calls_over_the_cap_start_no_thread_and_are_run_by_the_program_itself(sock: str, tmp_path: Path,
+                                                                              monkeypatch):
+    release = threading.Event()
+    ran: list[str] = []
+
+    def runner(program, args, *rest):
+        ran.append(args[0])
+        release.wait(10)
+        return 0
+
+    server = ProgramServer(sock, runner, Log("reconcile", str(tmp_path / "reconcile.log")), max_calls=1)
+    assert server.start()
+    try:
+        first: list[object] = []
+        t = threading.Thread(target=lambda: first.append(delegate(sock, "resume", ["a"], None)))
+        t.start()
+        deadline = time.monotonic() + 5
+        while server.running() < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        threads_before = threading.active_count()
+        for _ in range(5):
+            with pytest.raises(NotServed):  # closed unanswered (or reset): the program runs it itself
+                delegate(sock, "resume", ["b"], None)
+        assert threading.active_count() <= threads_before
+        release.set()
+        t.join(5)
+        assert first == [0] and ran == ["a"]
+        assert delegate(sock, "resume", ["c"], None) == 0  # its slot came back
+    finally:
+        release.set()
+        server.close()
+    assert "over the cap of 1" in (tmp_path / "reconcile.log").read_text()
+
+
 def test_a_warm_run_is_the_programs_run_logged_under_the_callers_pid(sock: str, tmp_path: Path):
     """runner_for runs the real run_suspend with a fresh Context per call; its log lines carry the
     pid of the program Slurm started, as if it had run them itself."""

@@ -26,11 +26,23 @@ Anything else, a refused or dropped connection included, means no gate is served
 older one, the Docker test bed): the worker goes on at once, as every worker did before the head
 start.
 
+Who asks: only the worker pod of the node named may ask for it. A job can reach this port (it
+runs in a worker pod); were any question served, a job could fill the slots with questions for
+held nodes, and the real workers, closed out, would start slurmd early: Slurm then sets their
+nodes DOWN at ResumeTimeout and requeues other users' jobs. On Kubernetes the loop checks the
+caller's address against the pod IP of the node's worker pod (:class:`WorkerPods`, one pod list
+by the node's label; a pod whose IP is not posted yet is asked again for :data:`IDENTIFY_WAIT`
+seconds): another address is closed at once, unanswered. A job on the node's own pod may ask
+for it, and is answered at once: its node is up. Beside that (defence in depth, the boot gate
+NetworkPolicy admits worker pods only) the slots are capped *before* a thread starts, in the
+accept loop: at most :data:`MAX_WAITERS` questions in flight, :data:`MAX_PER_PEER` from one
+address (a host-network pool has one worker per host), each read for at most
+:data:`READ_TIMEOUT` seconds; a connection over a cap is closed at once (the worker goes on).
+
 Bounded: holds are forgotten after :data:`HOLD_MAX` seconds (Slurm's state still holds a node it
 has powered down; the reconcile loop deletes a worker whose node stays powered down), a node
 whose resume call came after the prolog read it powered down is not held (a prolog slower than
-the pass), at most :data:`MAX_WAITERS` questions wait at once (more get a closed connection and
-go on), and the worker asks for at most 50 s in all, then starts slurmd anyway.
+the pass), and the worker asks for at most 50 s in all, then starts slurmd anyway.
 """
 
 from __future__ import annotations
@@ -40,7 +52,9 @@ import socket
 import socketserver
 import threading
 import time
-from typing import TYPE_CHECKING, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
+
+from ..kubeapi import ApiError
 
 if TYPE_CHECKING:
     from ..logs import Log
@@ -48,7 +62,10 @@ if TYPE_CHECKING:
 DEFAULT_PORT = 9412  # the login pod's agent has 9411 (ACTIVITY_PORT), another pod
 HOLD_MAX = 30.0  # seconds a node stays held without Slurm's resume call
 WAIT_MAX = 20.0  # seconds one question is held open before 'held' (the worker asks again)
-MAX_WAITERS = 4096
+MAX_WAITERS = 4096  # questions in flight (read, checked or waiting), taken before a thread starts
+MAX_PER_PEER = 8  # of them from one address: a pod (or a host-network pool's host: one worker each)
+READ_TIMEOUT = 5.0  # seconds to read the node name
+IDENTIFY_WAIT = 5.0  # seconds a worker pod whose IP is not posted yet is asked again
 _NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
@@ -146,53 +163,163 @@ class BootGate:
                 del table[node]
 
 
+class WorkerPods:
+    """Is `ip` the pod IP of the worker pod of `node`? The gate's check of who asks (module
+    docstring). `pods_of(node)`: the worker pods labelled with that node (a list by label, raising
+    ApiError). True: it is; False: it is not (a pod of the node has another IP, or none has one
+    after `wait` seconds); None: the API did not answer (the gate serves as before the check).
+    A match is remembered for `remember` seconds: a worker asks again every 20 s while held."""
+
+    def __init__(self, pods_of: Callable[[str], Sequence[Mapping[str, Any]]], wait: float = IDENTIFY_WAIT,
+                 poll: float = 0.5, remember: float = HOLD_MAX * 2,
+                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> None:
+        self.pods_of = pods_of
+        self.wait = wait
+        self.poll = poll
+        self.remember = remember
+        self._clock = clock
+        self._sleep = sleep
+        self._lock = threading.Lock()
+        self._known: dict[tuple[str, str], float] = {}  # (node, ip) -> matched at
+
+    def __call__(self, node: str, ip: str) -> bool | None:
+        now = self._clock()
+        with self._lock:
+            for key in [k for k, t in self._known.items() if now - t >= self.remember]:
+                del self._known[key]
+            if (node, ip) in self._known:
+                return True
+        deadline = now + self.wait
+        while True:
+            try:
+                pods = self.pods_of(node)
+            except ApiError as err:
+                # a refusal of the selector (a name no label can hold) is no worker; no answer: cannot tell
+                return False if 400 <= err.status < 500 and err.status not in (401, 403, 429) else None
+            addresses = [_pod_ips(p) for p in pods if not (p.get("metadata") or {}).get("deletionTimestamp")]
+            if any(ip in a for a in addresses):
+                with self._lock:
+                    self._known[(node, ip)] = self._clock()
+                return True
+            if any(addresses) or self._clock() >= deadline:
+                return False  # a pod's IP never changes: another one posted is an answer
+            self._sleep(self.poll)
+
+
+def _pod_ips(pod: Mapping[str, Any]) -> set[str]:
+    status = pod.get("status") or {}
+    ips = {str(i.get("ip")) for i in status.get("podIPs") or () if i.get("ip")}
+    if status.get("podIP"):
+        ips.add(str(status["podIP"]))
+    return ips
+
+
 class _Handler(socketserver.StreamRequestHandler):
-    timeout = 5.0  # to read the node name
+    def setup(self) -> None:
+        self.timeout = self.server.read_timeout  # type: ignore[attr-defined]  # to read the node name
+        super().setup()
 
     def handle(self) -> None:
         server: GateServer = self.server  # type: ignore[assignment]
-        if not server.slots.acquire(blocking=False):
-            return  # too many waiting: a closed connection, the worker goes on
         try:
-            try:
-                node = self.rfile.readline(256).decode("ascii", "replace").strip()
-            except OSError:
-                return
-            if not _NODE_NAME.match(node):
-                return
-            held = server.gate.is_held(node)
-            opened = server.gate.wait(node, server.wait_max)
-            if held and opened:
-                server.log.write(f"boot gate: {node} may start")
-            try:
-                self.connection.settimeout(5.0)
-                # open: with this clock's time, after Slurm's boot request for the node (the worker's
-                # slurmd starts no earlier by its own clock: Slurm compares the two)
-                self.wfile.write(f"open {server.gate.now():.3f}\n".encode() if opened else b"held\n")
-            except OSError:
-                pass  # the worker is gone
-        finally:
-            server.slots.release()
+            node = self.rfile.readline(256).decode("ascii", "replace").strip()
+        except OSError:
+            return
+        if not _NODE_NAME.match(node):
+            return
+        if server.is_worker is not None:
+            ip = str(self.client_address[0])
+            verdict = server.is_worker(node, ip)
+            if verdict is False:
+                server.note(("refused", ip), f"boot gate: refused a question for {node} from {ip}, not its worker pod")
+                return  # closed, unanswered: only the node's own worker waits here
+            if verdict is None:
+                server.note(("?", node), f"boot gate: cannot tell whether {ip} is {node}'s worker pod (the API "
+                                         "did not answer); Slurm's state decides, as without the check")
+        held = server.gate.is_held(node)
+        opened = server.gate.wait(node, server.wait_max)
+        if held and opened:
+            server.log.write(f"boot gate: {node} may start")
+        try:
+            self.connection.settimeout(5.0)
+            # open: with this clock's time, after Slurm's boot request for the node (the worker's
+            # slurmd starts no earlier by its own clock: Slurm compares the two)
+            self.wfile.write(f"open {server.gate.now():.3f}\n".encode() if opened else b"held\n")
+        except OSError:
+            pass  # the worker is gone
 
 
 class GateServer(socketserver.ThreadingTCPServer):
+    """The gate's TCP server. A connection takes its slot (:data:`MAX_WAITERS` in all,
+    `max_per_peer` per address) in the accept loop, before its thread starts; `is_worker(node, ip)`
+    (a :class:`WorkerPods`; None: no check, the Docker test bed) says who may ask."""
+
     daemon_threads = True
     allow_reuse_address = True
     request_queue_size = 1024  # a burst of booting workers connects at once
 
     def __init__(self, address: tuple[str, int], gate: BootGate, log: "Log", wait_max: float = WAIT_MAX,
-                 max_waiters: int = MAX_WAITERS) -> None:
+                 max_waiters: int = MAX_WAITERS, max_per_peer: int = MAX_PER_PEER,
+                 is_worker: Callable[[str, str], bool | None] | None = None,
+                 read_timeout: float = READ_TIMEOUT) -> None:
         self.gate = gate
         self.log = log
         self.wait_max = wait_max
         self.slots = threading.BoundedSemaphore(max_waiters)
+        self.max_per_peer = max_per_peer
+        self.is_worker = is_worker
+        self.read_timeout = read_timeout
+        self._peers: dict[str, int] = {}  # address -> questions in flight from it
+        self._peers_lock = threading.Lock()
+        self._noted: dict[object, float] = {}  # what was logged when: a flood is logged once a minute
         super().__init__(address, _Handler)
 
+    def process_request(self, request: Any, client_address: Any) -> None:
+        """(The accept loop.) Over a cap: closed at once, no thread (the worker goes on)."""
+        peer = str(client_address[0])
+        with self._peers_lock:
+            count = self._peers.get(peer, 0)
+            if count >= self.max_per_peer or not self.slots.acquire(blocking=False):
+                self.shutdown_request(request)
+                return
+            self._peers[peer] = count + 1
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._release(peer)
+            raise
 
-def serve(gate: BootGate, port: int, log: "Log", addr: str = "0.0.0.0") -> GateServer | None:
-    """Serve `gate` on `port` in the background; None (logged) when the port cannot be bound."""
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._release(str(client_address[0]))
+
+    def _release(self, peer: str) -> None:
+        with self._peers_lock:
+            count = self._peers.pop(peer, 1) - 1
+            if count > 0:
+                self._peers[peer] = count
+            self.slots.release()
+
+    def note(self, key: object, text: str, every: float = 60.0) -> None:
+        """Log `text`, at most once every `every` seconds for `key`."""
+        now = time.monotonic()
+        with self._peers_lock:
+            if now - self._noted.get(key, -every) < every:
+                return
+            if len(self._noted) > 1024:
+                self._noted.clear()
+            self._noted[key] = now
+        self.log.write(text)
+
+
+def serve(gate: BootGate, port: int, log: "Log", addr: str = "0.0.0.0",
+          is_worker: Callable[[str, str], bool | None] | None = None) -> GateServer | None:
+    """Serve `gate` on `port` in the background, asking `is_worker` who asks (GateServer); None
+    (logged) when the port cannot be bound."""
     try:
-        server = GateServer((addr, port), gate, log)
+        server = GateServer((addr, port), gate, log, is_worker=is_worker)
     except OSError as err:
         log.write(f"boot gate not served (port {port}: {err}); no pod is created ahead of Slurm's resume call")
         return None

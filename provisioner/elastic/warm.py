@@ -33,6 +33,7 @@ import os
 import socket
 import stat
 import threading
+import time
 from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 if TYPE_CHECKING:
@@ -44,6 +45,8 @@ if TYPE_CHECKING:
 DEFAULT_SOCKET = "/run/slurmk8s/programs/programs.sock"
 CONNECT_TIMEOUT = 1.0  # seconds: a loop that does not accept within this is not serving
 MAX_REQUEST = 4 << 20  # bytes: a resume file of a few thousand jobs and nodes is well under this
+READ_TIMEOUT = 10.0  # seconds to read a request: the program sends it at once after connecting
+MAX_CALLS = 4096  # calls in flight (PrologSlurmctld's waits are one per starting job); more run themselves
 
 
 class NotServed(Exception):
@@ -119,12 +122,21 @@ Runner = Callable[[str, Sequence[str], str | None, int], int]
 
 class ProgramServer:
     """Accepts calls on a Unix socket and runs each on its own thread with `runner(program, args,
-    resume_file, pid) -> exit code`. Started by the reconcile loop; its threads are daemons."""
+    resume_file, pid) -> exit code`. Started by the reconcile loop; its threads are daemons.
 
-    def __init__(self, path: str, runner: Runner, log: "Log") -> None:
+    Bounded: a call takes one of `slots` (:data:`MAX_CALLS`) in the accept loop, before its
+    thread starts; over the cap the connection is closed unanswered, and the program runs the call
+    itself (NotServed), as without a loop. A request is read for at most `read_timeout` seconds."""
+
+    def __init__(self, path: str, runner: Runner, log: "Log", max_calls: int = MAX_CALLS,
+                 read_timeout: float = READ_TIMEOUT) -> None:
         self.path = path
         self.runner = runner
         self.log = log
+        self.slots = threading.BoundedSemaphore(max_calls)
+        self.max_calls = max_calls
+        self.read_timeout = read_timeout
+        self._refused_at = -60.0  # monotonic: calls over the cap are logged once a minute
         self._sock: socket.socket | None = None
         self._running = 0  # calls being run now (running())
         self._count_lock = threading.Lock()
@@ -171,12 +183,35 @@ class ProgramServer:
                 conn, _ = self._sock.accept()
             except OSError:
                 return  # closed
-            threading.Thread(target=self._serve, args=(conn,), name="program-call", daemon=True).start()
+            if not self.slots.acquire(blocking=False):
+                conn.close()  # no reply: the program runs the call itself
+                self._refused()
+                continue
+            try:
+                threading.Thread(target=self._serve, args=(conn,), name="program-call", daemon=True).start()
+            except RuntimeError:  # no thread to be had: as over the cap
+                self.slots.release()
+                conn.close()
+
+    def _refused(self) -> None:
+        now = time.monotonic()
+        if now - self._refused_at >= 60:
+            self._refused_at = now
+            self.log.write(f"program call refused: over the cap of {self.max_calls} calls in flight; "
+                           "the program runs it itself (logged once a minute)")
 
     def _serve(self, conn: socket.socket) -> None:
+        try:
+            self._serve_one(conn)
+        finally:
+            self.slots.release()
+
+    def _serve_one(self, conn: socket.socket) -> None:
         with conn:
             try:
+                conn.settimeout(self.read_timeout)
                 line = conn.makefile("rb").readline(MAX_REQUEST)
+                conn.settimeout(5.0)  # the reply is one short line
                 request = json.loads(line)
                 program, args, pid = request["program"], request["args"], int(request["pid"])
                 resume_file = request.get("resume_file")

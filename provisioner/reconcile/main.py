@@ -124,15 +124,31 @@ def _stop_on_sigterm(log: "Log") -> threading.Event:
     return stop
 
 
-def _boot_gate(wanted: bool, log: "Log") -> "BootGate | None":
-    """The boot gate, served on its port (elastic/bootgate.py); None when turned off or not served."""
+def _boot_gate(wanted: bool, log: "Log", env: Mapping[str, str]) -> "BootGate | None":
+    """The boot gate, served on its port (elastic/bootgate.py); None when turned off or not served.
+    On Kubernetes it serves only the worker pod of the node asked for (bootgate.WorkerPods, one
+    pod list by the node's label); a gate that cannot check that is not served (no pod is then
+    created ahead of Slurm's resume call)."""
     from ..elastic import bootgate
 
     if not wanted:
         log.write("no boot gate (--no-boot-gate): no pod is created ahead of Slurm's resume call")
         return None
+    is_worker = None
+    if env.get("SLURMK8S_BACKEND", "docker") == "kubernetes":
+        from ..elastic.k8s_backend import from_env
+        from ..names import L_CLUSTER, L_COMPONENT, L_NODE
+
+        try:
+            pods = from_env(env)
+        except BackendError as err:
+            log.write(f"boot gate not served (it cannot check who asks: {err.reason}); no pod is created "
+                      "ahead of Slurm's resume call")
+            return None
+        selector = f"{L_CLUSTER}={pods.spec.name},{L_COMPONENT}=worker"
+        is_worker = bootgate.WorkerPods(lambda node: pods.api.list(pods.namespace, f"{selector},{L_NODE}={node}"))
     gate = bootgate.BootGate()
-    return gate if bootgate.serve(gate, bootgate.DEFAULT_PORT, log) is not None else None
+    return gate if bootgate.serve(gate, bootgate.DEFAULT_PORT, log, is_worker=is_worker) is not None else None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -192,7 +208,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     log.write(f"started: period {args.period:.0f}s, grace {policy.grace:.0f}s, ledger {ledger.path}")
     # the power-saving programs Slurm starts hand their calls to this process, imports done (elastic/warm.py)
     # and the workers created ahead of Slurm's resume call ask it before their slurmd registers
-    programs_server = None if args.once else serve_programs(env, log, _boot_gate(not args.no_boot_gate, log))
+    programs_server = None if args.once else serve_programs(env, log, _boot_gate(not args.no_boot_gate, log, env))
     backend: NodeBackend | None = None
     usage_file = UsageFile(env.get("SLURMK8S_USAGE", DEFAULT_USAGE)) if metrics is not None else None
     usage_restored, usage_error, deployment = False, False, ""
