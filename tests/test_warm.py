@@ -213,6 +213,33 @@ def test_calls_over_the_cap_start_no_thread_and_are_run_by_the_program_itself(so
     assert "over the cap of 1" in (tmp_path / "reconcile.log").read_text()
 
 
+def test_a_calls_slot_is_free_before_its_caller_hears_back(sock: str, tmp_path: Path):
+    """A caller that calls again as soon as it has its answer finds the slot free: the slot is
+    released before the reply is written, however slowly the release runs (a CI race once reset
+    such a second call)."""
+
+    class SlowSlots:
+        def __init__(self):
+            self.inner = threading.BoundedSemaphore(1)
+
+        def acquire(self, blocking=True):
+            return self.inner.acquire(blocking)
+
+        def release(self):
+            time.sleep(0.3)  # a release the scheduler runs late
+            self.inner.release()
+
+    server = ProgramServer(sock, lambda *a: 0, Log("reconcile", str(tmp_path / "reconcile.log")), max_calls=1)
+    server.slots = SlowSlots()
+    assert server.start()
+    try:
+        for _ in range(3):
+            assert delegate(sock, "resume", ["a"], None) == 0
+    finally:
+        server.close()
+    assert "over the cap" not in (tmp_path / "reconcile.log").read_text()
+
+
 def test_a_warm_run_is_the_programs_run_logged_under_the_callers_pid(sock: str, tmp_path: Path):
     """runner_for runs the real run_suspend with a fresh Context per call; its log lines carry the
     pid of the program Slurm started, as if it had run them itself."""

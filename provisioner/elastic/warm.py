@@ -201,40 +201,46 @@ class ProgramServer:
                            "the program runs it itself (logged once a minute)")
 
     def _serve(self, conn: socket.socket) -> None:
-        try:
-            self._serve_one(conn)
-        finally:
-            self.slots.release()
-
-    def _serve_one(self, conn: socket.socket) -> None:
         with conn:
             try:
-                conn.settimeout(self.read_timeout)
-                line = conn.makefile("rb").readline(MAX_REQUEST)
-                conn.settimeout(5.0)  # the reply is one short line
-                request = json.loads(line)
-                program, args, pid = request["program"], request["args"], int(request["pid"])
-                resume_file = request.get("resume_file")
-                if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
-                    raise TypeError("args must be a list of strings")
-            except (OSError, ValueError, KeyError, TypeError) as err:
-                self.log.write(f"program call refused: unreadable request ({err})")
-                return  # no reply: the caller runs it itself
-            with self._count_lock:
-                self._running += 1
-            try:
-                code = self.runner(program, args, resume_file, pid)
-            except Exception as err:  # a bug in a run must not stop the loop; the caller runs it itself
-                self.log.write(f"{program} {' '.join(args)} for pid {pid} failed in the loop: "
-                               f"{type(err).__name__}: {err}; the program runs it itself")
-                return
+                reply = self._answer(conn)
             finally:
-                with self._count_lock:
-                    self._running -= 1
-            try:
-                conn.sendall(json.dumps({"code": code}).encode() + b"\n")
-            except OSError:
-                pass  # the caller is gone (Slurm killed it at its timeout): the run is done anyway
+                # the slot is free before the caller hears back: a caller that calls again on
+                # its answer finds it free, never a reset for a call that is already over
+                self.slots.release()
+            if reply is not None:
+                try:
+                    conn.sendall(reply)
+                except OSError:
+                    pass  # the caller is gone (Slurm killed it at its timeout): the run is done anyway
+
+    def _answer(self, conn: socket.socket) -> bytes | None:
+        """Read one request and run it; the reply line, or None for no reply (the caller runs
+        the call itself)."""
+        try:
+            conn.settimeout(self.read_timeout)
+            line = conn.makefile("rb").readline(MAX_REQUEST)
+            conn.settimeout(5.0)  # the reply is one short line
+            request = json.loads(line)
+            program, args, pid = request["program"], request["args"], int(request["pid"])
+            resume_file = request.get("resume_file")
+            if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+                raise TypeError("args must be a list of strings")
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            self.log.write(f"program call refused: unreadable request ({err})")
+            return None
+        with self._count_lock:
+            self._running += 1
+        try:
+            code = self.runner(program, args, resume_file, pid)
+        except Exception as err:  # a bug in a run must not stop the loop; the caller runs it itself
+            self.log.write(f"{program} {' '.join(args)} for pid {pid} failed in the loop: "
+                           f"{type(err).__name__}: {err}; the program runs it itself")
+            return None
+        finally:
+            with self._count_lock:
+                self._running -= 1
+        return json.dumps({"code": code}).encode() + b"\n"
 
 
 def runner_for(make_context: Callable[[str, int], "Context"],
