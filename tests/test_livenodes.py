@@ -110,6 +110,20 @@ def test_a_drain_set_by_someone_else_is_left_alone(cluster):
     assert cluster.drain() == []
 
 
+def test_a_cordon_keeps_a_drain_set_by_someone_else_and_its_uncordon_never_undrains_it(cluster):
+    """Issue 40 item 4: a health-check or operator DRAIN on a node that is then cordoned keeps its
+    reason; the uncordon does not return the faulty node to service."""
+    reason = "health check: /dev/shm too small"
+    cluster.slurm.nodes[1] = slurm_node("gpu-k-2", "IDLE", "DRAIN", reason=reason)
+    cluster.nodes[1]["spec"]["unschedulable"] = True
+    assert cluster.live.step().written == ("inventory.json",)
+    assert cluster.drain() == [], "someone else's drain is neither overwritten nor doubled"
+
+    del cluster.nodes[1]["spec"]["unschedulable"]
+    assert cluster.live.step().written == ("inventory.json",)
+    assert cluster.drain() == [], "the uncordon leaves the health check's drain in place"
+
+
 def test_a_node_that_gains_the_pool_labels_joins_in_its_switch_with_a_reconfigure(cluster):
     cluster.nodes.append(k8s("k-4", "leaf-b"))
     outcome = cluster.live.step()

@@ -4,7 +4,8 @@ A cordoned or NotReady Kubernetes node keeps its Slurm node (stable names and to
 not take jobs: the inventory marks it ``unavailable`` with a reason, and this module drains it in
 Slurm. (slurm.conf's DownNodes cannot do it: slurmctld 24.11 drops a DownNodes node whose name does
 not resolve, which a powered-down CLOUD node's never does.) A node slurmk8s drained that is
-available again is returned to service; drains set by people or health checks are never touched.
+available again is returned to service; drains set by people or health checks are never touched,
+not even on a node that is cordoned meanwhile: their reason is kept, and the uncordon leaves them.
 """
 
 from __future__ import annotations
@@ -46,10 +47,13 @@ def plan(inventory: Inventory, slurm_nodes: Iterable[NodeStatus]) -> list[Action
         if seen is None:
             continue
         drained = "DRAIN" in seen.state
+        ours = drained and seen.reason.startswith(OUR_PREFIX)
+        if drained and not ours:
+            continue  # a health check's or an operator's drain: its reason stays, and so does the drain
         if node.unavailable:
             if not (drained and seen.reason == node.unavailable):
                 drains.setdefault(node.unavailable, []).append(node.name)
-        elif drained and seen.reason.startswith(OUR_PREFIX):
+        elif ours:
             undrain.append(node.name)
     actions = [Action(tuple(names), "DRAIN", reason) for reason, names in sorted(drains.items())]
     if undrain:
