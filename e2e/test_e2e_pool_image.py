@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -57,9 +58,14 @@ def _versions() -> dict[str, str]:
             for o in objs}
 
 
-def _check_pods() -> list[str]:
-    return [p["metadata"]["name"] for p in kjson("get", "pods", "-A", "-l", "app.kubernetes.io/component=image-check")
-            ["items"]]
+def _check_pods(said: str) -> list[str]:
+    """The check pods that the `up` which said `said` started and that still exist. Only its own:
+    another xdist worker's `up` may be checking its images at the same moment."""
+    named = {n for group in re.findall(r"\[pods ([^\]]+)\]", said) for n in group.split()}
+    assert named, f"`up` names its check pods:\n{said[-3000:]}"
+    live = {p["metadata"]["name"] for p in kjson("get", "pods", "-A", "-l", "app.kubernetes.io/component=image-check")
+            ["items"]}
+    return sorted(named & live)
 
 
 def _spec_with(cluster: Cluster, tmp_path, name: str, pool: dict) -> str:
@@ -85,7 +91,8 @@ def test_a_pool_on_an_image_that_is_not_a_worker_image_is_refused_before_anythin
     assert "the slurmk8s mariadb image" in said, said[-3000:]  # identified (rebuilt) or logged as (older build)
     assert "Fix: build it FROM slurmk8s/slurmd:dev" in said and "docs/pool-images.md" in said, said[-3000:]
     assert _versions() == before, "a refused `up` must not change the cluster"
-    assert _check_pods() == [], "the check pods must be gone"
+    assert "still terminating" not in said, said[-3000:]
+    assert _check_pods(said) == [], "the check pods must be gone"
 
     if shutil.which("docker") and _docker("image", "inspect", "slurmk8s/mariadb:dev").returncode == 0:
         proc = slurmk8s("preview", "--spec", path, "--state", str(cluster.state), log=cluster.log)
@@ -119,7 +126,7 @@ def test_a_derived_image_with_a_package_runs_its_pools_jobs_and_passes_the_healt
                                                             "domains": [{"name": "local", "count": 1}]})
     t1 = time.monotonic()
     proc = slurmk8s("up", "--spec", path, "--state", str(cluster.state), log=cluster.log)
-    said = _said(cluster, "up")
+    said = checked = _said(cluster, "up")
     assert proc.returncode == 0, said[-4000:]
     identified = "org.slurmk8s.interface" in labels
     assert (f"image check: {image}: slurmk8s slurmd image (interface {IMAGE_INTERFACE}" if identified
@@ -159,4 +166,4 @@ def test_a_derived_image_with_a_package_runs_its_pools_jobs_and_passes_the_healt
         cluster.spec_path.write_text(original)
         proc = slurmk8s("up", "--spec", str(cluster.spec_path), "--state", str(cluster.state), log=cluster.log)
         assert proc.returncode == 0, _said(cluster, "up")[-3000:]
-    assert _check_pods() == []
+    assert _check_pods(checked) == []

@@ -420,7 +420,8 @@ class Checker:
         probes = [_Probe(w, f"slurmk8s-image-check-{self.stamp}-{i}") for i, w in enumerate(wants)]
         t0 = self.clock()
         self.echo(f"image check: {len(wants)} image(s) in pod(s) in namespace {self.namespace}: "
-                  + ", ".join(f"{p.want.image} ({p.want.field})" for p in probes))
+                  + ", ".join(f"{p.want.image} ({p.want.field})" for p in probes)
+                  + " [pods " + " ".join(p.name for p in probes) + "]")
         try:
             probes = [p for p in probes if self._create(p)]
             self._wait(probes, t0)
