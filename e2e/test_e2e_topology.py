@@ -20,6 +20,7 @@ import json
 import os
 import re
 import subprocess
+import threading
 import time
 from typing import Any, Iterator
 
@@ -334,6 +335,81 @@ def test_a_cordon_drains_the_slurm_node_live_and_is_never_a_pool_failure(topo: L
     # no restart and no reconfigure: slurmctld's boot time is the one it had before the cordon
     assert _boot_time() == boot
     assert not _pool_failures()
+
+
+def _milli(quantity: str) -> int:
+    return int(quantity[:-1]) if quantity.endswith("m") else int(float(quantity) * 1000)
+
+
+def _filler(k8s_node: str) -> dict[str, Any]:
+    """A pod that takes every CPU left on `k8s_node`, so that a worker pod for it stays Pending."""
+    allocatable = _milli(kjson("get", "node", k8s_node)["status"]["allocatable"]["cpu"])
+    pods = kjson("get", "pods", "-A", "--field-selector", f"spec.nodeName={k8s_node}")["items"]
+    used = sum(_milli(c.get("resources", {}).get("requests", {}).get("cpu", "0")) for p in pods
+               if p["status"].get("phase") not in ("Succeeded", "Failed") for c in p["spec"]["containers"])
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "e2e-filler", "namespace": "default"},
+            "spec": {"nodeName": k8s_node, "terminationGracePeriodSeconds": 0,
+                     "tolerations": [{"key": TAINT, "operator": "Exists", "effect": "NoSchedule"}],
+                     "containers": [{"name": "sleep", "image": "slurmk8s/slurmd:dev", "imagePullPolicy": "Never",
+                                     "command": ["sleep", "infinity"],
+                                     "resources": {"requests": {"cpu": f"{max(allocatable - used - 10, 1)}m"}}}]}}
+
+
+def test_a_reconfigure_during_a_boot_wait_blocks_no_slurm_command(topo: Login, topo_nodes):
+    """Issue 40 item 1: a topology label changes while a job's PrologSlurmctld waits for its node
+    to boot (its worker pod Pending: the Kubernetes node is full). Slurm 24.11 answers no RPC during
+    a reconfigure until every script it started has ended, so a reconfigure behind that wait would
+    stall every Slurm command until ResumeTimeout. The loop holds first: the wait ends, the
+    reconfigure runs, and no `squeue` takes more than 5 s; the job runs once the node has room."""
+    full, moved = "e2e-topo-a2", "e2e-topo-b1"
+    kubectl("delete", "pod", "-n", "default", "e2e-filler", "--ignore-not-found", "--wait=true")
+    kubectl("apply", "-f", "-", input=json.dumps(_filler(full)))
+    wait_for("the filler pod running", lambda: kjson("get", "pod", "-n", "default", "e2e-filler")["status"].get(
+        "phase") == "Running", 60, interval=1)
+    calls: list[tuple[float, float]] = []  # (start, seconds) of each squeue
+    done = threading.Event()
+
+    def probe() -> None:
+        while not done.is_set():
+            t = time.monotonic()
+            _ctld("timeout", "300", "squeue", "-h")
+            calls.append((t, time.monotonic() - t))
+            done.wait(0.5)
+
+    job = ""
+    prober = threading.Thread(target=probe, daemon=True)
+    try:
+        job = submit(topo, f"#!/bin/bash\n#SBATCH -p topo -w {_slurm(full)} -o boot-wait-%j.out\nhostname")
+        wait_for(f"job {job} waiting for its node to boot (CONFIGURING, worker pod Pending)",
+                 lambda: "CONFIGURING" in _job(topo, job)["job_state"] and kjson(
+                     "get", "pod", "-n", NAMESPACE, _slurm(full))["status"].get("phase") == "Pending", 90, interval=1)
+        prober.start()
+        time.sleep(3)
+        kubectl("label", "node", moved, f"{L3}=leaf-a", "--overwrite")
+        t0 = time.monotonic()
+        wait_for(f"{moved} under leaf-a", lambda: _switches(topo).get(_slurm(moved)) == "leaf-a", 90, interval=1)
+        print(f"boot wait: topology label changed -> reconfigured {time.monotonic() - t0:.1f}s")
+        time.sleep(5)
+        done.set()
+        prober.join(320)
+        worst = max(seconds for _, seconds in calls)
+        print(f"boot wait: {len(calls)} squeue calls during the reconfigure, worst {worst:.2f}s (goal <= 5 s)")
+        assert worst <= 5, f"a Slurm command was blocked {worst:.1f}s: {calls}"
+        log = _reconcile_log()
+        assert "reconfigured slurmctld" in log, log[-3000:]
+        assert f"job {job} nodes {_slurm(full)}: released" in kubectl(
+            "exec", "-n", NAMESPACE, "slurmctld-0", "-c", "slurmctld", "--", "cat",
+            "/var/log/slurmk8s/elastic.log", check=False).stdout, "the boot wait was released for the reconfigure"
+        kubectl("delete", "pod", "-n", "default", "e2e-filler", "--wait=true")
+        assert wait_job(topo, job, 180)["job_state"] == ["COMPLETED"], job_story(topo, job)
+    finally:
+        done.set()
+        kubectl("delete", "pod", "-n", "default", "e2e-filler", "--ignore-not-found", "--wait=false", check=False)
+        kubectl("label", "node", moved, f"{L3}=leaf-b", "--overwrite")
+        if job:
+            topo.run(f"scancel {job}", check=False)
+    wait_for(f"{moved} back under leaf-b", lambda: _switches(topo).get(_slurm(moved)) == "leaf-b", 60, interval=1)
 
 
 def test_labels_move_add_and_remove_slurm_nodes_live_and_keep_every_job(topo: Login, topo_nodes):

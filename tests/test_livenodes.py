@@ -8,6 +8,7 @@ Each case says what the loop writes, whether it reconfigures, and what it drains
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -184,6 +185,46 @@ def test_a_restarted_loop_keeps_a_busy_leaving_node_from_the_running_inventory(c
     assert outcome.kept == ("gpu-k-3",) and not outcome.error
     assert "NodeName=gpu-k-[1-3]" in cluster.file("slurm.conf") and "SwitchName=leaf-b Nodes=gpu-k-3" in cluster.file("topology.conf")
     assert cluster.inventory()["gpu-k-3"].unavailable.startswith("kubernetes node k-3 left the pool")
+
+
+def test_a_reconfigure_never_waits_behind_a_boot_wait(cluster, tmp_path):
+    """Issue 40 item 1: PrologSlurmctld's boot waits, served by the loop, would hold a reconfigure
+    for RECONFIGURE_DEFER and then, once it ran, slurmctld (answering no RPC until every script it
+    started ends) until ResumeTimeout. The reconfigure holds first: the waits end within a poll,
+    it runs in the same pass, and the waits that start after it wait again."""
+    import threading
+    from types import SimpleNamespace
+
+    from provisioner.elastic import prolog
+    from provisioner.elastic.quiesce import Hold
+
+    env = {"SLURMK8S_PROGRAM_SOCKET": str(tmp_path / "programs" / "programs.sock")}
+    lines: list[str] = []
+    ctx = SimpleNamespace(env=env, log=SimpleNamespace(write=lines.append))
+    shared = prolog.SharedStates(read=lambda: [("gpu-k-1", "idle#"), ("gpu-k-2", "idle#")])  # booting for ever
+    waits = [threading.Thread(target=prolog.run_wait, args=([str(job), node, "300", ""], ctx, shared), daemon=True)
+             for job, node in ((1, "gpu-k-1"), (2, "gpu-k-2"))]
+    for t in waits:
+        t.start()
+    cluster.live.hold = Hold.of(env)
+    cluster.live.programs_running = lambda: sum(t.is_alive() for t in waits)
+    time.sleep(0.3)
+    assert cluster.live.programs_running() == 2, "the boot waits wait"
+
+    cluster.nodes[1]["metadata"]["labels"][AWS + "3"] = "leaf-b"
+    t0 = time.monotonic()
+    outcome = cluster.live.step()
+    took = time.monotonic() - t0
+    assert outcome.reconfigured and not outcome.deferred, outcome
+    assert took < 2, f"the reconfigure waited {took:.1f}s behind the boot waits"
+    assert cluster.reconfigures() == 1
+    assert sorted(line.split(":")[0] + ":" + line.split(":")[1].split(" after")[0] for line in lines) == [
+        "job 1 nodes gpu-k-1: released", "job 2 nodes gpu-k-2: released"], lines
+    assert not Path(cluster.live.hold.path).exists(), "the hold ends with the reconfigure"
+    again = threading.Thread(target=prolog.run_wait, args=(["3", "gpu-k-1", "0.5", ""], ctx, shared), daemon=True)
+    again.start()
+    again.join(5)
+    assert [line for line in lines if line.startswith("job 3 nodes gpu-k-1: timeout")], "a later wait waits again"
 
 
 def test_a_reconfigure_waits_for_the_power_saving_programs_running_then_goes_ahead(cluster):

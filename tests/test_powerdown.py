@@ -16,10 +16,10 @@ from provisioner.logs import Log
 from provisioner.slurm.commands import Scontrol, SlurmCommandError
 
 
-def run(present, states, slurm=None, timeout=14.0, names=("cpu-0", "cpu-1")):
+def run(present, states, slurm=None, timeout=14.0, names=("cpu-0", "cpu-1"), **kw):
     clock, log, slurm = Clock(), Log("suspend"), slurm or FakeSlurm()
     ended = end_when_gone(list(names), present, states, slurm.end_power_down, log, timeout,
-                          clock=clock, sleep=clock.sleep)
+                          clock=clock, sleep=clock.sleep, **kw)
     return ended, slurm, log.lines, clock.now
 
 
@@ -67,6 +67,16 @@ def test_a_worker_still_there_near_suspend_timeout_is_left_to_slurm():
     assert ended == [] and slurm.ended == []
     assert waited == 2.0
     assert lines[-1].endswith("power-down of cpu-0,cpu-1 left to SuspendTimeout: after 2.0s their workers are still there")
+
+
+def test_a_reconfigure_due_ends_the_wait_at_once():
+    """Issue 40 item 1: slurmctld's reconfigure waits, answering nothing, for this program to end;
+    with the hold set (elastic/quiesce.py) the rest is left to SuspendTimeout after one look."""
+    ended, slurm, lines, waited = run(gone_after({"cpu-0": 1, "cpu-1": 100}), lambda names: ["idle%"] * len(names),
+                                      stop=lambda: True)
+    assert ended == [] and waited == 0.0
+    assert lines[-1].endswith("power-down of cpu-0,cpu-1 left to SuspendTimeout: a reconfigure is due "
+                              "(slurmctld answers nothing during it until this program ends)"), lines
 
 
 def test_failing_reads_wait_and_look_again():

@@ -41,8 +41,11 @@ def after_suspend(ctx: "Context", names: Sequence[str]) -> list[str]:
     backend = ctx.backend()
     suspend_timeout = conf_seconds(ctx.env.get("SLURM_CONF", DEFAULT_SLURM_CONF), "SuspendTimeout")
     left = (suspend_timeout or SLURM_DEFAULT_SUSPEND_TIMEOUT) - MARGIN - (ctx.clock() - ctx.start)
+    from .quiesce import Hold
+
     return end_when_gone(names, lambda waiting: backend.list(waiting).keys(), ctx.slurm.node_states,
-                         ctx.slurm.end_power_down, ctx.log, left, clock=ctx.clock, sleep=ctx.sleep)
+                         ctx.slurm.end_power_down, ctx.log, left, clock=ctx.clock, sleep=ctx.sleep,
+                         stop=Hold.of(ctx.env).held)
 
 
 def end_when_gone(
@@ -55,9 +58,11 @@ def end_when_gone(
     poll: float = POLL,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
+    stop: Callable[[], bool] = lambda: False,
 ) -> list[str]:
     """Wait (at most `timeout` seconds) for the workers of `names` to be gone, and end the
     power-down of each node gone that is still plainly powering down; returns those ended.
+    `stop()`: a reconfigure is due (quiesce.Hold): leave the rest to SuspendTimeout now.
 
     `present(names)`: the nodes of `names` whose worker still exists (a BackendError is taken as
     "all still there", and logged once); `states_of(names)`: their sinfo extended states in that
@@ -92,6 +97,10 @@ def end_when_gone(
                 log.write(f"power-down of {','.join(done)} ended {clock() - start:.2f}s after the workers' "
                           "deletion (gone): available to the next job now, not at SuspendTimeout")
         if not waiting:
+            break
+        if stop():
+            log.write(f"power-down of {','.join(waiting)} left to SuspendTimeout: a reconfigure is due "
+                      "(slurmctld answers nothing during it until this program ends)")
             break
         if clock() - start >= timeout:
             log.write(f"power-down of {','.join(waiting)} left to SuspendTimeout: after {max(timeout, 0):.1f}s "

@@ -80,17 +80,23 @@ def wait_for_boot(
     sleep: Callable[[float], None] = time.sleep,
     poll: float = PROLOG_POLL,
     first: list[str] | None = None,
+    stop: Callable[[], bool] = lambda: False,
 ) -> tuple[str, float, int, list[str] | None]:
     """Poll until every node of `nodelist` booted -> (outcome, seconds waited, polls, last states).
-    `first`: the states of the first poll, when the caller read them already.
+    `first`: the states of the first poll, when the caller read them already; `stop()`: a
+    reconfigure is due (quiesce.Hold): end the wait now.
 
-    outcome: 'booted', 'gave-up' (a node went DOWN/DRAIN: Slurm handles the job) or 'timeout'.
+    outcome: 'booted', 'gave-up' (a node went DOWN/DRAIN: Slurm handles the job), 'timeout' or
+    'released' (a reconfigure was due: Slurm launches the job once its nodes booted, on its own
+    power-save pass; a reconfigure must not wait behind this script).
     """
     states_of = states_of or node_states
     start = clock()
     polls = 0
     states: list[str] | None = None
     while True:
+        if stop():
+            return "released", clock() - start, polls, states
         states = first if polls == 0 and first is not None else states_of(nodelist)
         polls += 1
         if states is not None:
@@ -177,9 +183,12 @@ def run_wait(args: Sequence[str], ctx, states: SharedStates):
     timeout, the nodes asked for early): the same wait, the same log line, on shared states."""
     from .programs import RunResult
 
+    from .quiesce import Hold
+
     job, nodelist, timeout, early = (list(args) + ["", "", "0", ""])[:4]
     result = wait_for_boot(nodelist, float(timeout) or PROLOG_DEFAULT_TIMEOUT, states.states_of,
-                           sleep=lambda _s: None)  # states_of itself waits for the next snapshot
+                           sleep=lambda _s: None,  # states_of itself waits for the next snapshot
+                           stop=Hold.of(ctx.env).held)
     if result[2] > 1 or result[0] != "booted":
         ctx.log.write(wait_line(job, nodelist, result, early))
     return RunResult(0)
@@ -217,7 +226,9 @@ def prolog_main() -> int:
             return 0
         except NotServed as why:
             served = str(why)
-        result = wait_for_boot(nodelist, timeout, first=first)
+        from .quiesce import Hold
+
+        result = wait_for_boot(nodelist, timeout, first=first, stop=Hold.of(env).held)
         if result[2] > 1 or result[0] != "booted" or env_error or served:
             log = Log("prolog", env.get("SLURMK8S_LOG", DEFAULT_LOG))
             log.write(wait_line(job, nodelist, result, early, "; ".join(filter(None, (served, env_error)))))

@@ -37,6 +37,7 @@ from ..names import SLURM_FILES
 from ..render import write_files
 from ..slurm.commands import SlurmClient, SlurmCommandError
 from ..slurm.state import NodeStatus, parse_nodes
+from ..elastic.quiesce import Hold
 from .drain import plan
 from .render import Rendered, render
 
@@ -49,10 +50,13 @@ HAS_JOB = frozenset({"ALLOCATED", "MIXED", "COMPLETING"})
 RECONFIGURE_WAIT = 30.0  # seconds slurmctld gets to answer again after a reconfigure
 # Slurm 24.11 re-executes slurmctld on `scontrol reconfigure`, and first waits, answering no RPC,
 # for every script it started (PrologSlurmctld, the resume and suspend programs) to end; a program
-# that waits for slurmctld meanwhile (the suspend program's sinfo polls) then holds both up to its
-# own timeout (seen: 14 s of timed-out commands). So a reconfigure waits while power-saving
-# programs run in the loop, for at most this long, then goes ahead.
+# that waits for slurmctld meanwhile (the prolog's boot wait, the suspend program's sinfo polls)
+# then holds both up to its own timeout (seen: 14 s of timed-out commands; a boot wait: up to
+# ResumeTimeout). So a reconfigure first holds (elastic/quiesce.py): the programs' optional waits
+# end at once and no new one starts; it runs when no program is left, waiting HOLD_WAIT within
+# the pass and then pass after pass, and goes ahead anyway after RECONFIGURE_DEFER.
 RECONFIGURE_DEFER = 60.0
+HOLD_WAIT = 5.0  # seconds a pass waits for the programs to end once the hold is set
 
 
 @dataclass(frozen=True)
@@ -93,7 +97,9 @@ class LiveNodes:
                  slurm: SlurmClient, log: Log, *, cluster_domain: str = "cluster.local",
                  scontrol: str = "scontrol", reconfigure_wait: float = RECONFIGURE_WAIT,
                  programs_running: Callable[[], int] = lambda: 0, defer_max: float = RECONFIGURE_DEFER,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 hold: Hold | None = None, hold_wait: float = HOLD_WAIT,
+                 clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
         self.spec = spec
         self.conf_dir = conf_dir
         self.list_nodes = list_nodes
@@ -104,7 +110,12 @@ class LiveNodes:
         self.reconfigure_wait = reconfigure_wait
         self.programs_running = programs_running  # the power-saving programs running in the loop now
         self.defer_max = defer_max
+        self.hold = hold  # the programs' optional waits end while it is set (None: not held)
+        self.hold_wait = hold_wait
         self.clock = clock
+        self.sleep = sleep
+        if hold is not None:
+            hold.release()  # left by a loop that died while it held
         self._deferred_since: float | None = None
         self._applied: str | None = None  # fingerprint of the nodes last rendered and applied
         self._seen: dict[str, dict[str, Any]] = {}  # Kubernetes node -> its last Node object
@@ -117,6 +128,8 @@ class LiveNodes:
         outcome = self._step()
         if not outcome.deferred:  # a reconfigure held is held from its first pass, not an older one's
             self._deferred_since = None
+            if self.hold is not None:
+                self.hold.release()  # reconfigured, failed, or no longer due: the waits may run again
         return outcome
 
     def _step(self) -> Outcome:
@@ -239,6 +252,17 @@ class LiveNodes:
     def _defer(self) -> bool:
         """Whether the reconfigure due waits for the power-saving programs running (RECONFIGURE_DEFER)."""
         running = self.programs_running()
+        now = self.clock()
+        if not running:
+            return False
+        if self.hold is not None and not self.hold.held():
+            held = self.hold.hold()
+            if not held:
+                self.log.write(f"cannot write the hold file {self.hold.path}: the programs' boot waits run on")
+        deadline = now + (self.hold_wait if self.hold is not None else 0.0)
+        while running and self.clock() < deadline:  # their waits end within a poll of the hold
+            self.sleep(0.1)
+            running = self.programs_running()
         now = self.clock()
         if not running:
             return False

@@ -61,8 +61,11 @@ def _live_nodes(env: Mapping[str, str], inventory_path: str, slurm: SlurmCli, lo
     if warning:
         log.write(warning)
     log.write("following the Kubernetes nodes of the pinned pools (cordon, labels, nodes added and removed)")
+    from ..elastic.quiesce import Hold
+
     return LiveNodes(spec, os.path.dirname(inventory_path), lambda: read_nodes(env), slurm, log,
-                     cluster_domain=domain, scontrol=slurm.scontrol, programs_running=programs_running)
+                     cluster_domain=domain, scontrol=slurm.scontrol, programs_running=programs_running,
+                     hold=Hold.of(env))
 
 
 def _drop_config(cache: "ConfigCache", log: "Log") -> None:
