@@ -395,7 +395,10 @@ def test_a_reconfigure_during_a_boot_wait_blocks_no_slurm_command(topo: Login, t
         prober.join(320)
         worst = max(seconds for _, seconds in calls)
         print(f"boot wait: {len(calls)} squeue calls during the reconfigure, worst {worst:.2f}s (goal <= 5 s)")
-        assert worst <= 5, f"a Slurm command was blocked {worst:.1f}s: {calls}"
+        # the goal is 5 s (0.49 s measured alone); under CI's load slurmctld's re-exec itself took 9 s
+        # once. Behind a boot wait it stalls for minutes (60 s defer, then until ResumeTimeout): 30 s
+        # tells the two apart without timing CI's load
+        assert worst <= 30, f"a Slurm command was blocked {worst:.1f}s behind the reconfigure: {calls}"
         log = _reconcile_log()
         assert "reconfigured slurmctld" in log, log[-3000:]
         assert f"job {job} nodes {_slurm(full)}: released" in kubectl(
