@@ -289,6 +289,21 @@ def test_nothing_in_the_controller_pod_can_answer_on_slurmds_port(fabric, local)
         assert all(f"{SLURMD_PORT}" not in " ".join(c.get("command", []) + c.get("args", [])) for c in ps["containers"])
 
 
+def test_the_reconcile_container_has_a_memory_limit_above_its_request(local):
+    # the loop lives for weeks: a leak must end in an OOM kill of this container alone (restarted in
+    # its pod, slurmctld untouched), not eat the node; the limit leaves room for the largest resumes
+    # run warm in its threads (bench/reconcile_rss.py measures its RSS flat over 10,000 passes)
+    from provisioner.config import mib
+    from provisioner.names import RECONCILE_MEMORY_LIMIT
+
+    spec, gen = local
+    [reconcile] = [c for c in m.controller_statefulset(spec, gen.files)["spec"]["template"]["spec"]["containers"]
+                   if c["name"] == "reconcile"]
+    res = reconcile["resources"]
+    assert res["limits"] == {"memory": RECONCILE_MEMORY_LIMIT}, "a memory limit only: a CPU limit throttles passes"
+    assert mib(res["limits"]["memory"]) >= 4 * mib(res["requests"]["memory"])
+
+
 def test_controller_and_login_shape(local, secrets, tmp_path):
     spec, gen = local
     sts = m.controller_statefulset(spec, gen.files)

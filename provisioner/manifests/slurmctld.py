@@ -15,7 +15,8 @@ from .common import (K8sSite, _container_security, _meta, _pod_security, _pvc, _
                      dns_searches, tier_labels)
 from ..names import (A_SPEC_HASH, A_USERS_HASH, AUTH_SECRET, BASE_CAPS, BIN_DIR, CONFIG_INIT, CONTROLLER,
                     CONTROLLER_GRACE_SECONDS, CONTROLLER_STATE_PVC, ELASTIC_ENV_KEY, JWT_DIR, JWT_SECRET,
-                    METRICS_PORT, MUNGE_DIR, MUNGE_SOCKET_DIR, POD_FILES_DIR, PROGRAM_SOCKET_DIR, RECONCILE_PERIOD, SLURM_CONF_DIR,
+                    METRICS_PORT, MUNGE_DIR, MUNGE_SOCKET_DIR, POD_FILES_DIR, PROGRAM_SOCKET_DIR, RECONCILE_MEMORY_LIMIT,
+                    RECONCILE_PERIOD, SLURM_CONF_DIR,
                     SLURM_CONFIG, SLURM_FILES, GZIPPED_FILES,
                     SLURM_UID, SLURMCTLD_PORT, SLURMK8S_LOG_DIR, SPEC_CONFIG, SPEC_DIR, STATE_DIR, USER_FILES,
                     USERS_CONFIG, USERS_DIR, base_labels, selector)
@@ -185,7 +186,8 @@ def controller_statefulset(spec: ClusterSpec, files: Mapping[str, str], site: K8
         # the pod's readiness is what a wake waits for (controltier/tier.py): a probe every 10 s made
         # a woken tier wait up to 10 s more once the loop listened; a TCP connect each second is free
         "readinessProbe": {"tcpSocket": {"port": METRICS_PORT}, "periodSeconds": 1},
-        "resources": {"requests": {"cpu": "50m", "memory": "128Mi"}},
+        # a memory limit (names.py says why that size); no CPU limit, which would only slow a pass
+        "resources": {"requests": {"cpu": "50m", "memory": "128Mi"}, "limits": {"memory": RECONCILE_MEMORY_LIMIT}},
         "securityContext": {**_container_security(()), "runAsUser": SLURM_UID, "runAsGroup": SLURM_UID,
                             "runAsNonRoot": True},
         "volumeMounts": [
