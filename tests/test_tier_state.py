@@ -6,13 +6,16 @@ the ConfigMap has no state yet."""
 
 from __future__ import annotations
 
+import pytest
 from fakes.tier import FakeTierApi
 
 from provisioner import manifests as m
 from provisioner import status as st
 from provisioner.config import parse_spec
-from provisioner.controltier.decision import A_REASON, A_SINCE, A_STATE, tier_state
+from provisioner.controltier.decision import A_REASON, A_SINCE, A_STATE, TierError, tier_state
 from provisioner.controltier.tier import Tier
+from provisioner.kubeapi import ApiError
+from provisioner.manifests.rbac import control_tier_objects
 
 CTLD = ("StatefulSet", "slurmctld")
 
@@ -83,7 +86,7 @@ def test_controller_account_may_scale_and_record_state_but_not_patch_its_statefu
     for waker in (m.login_agent_role(spec), m.rest_front_role(spec)):
         assert {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": [m.TIER_STATE],
                 "verbs": ["get"]} in waker["rules"], waker["metadata"]["name"]
-    cms = [o for o in m.control_tier_objects(spec) if o["kind"] == "ConfigMap"]
+    cms = [o for o in control_tier_objects(spec) if o["kind"] == "ConfigMap"]
     assert [o["metadata"]["name"] for o in cms] == [m.TIER_STATE]
     assert "data" not in cms[0] and "annotations" not in cms[0]["metadata"], \
         "the deploy would own (and reset) the state the loop records"
@@ -95,3 +98,23 @@ def test_status_reads_the_state_config_map_before_the_old_annotations():
     assert st.controller_state(sts).state == "starting"  # old annotation, no ConfigMap state
     now = st.controller_state(sts, {st.A_STATE: "awake", st.A_STATE_REASON: "woken: ssh alice"})
     assert (now.state, now.reason) == ("awake", "woken: ssh alice")
+
+
+def test_an_identity_that_may_not_read_the_state_wakes_and_says_so_once():
+    """A user's kubeconfig with the wake rights documented before the ConfigMap: the wake goes on
+    (the state only makes it wait for a sleep under way), and says once what to grant. Any other
+    error reading it is the wake's error."""
+    api = _api(replicas=0)
+    api.forbidden = {"get_state"}
+    tier, lines = _tier(api)
+    assert tier.wake("slurmk8s submit by alice", timeout=30)
+    refusals = [line for line in lines if "cannot read configmap/slurmk8s-tier-state" in line]
+    assert len(refusals) == 1 and "grant get on it" in refusals[0], lines
+
+    def etcd_away(namespace):
+        raise ApiError(500, "InternalError", "etcdserver: request timed out")
+
+    api.forbidden = set()
+    api.get_state = etcd_away
+    with pytest.raises(TierError, match="cannot read the control tier's state"):
+        tier.workloads()

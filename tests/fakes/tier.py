@@ -73,11 +73,6 @@ class FakeTierApi:
         else:
             self._pending[(kind, name)] = self.ready_after
 
-    def annotate(self, namespace: str, kind: str, name: str, annotations: Mapping[str, str]) -> None:
-        self._check("annotate")
-        self.calls.append(("annotate", kind, name, dict(annotations)))
-        self.workloads[(kind, name)]["metadata"]["annotations"].update(annotations)
-
     def get_state(self, namespace: str) -> dict[str, str]:
         from provisioner.kubeapi import ApiError
 
