@@ -159,7 +159,7 @@ def test_the_controllers_account_scales_its_statefulset_but_cannot_rewrite_its_p
         return kubectl("patch", *target, *as_sa, f"--type={kind}", "-p", json.dumps(body), check=False)
 
     privileged = {"spec": {"template": {"spec": {"containers": [
-        {"name": "slurmctld", "securityContext": {"privileged": True}}]}}}}
+        {"name": "slurmctld", "securityContext": {"privileged": True, "allowPrivilegeEscalation": True}}]}}}}
     attacks = {"the pod template": patch("statefulset", "slurmctld", body=privileged, kind="strategic"),
                "its annotations": patch("statefulset", "slurmctld",
                                         body={"metadata": {"annotations": {"slurmk8s.io/state": "awake"}}}),
