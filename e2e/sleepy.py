@@ -34,6 +34,12 @@ def spec(public_key: str, login_sleeps: bool = False) -> dict[str, Any]:
     doc["elasticity"] = {"suspend_time": SUSPEND, "resume_timeout": 120, "idle_teardown": IDLE_TEARDOWN}
     if login_sleeps:
         doc.setdefault("login", {})["sleeps_with_control_tier"] = True
+    # a slurmctld image built from the tree under test (the reconcile loop, the wake agent and the
+    # REST front run its provisioner), loaded with `slurmk8s cluster load-image` under its own tag,
+    # where the shared cluster's slurmk8s/slurmctld:dev is another tree's
+    controller = os.environ.get("SLURMK8S_E2E_CONTROLLER_IMAGE")
+    if controller:
+        doc.setdefault("images", {})["controller"] = controller
     return doc
 
 
@@ -110,17 +116,22 @@ def tier_pods(component: str) -> list[str]:
     return [p["metadata"]["name"] for p in pods]
 
 
-def asleep() -> dict[str, Any] | None:
-    """The StatefulSet once the tier is asleep: 0 replicas, annotation asleep, its pod gone."""
-    sts = controller()
-    ann = sts["metadata"].get("annotations") or {}
-    if sts["spec"].get("replicas") == 0 and ann.get("slurmk8s.io/state") == "asleep" and not tier_pods("slurmctld"):
-        return sts
+def recorded() -> dict[str, str]:
+    """The tier's recorded state: the annotations of the ConfigMap slurmk8s-tier-state."""
+    return kjson("get", "configmap", "-n", NS, "slurmk8s-tier-state")["metadata"].get("annotations") or {}
+
+
+def asleep() -> dict[str, str] | None:
+    """The recorded state once the tier is asleep: slurmctld at 0 replicas, recorded asleep, its pod gone."""
+    ann = recorded()
+    if controller()["spec"].get("replicas") == 0 and ann.get("slurmk8s.io/state") == "asleep" \
+            and not tier_pods("slurmctld"):
+        return ann
     return None
 
 
 def awake_recorded() -> dict[str, str] | None:
-    ann = controller()["metadata"].get("annotations") or {}
+    ann = recorded()
     return ann if ann.get("slurmk8s.io/state") == "awake" and ann.get("slurmk8s.io/state-reason", "").startswith(
         "woken") else None
 
@@ -139,7 +150,7 @@ def running_at(login: Login, job: str) -> float | None:
     return None
 
 
-def wait_asleep(timeout: float = 150) -> dict[str, Any]:
+def wait_asleep(timeout: float = 150) -> dict[str, str]:
     return wait_for("the control tier to fall asleep on its own", asleep, timeout, interval=2)
 
 

@@ -79,10 +79,9 @@ def test_an_idle_control_tier_sleeps_and_slurmk8s_submit_wakes_it(sleepy_cluster
 
     try:
         t_idle = time.monotonic()
-        sts = sleepy.wait_asleep()
+        ann = sleepy.wait_asleep()
     except pytest.fail.Exception:
         pytest.fail("not asleep:\n" + _diagnose(c))
-    ann = sts["metadata"]["annotations"]
     print(f"asleep {time.monotonic() - t_idle:.0f}s after the session closed: {ann['slurmk8s.io/state-reason']}")
     assert "idle" in ann["slurmk8s.io/state-reason"] and ann["slurmk8s.io/state-since"].endswith("Z")
     assert sleepy.events("ControlTierSleep"), "no ControlTierSleep event"
@@ -147,6 +146,37 @@ def test_the_wake_agents_account_lists_endpoint_slices_and_reads_no_pod_or_secre
     assert granted == [], granted
 
 
+def test_the_controllers_account_scales_its_statefulset_but_cannot_rewrite_its_pod_template(
+        sleepy_cluster: sleepy.Sleepy):
+    """slurmctld's account sleeps and wakes the tier through the scale subresource alone. A patch of
+    its own StatefulSet (a privileged pod template, which the StatefulSet controller would create
+    past the worker pod admission policy, or the annotations where the tier's state used to be) is
+    refused by RBAC; the state is recorded on the ConfigMap slurmk8s-tier-state, by name. Real
+    requests as that account (`--as`, server-side dry run: nothing is changed)."""
+    as_sa = [f"--as=system:serviceaccount:{sleepy.NS}:slurmctld", "-n", sleepy.NS, "--dry-run=server"]
+
+    def patch(*target: str, body: dict, kind: str = "merge") -> subprocess.CompletedProcess[str]:
+        return kubectl("patch", *target, *as_sa, f"--type={kind}", "-p", json.dumps(body), check=False)
+
+    privileged = {"spec": {"template": {"spec": {"containers": [
+        {"name": "slurmctld", "securityContext": {"privileged": True, "allowPrivilegeEscalation": True}}]}}}}
+    attacks = {"the pod template": patch("statefulset", "slurmctld", body=privileged, kind="strategic"),
+               "its annotations": patch("statefulset", "slurmctld",
+                                        body={"metadata": {"annotations": {"slurmk8s.io/state": "awake"}}}),
+               "another ConfigMap": patch("configmap", "slurmk8s-spec", body={"data": {"x": "y"}})}
+    for what, proc in attacks.items():
+        assert proc.returncode != 0 and "Forbidden" in proc.stderr and "cannot patch resource" in proc.stderr, \
+            f"slurmctld's account may patch {what}: {proc.stdout}{proc.stderr}"
+    assert not can_i(f"{sleepy.NS}:slurmctld", "update", "statefulsets.apps", sleepy.NS, "slurmctld")
+    # the controls: the same account scales the same StatefulSet and records the tier's state
+    replicas = kjson("get", "statefulset", "-n", sleepy.NS, "slurmctld")["spec"]["replicas"]
+    scaled = patch("statefulset", "slurmctld", "--subresource=scale", body={"spec": {"replicas": replicas}})
+    assert scaled.returncode == 0, f"slurmctld's account may not scale its StatefulSet: {scaled.stderr}"
+    state = sleepy.recorded().get("slurmk8s.io/state", "awake")
+    recorded = patch("configmap", "slurmk8s-tier-state", body={"metadata": {"annotations": {"slurmk8s.io/state": state}}})
+    assert recorded.returncode == 0, f"slurmctld's account may not record the tier's state: {recorded.stderr}"
+
+
 def test_slurmk8s_ssh_runs_a_command_on_the_login_pod(sleepy_cluster: sleepy.Sleepy):
     c = sleepy_cluster
     proc = subprocess.run(
@@ -206,6 +236,6 @@ def test_a_rest_request_wakes_the_asleep_tier_and_rest_use_keeps_it_awake(sleepy
     until = time.monotonic() + 2 * sleepy.IDLE_TEARDOWN + 10
     while time.monotonic() < until:
         assert _rest_get(url, token)[0] == 200
-        state = (sleepy.controller()["metadata"].get("annotations") or {}).get("slurmk8s.io/state")
+        state = sleepy.recorded().get("slurmk8s.io/state")
         assert state != "asleep", "the tier fell asleep while a program used the REST API:\n" + _diagnose(c)
         time.sleep(5)

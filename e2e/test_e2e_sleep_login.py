@@ -29,14 +29,14 @@ def sleepy_login(cluster_reachable, tmp_path_factory) -> Iterator[sleepy.Sleepy]
 def test_the_login_pod_sleeps_with_the_tier_and_slurmk8s_submit_wakes_both(sleepy_login: sleepy.Sleepy, tmp_path):
     c = sleepy_login
     assert c.login().run("id -un").stdout.strip() == "alice"
-    sts = sleepy.wait_asleep()
+    ann = sleepy.wait_asleep()
 
     def login_gone():
         dep = kjson("get", "deployment", "-n", sleepy.NS, "login")
         return dep if dep["spec"]["replicas"] == 0 and not sleepy.tier_pods("login") else None
 
     wait_for("the login pod to be gone too", login_gone, 30)
-    print(f"asleep: {sts['metadata']['annotations']['slurmk8s.io/state-reason']}")
+    print(f"asleep: {ann['slurmk8s.io/state-reason']}")
     script = tmp_path / "job.sh"
     script.write_text("#!/bin/bash\n#SBATCH -N1 -o both-%j.out\necho both woken\n")
     proc, wall, seconds = c.submit(script)

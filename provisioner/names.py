@@ -61,6 +61,9 @@ SPEC_CONFIG = "slurmk8s-spec"
 WORKER_ROLE = "slurmk8s-worker-pods"
 TEMPLATE_PREFIX = "worker-template-"
 TIER_ROLE = "slurmk8s-control-tier"  # the reconcile loop: sleep / record / wake the control tier
+# ConfigMap whose annotations hold the control tier's state (awake / asleep, why, since), written by
+# the reconcile loop (patch by name): not the slurmctld StatefulSet, whose patch would rewrite its pod
+TIER_STATE = "slurmk8s-tier-state"
 LOGIN_AGENT = "login-agent"  # ServiceAccount, Role and container of the login pod's wake agent
 # accounting (spec.accounting): slurmdbd and the internal database
 SLURMDBD = "slurmdbd"  # Deployment, Service, pod hostname (= DbdHost), AccountingStorageHost

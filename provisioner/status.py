@@ -3,9 +3,10 @@ node-seconds, or the same as JSON (``--json``) for scripts.
 
 Sources, none of them a second source of truth:
 
-- Kubernetes (the user's kubeconfig): the slurmctld StatefulSet (replicas, and the sleep state in
-  its annotations ``slurmk8s.io/state`` awake|asleep, ``slurmk8s.io/state-reason``,
-  ``slurmk8s.io/state-since``), the worker pods, the PersistentVolumeClaims;
+- Kubernetes (the user's kubeconfig): the slurmctld StatefulSet (replicas), the sleep state in the
+  annotations of the ConfigMap slurmk8s-tier-state (``slurmk8s.io/state`` awake|asleep,
+  ``slurmk8s.io/state-reason``, ``slurmk8s.io/state-since``; the StatefulSet's own while it has
+  none), the worker pods, the PersistentVolumeClaims;
 - Slurm, asked inside the slurmctld pod (the Kubernetes exec API, as `kubectl exec` does):
   one short line per node (``sinfo``) and per job (``squeue``), not their --json (see SHOW_NODES_ARGV),
   both in one exec (SLURM_ARGV);
@@ -37,6 +38,7 @@ A_STATE_REASON = "slurmk8s.io/state-reason"
 A_STATE_SINCE = "slurmk8s.io/state-since"  # RFC 3339
 CONTROLLER = "slurmctld"
 CONTROLLER_POD = "slurmctld-0"
+TIER_STATE = "slurmk8s-tier-state"  # ConfigMap: the control tier's state, as annotations (names.TIER_STATE)
 CONTROLLER_CONTAINER = "slurmctld"
 RECONCILE_CONTAINER = "reconcile"
 METRICS_URL = "http://127.0.0.1:9410/metrics"
@@ -85,15 +87,18 @@ class ControllerState:
         return self.state not in ("asleep", "absent") and self.ready > 0
 
 
-def controller_state(sts: Mapping[str, Any] | None) -> ControllerState:
-    """The slurmctld StatefulSet -> awake / asleep / starting / absent.
+def controller_state(sts: Mapping[str, Any] | None, recorded: Mapping[str, str] | None = None) -> ControllerState:
+    """The slurmctld StatefulSet and the state recorded by the sleep logic (`recorded`: the
+    annotations of the ConfigMap slurmk8s-tier-state) -> awake / asleep / starting / absent.
 
-    The sleep logic's annotations win where present; 0 replicas is asleep whatever they say (the
-    annotation may lag the scale-down); 1 replica not ready yet is starting (waking or booting)."""
+    The recorded state wins where present (the StatefulSet's own annotations while the ConfigMap has
+    none: a cluster upgraded from a release that kept it there, controltier.tier.Tier.state); 0
+    replicas is asleep whatever it says (the record may lag the scale-down); 1 replica not ready
+    yet is starting (waking or booting)."""
     if sts is None:
         return ControllerState("absent", "no slurmctld StatefulSet in the namespace (`slurmk8s down` ran?)")
     meta = sts.get("metadata") or {}
-    ann = meta.get("annotations") or {}
+    ann = recorded if recorded and A_STATE in recorded else (meta.get("annotations") or {})
     spec_replicas = (sts.get("spec") or {}).get("replicas")
     replicas = 1 if spec_replicas is None else int(spec_replicas)  # the API defaults it to 1
     ready = int((sts.get("status") or {}).get("readyReplicas") or 0)
@@ -335,6 +340,8 @@ class ClusterReader(Protocol):
 
     def statefulset(self, namespace: str, name: str) -> dict[str, Any] | None: ...
 
+    def tier_state(self, namespace: str) -> dict[str, str] | None: ...
+
     def pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]: ...
 
     def pvcs(self, namespace: str) -> list[dict[str, Any]]: ...
@@ -370,7 +377,9 @@ def gather(reader: ClusterReader, namespace: str, now: float | None = None, time
     if not reader.namespace_exists(namespace):
         raise StatusError(f"namespace {namespace} does not exist: no cluster is deployed there. Deploy one with "
                           "`slurmk8s up --spec SPEC`, or name another with --namespace / --spec")
-    st = Status(namespace, controller_state(reader.statefulset(namespace, CONTROLLER)), at=now)
+    sts = reader.statefulset(namespace, CONTROLLER)
+    recorded = reader.tier_state(namespace) if sts is not None else None
+    st = Status(namespace, controller_state(sts, recorded), at=now)
     st.workers = worker_rows(reader.pods(namespace, f"{L_COMPONENT}=worker"), now)
     st.volumes = volume_rows(reader.pvcs(namespace))
     ctl = st.controller
@@ -527,6 +536,12 @@ class KubeReader:
 
     def statefulset(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self._get(f"reading statefulset {name}", api_path("apps/v1", namespace, "statefulsets", name))
+
+    def tier_state(self, namespace: str) -> dict[str, str] | None:
+        """The annotations of the control tier's state ConfigMap; None without one (no idle
+        teardown, or a cluster deployed before it)."""
+        doc = self._get(f"reading configmap {TIER_STATE}", api_path("v1", namespace, "configmaps", TIER_STATE))
+        return None if doc is None else dict((doc.get("metadata") or {}).get("annotations") or {})
 
     def pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
         doc = self._get("listing pods", api_path("v1", namespace, "pods"), {"labelSelector": label_selector})

@@ -414,7 +414,7 @@ def test_sleep_goes_login_first_database_last_and_records_why():
     stopped = iter([False, False, True, True])
     assert tier.sleep_tier("idle for 60s", recheck=lambda: "", controller_stopped=lambda: next(stopped))
     assert [c[2] for c in api.calls if c[0] == "scale"] == ["login", "slurmctld", "slurmdbd", "mariadb"]
-    ann = api.workloads[("StatefulSet", "slurmctld")]["metadata"]["annotations"]
+    ann = api.state
     assert ann[A_STATE] == "asleep" and ann[A_REASON] == "idle for 60s" and ann[A_SINCE].endswith("Z")
     assert api.events[0]["reason"] == "ControlTierSleep" and api.events[0]["involvedObject"]["name"] == "slurmctld"
     assert "control tier asleep: idle for 60s" in lines
@@ -426,7 +426,7 @@ def test_a_job_submitted_while_the_login_pod_goes_aborts_the_sleep():
     tier, _ = _tier(api)
     assert not tier.sleep_tier("idle", recheck=lambda: "1 unfinished job(s)", controller_stopped=lambda: True)
     assert [(c[2], c[3]) for c in api.calls if c[0] == "scale"] == [("login", 0), ("login", 1)]
-    ann = api.workloads[("StatefulSet", "slurmctld")]["metadata"]["annotations"]
+    ann = api.state
     assert ann[A_STATE] == "awake" and ann[A_REASON] == "sleep aborted: 1 unfinished job(s)"
     assert [e["reason"] for e in api.events] == ["ControlTierSleep", "ControlTierSleepAborted"]
 
@@ -440,7 +440,7 @@ def test_the_woken_loop_records_who_woke_it_and_finishes_an_interrupted_sleep():
     tier.event("WakeRequested", "sbatch by alice on the login pod")
     done = tier.on_controller_start()
     assert done == "recorded awake (sbatch by alice on the login pod)"
-    ann = api.workloads[("StatefulSet", "slurmctld")]["metadata"]["annotations"]
+    ann = api.state
     assert ann[A_STATE] == "awake" and ann[A_REASON] == "woken: sbatch by alice on the login pod"
     assert api.workloads[("StatefulSet", "mariadb")]["spec"]["replicas"] == 1
     assert api.events[-1]["reason"] == "ControlTierWake"
@@ -457,7 +457,7 @@ def test_idle_watch_sleeps_the_tier_after_the_teardown():
     watch = IdleWatch(tier, IdleTracker(30), sessions=lambda: (0, (), None, ""), jobs=lambda: {"jobs": []},
                       workers=lambda: 0, controller_stopped=lambda: True, log=lines.append)
     assert watch.step({"jobs": []}, 0, 100) is False
-    assert watch.started and api.workloads[("StatefulSet", "slurmctld")]["metadata"]["annotations"][A_STATE] == "awake"
+    assert watch.started and api.state[A_STATE] == "awake"
     assert watch.step({"jobs": [{"job_state": ["RUNNING"]}]}, 1, 120) is False
     assert watch.step({"jobs": []}, 0, 130) is False
     assert watch.step({"jobs": []}, 0, 161) is True
@@ -726,12 +726,15 @@ def test_tier_labels_and_rbac_name_exactly_the_tier(login_sleeps):
     for name in (m.TIER_ROLE, m.LOGIN_AGENT):
         rules = roles[name]
         writes = [r for r in rules if set(r["verbs"]) & {"patch", "update", "create", "delete"}]
-        for r in writes:  # every write is scale of named tier workloads, an Event, the controller's
-            # annotations, or (a waker) the delete of slurmctld's pod that the kubelet skipped for its claim
-            assert r["resources"] in (["statefulsets/scale"], ["deployments/scale"], ["events"], ["statefulsets"],
+        for r in writes:  # every write is scale of named tier workloads, an Event, the loop's record of
+            # the state (its ConfigMap), or (a waker) the delete of slurmctld's pod that the kubelet
+            # skipped for its claim; never the workload objects themselves (a pod template)
+            assert r["resources"] in (["statefulsets/scale"], ["deployments/scale"], ["events"], ["configmaps"],
                                       ["pods"])
             if r["resources"] != ["events"]:
                 assert r["resourceNames"], r
+            if r["resources"] == ["configmaps"]:
+                assert r["resourceNames"] == [m.TIER_STATE] and name == m.TIER_ROLE, r
         assert not any("secrets" in r["resources"] for r in rules)
         # pods: the agent reads and deletes slurmctld's pod alone (Tier._replace_skipped_pod), the loop none;
         # the agent lists EndpointSlices (slurmctld's published address, controller_listens)
@@ -931,7 +934,7 @@ def test_a_sleep_that_fails_before_slurmctld_records_awake_again():
     with pytest.raises(TierError, match="RBAC"):
         tier.sleep_tier("idle", recheck=lambda: "", controller_stopped=lambda: True)
     assert api.workloads[("Deployment", "login")]["spec"]["replicas"] == 1
-    ann = api.workloads[("StatefulSet", "slurmctld")]["metadata"]["annotations"]
+    ann = api.state
     assert ann[A_STATE] == "awake" and ann[A_REASON].startswith("sleep failed: cannot scale statefulset/slurmctld")
 
 

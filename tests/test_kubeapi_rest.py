@@ -168,6 +168,25 @@ def test_the_tier_deletes_a_pod_with_its_uid_as_precondition(api, make_client):
     assert req["body"] == {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": "u-1"}}
 
 
+def test_the_tier_reads_and_records_its_state_on_its_config_map_by_name(api):
+    """The state is the annotations of ConfigMap slurmk8s-tier-state, written by a merge patch of
+    that one object (what the Role names); never a write of the slurmctld StatefulSet."""
+    from provisioner.controltier.api import ClientTierApi
+
+    server, _ = api
+    path = "/api/v1/namespaces/slurm-x/configmaps/slurmk8s-tier-state"
+    server.answers[path] = (200, {"kind": "ConfigMap", "metadata": {"name": "slurmk8s-tier-state",
+                                                                    "annotations": {"slurmk8s.io/state": "asleep"}}},
+                            "application/json")
+    tier = ClientTierApi(_client(server.url), timeout=(2.0, 5.0))
+    assert tier.get_state("slurm-x") == {"slurmk8s.io/state": "asleep"}
+    tier.set_state("slurm-x", {"slurmk8s.io/state": "awake"})
+    req = server.requests[-1]
+    assert (req["method"], req["path"], req["headers"]["content-type"]) == ("PATCH", path, MERGE_PATCH)
+    assert req["body"] == {"metadata": {"annotations": {"slurmk8s.io/state": "awake"}}}
+    assert not any("statefulsets" in r["path"] for r in server.requests)
+
+
 def test_a_merge_patch_is_sent_as_one(api):
     server, raw = api
     path = api_path("apps/v1", "slurm-x", "statefulsets", "slurmctld", "scale")

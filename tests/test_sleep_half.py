@@ -50,7 +50,7 @@ def _fails_once(api: FakeTierApi, verb: str, match) -> None:
 
 
 def _state(api: FakeTierApi) -> str:
-    return api.workloads[CTLD]["metadata"]["annotations"][A_STATE]
+    return api.state[A_STATE]
 
 
 def test_a_sleep_interrupted_by_one_api_error_after_slurmctld_stopped_is_undone():
@@ -62,7 +62,7 @@ def test_a_sleep_interrupted_by_one_api_error_after_slurmctld_stopped_is_undone(
     replicas = {name: w["spec"]["replicas"] for (_, name), w in api.workloads.items()}
     assert replicas == {"mariadb": 1, "slurmdbd": 1, "slurmctld": 1, "login": 1}, "a sleep left half-done"
     assert _state(api) == "awake", "recorded asleep while half scaled down"
-    assert api.workloads[CTLD]["metadata"]["annotations"][A_REASON].startswith("sleep failed")
+    assert api.state[A_REASON].startswith("sleep failed")
     assert [e["reason"] for e in api.events] == ["ControlTierSleep", "ControlTierSleepAborted"]
 
 
@@ -104,7 +104,7 @@ def test_the_loop_repairs_a_failed_sleep_it_could_not_record_at_its_next_pass():
     watch = IdleWatch(tier, IdleTracker(30), sessions=lambda: (0, (), None, ""), jobs=lambda: {"jobs": []},
                       workers=lambda: 0, controller_stopped=lambda: True, log=lines.append)
     assert watch.step({"jobs": []}, 0, 100) is False  # started: recorded awake
-    _fails_once(api, "annotate", lambda ns, kind, name, ann: ann.get(A_STATE) == "awake")
+    _fails_once(api, "set_state", lambda ns, ann: ann.get(A_STATE) == "awake")
     assert watch.step({"jobs": []}, 0, 131) is False  # idle 31 s: the sleep, which fails
     assert _state(api) == "asleep" and any("sleep failed" in line for line in lines)
     watch.step({"jobs": [{"job_state": ["PENDING"]}]}, 0, 140)  # the next pass

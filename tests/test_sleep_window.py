@@ -66,20 +66,20 @@ def test_a_submit_after_the_sleeps_last_look_wakes_the_tier_once_it_is_down(tmp_
 
 def test_a_wake_during_an_aborted_sleep_does_not_scale_anything(tmp_path):
     api, _, agent_tier, _ = _tiers()
-    api.workloads[("StatefulSet", "slurmctld")]["metadata"]["annotations"][A_STATE] = "asleep"
+    api.state[A_STATE] = "asleep"
     out: list[str] = []
     agent = Agent(agent_tier, str(tmp_path / "sessions"), timeout=30)
     handler = threading.Thread(target=agent.handle, args=("wake alice squeue", out.append, "alice"))
     handler.start()
     time.sleep(0.2)
-    api.workloads[("StatefulSet", "slurmctld")]["metadata"]["annotations"][A_STATE] = "awake"  # the sleep aborted
+    api.state[A_STATE] = "awake"  # the sleep aborted
     handler.join(5)
     assert out[-1] == "ok awake" and [c for c in api.calls if c[0] == "scale"] == []
 
 
 def test_a_sleep_that_stops_half_way_is_not_waited_for_ever(tmp_path):
     api, _, agent_tier, lines = _tiers()
-    api.workloads[("StatefulSet", "slurmctld")]["metadata"]["annotations"][A_STATE] = "asleep"
+    api.state[A_STATE] = "asleep"
     api.workloads[("StatefulSet", "slurmctld")]["spec"]["replicas"] = 0  # slurmctld went, its loop was killed
     del api.pods["slurmctld-0"]  # with its pod: nothing finishes that sleep (issue 40: not waited for at all)
     t = [0.0]

@@ -165,6 +165,7 @@ def test_usage_from_the_reconcile_loops_exposition():
 class FakeReader:
     namespaces: set[str] = field(default_factory=lambda: {"slurm-t"})
     sts: dict | None = field(default_factory=sts)
+    recorded: dict | None = None  # the tier state ConfigMap's annotations (None: no ConfigMap)
     pod_list: list[dict] = field(default_factory=lambda: [pod("cpu-3"), pod("cpu-4")])
     pvc_list: list[dict] = field(default_factory=lambda: [pvc("home"), pvc("slurmctld-state")])
     answers: dict[tuple[str, ...], tuple[int, str, str]] = field(default_factory=dict)
@@ -175,6 +176,9 @@ class FakeReader:
 
     def statefulset(self, namespace, name):
         return self.sts
+
+    def tier_state(self, namespace):
+        return self.recorded
 
     def pods(self, namespace, label_selector):
         assert label_selector == "app.kubernetes.io/component=worker"

@@ -18,7 +18,7 @@ Who does what
   which a plain ``sbatch`` (and every other Slurm command, and each SSH login) on the login pod asks
   on a Unix socket shared with the login container (callers named by their kernel uid,
   connections capped: :class:`.agent.WakeServer`). Both run :func:`wake_tier`.
-- Record: annotations on the slurmctld StatefulSet (``slurmk8s.io/state`` awake|asleep,
+- Record: annotations on the ConfigMap slurmk8s-tier-state (``slurmk8s.io/state`` awake|asleep,
   ``slurmk8s.io/state-reason``, ``slurmk8s.io/state-since`` RFC3339), one Kubernetes Event per
   sleep and wake (reason ``ControlTierSleep`` / ``ControlTierWake``; a waker leaves a
   ``WakeRequested`` Event naming who and why, which the woken loop turns into the annotation), and

@@ -18,7 +18,9 @@ class TierApi(Protocol):
 
     def scale(self, namespace: str, kind: str, name: str, replicas: int) -> None: ...
 
-    def annotate(self, namespace: str, kind: str, name: str, annotations: Mapping[str, str]) -> None: ...
+    def get_state(self, namespace: str) -> dict[str, str]: ...
+
+    def set_state(self, namespace: str, annotations: Mapping[str, str]) -> None: ...
 
     def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]: ...
 
@@ -54,8 +56,13 @@ class ClientTierApi(RawClient):
         self.request("PATCH", _workload_path(namespace, kind, name, "scale"), {"fieldManager": FIELD_MANAGER},
                      {"spec": {"replicas": replicas}}, MERGE_PATCH)
 
-    def annotate(self, namespace: str, kind: str, name: str, annotations: Mapping[str, str]) -> None:
-        self.request("PATCH", _workload_path(namespace, kind, name), {"fieldManager": FIELD_MANAGER},
+    def get_state(self, namespace: str) -> dict[str, str]:
+        """The annotations of the tier's state ConfigMap (manifests.rbac.tier_state_config_map)."""
+        doc = self.request("GET", api_path("v1", namespace, "configmaps", m.TIER_STATE))
+        return dict((doc.get("metadata") or {}).get("annotations") or {})
+
+    def set_state(self, namespace: str, annotations: Mapping[str, str]) -> None:
+        self.request("PATCH", api_path("v1", namespace, "configmaps", m.TIER_STATE), {"fieldManager": FIELD_MANAGER},
                      {"metadata": {"annotations": dict(annotations)}}, MERGE_PATCH)
 
     def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:

@@ -116,7 +116,8 @@ def wake_order(workloads: Iterable[Workload]) -> list[Workload]:
 
 
 def tier_state(workloads: Sequence[Workload]) -> str:
-    """awake | asleep as the slurmctld StatefulSet's annotation says (awake when unset)."""
+    """awake | asleep as recorded (awake when unset): slurmctld's Workload carries the recorded
+    state as its annotations (tier.Tier.workloads reads it from the state ConfigMap)."""
     for w in workloads:
         if w.component == m.CONTROLLER:
             return w.annotations.get(A_STATE, AWAKE)

@@ -1,11 +1,18 @@
 """Sleep and wake of the control tier: scale its workloads in order, record the state on the
-slurmctld StatefulSet and as Kubernetes Events.
+ConfigMap slurmk8s-tier-state (its annotations) and as Kubernetes Events.
+
+The state was kept on the slurmctld StatefulSet's annotations before: that took `patch` of the
+StatefulSet, which also rewrites slurmctld's pod template (any image, privileged, hostPath), a pod
+the StatefulSet controller then creates past the worker pod admission policy. slurmctld's account
+now scales its workloads by their scale subresource alone. A cluster upgraded from that release
+(asleep, say) has the old annotations and an empty ConfigMap: they are read while the ConfigMap
+has no state (:meth:`Tier.state`), and the woken loop's first record moves the state over.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from .. import names as m
@@ -67,6 +74,7 @@ class Tier:
     # wakers' Roles (login agent, REST front) name slurmctld's pod alone, as a Deployment's pod names
     # are not known in advance and an unnamed `delete` would reach the workers
     replace_deployment_pods: bool = False
+    _state_refusal_logged: bool = field(default=False, init=False, repr=False)
 
     def _api_error(self, what: str, err: Exception) -> TierError:
         status = getattr(err, "status", None)
@@ -79,12 +87,43 @@ class Tier:
         return TierError(f"{what}: {err}{hint}")
 
     def workloads(self) -> list[Workload]:
+        """The tier's workloads, slurmctld's carrying the recorded state (:meth:`state`) as its
+        annotations (what decision.tier_state reads)."""
         from ..kubeapi import ApiError
 
         try:
-            return [Workload.from_obj(o) for o in self.api.list_workloads(self.namespace)]
+            ws = [Workload.from_obj(o) for o in self.api.list_workloads(self.namespace)]
         except ApiError as err:
             raise self._api_error("cannot list the control tier", err) from None
+        ctl = next((w for w in ws if w.component == m.CONTROLLER), None)
+        if ctl is None:
+            return ws
+        state = self.state(ctl)
+        return [replace(w, annotations=state) if w is ctl else w for w in ws]
+
+    def state(self, ctl: Workload) -> dict[str, str]:
+        """The recorded state (A_STATE, A_REASON, A_SINCE): the state ConfigMap's annotations; while
+        it has none (a cluster upgraded from a release that annotated the StatefulSet, until the
+        loop's first record) or is not there (a cluster deployed by such a release), those of the
+        slurmctld StatefulSet `ctl`. A refusal (an identity without `get` on that ConfigMap: a
+        user's kubeconfig with the rights documented before it) reads the StatefulSet's too, and is
+        logged once: the state only tells a wake to wait for a sleep under way."""
+        from ..kubeapi import ApiError
+
+        keys = (A_STATE, A_REASON, A_SINCE)
+        try:
+            recorded = self.api.get_state(self.namespace)
+        except ApiError as err:
+            if err.status == 403:
+                if not self._state_refusal_logged:
+                    self._state_refusal_logged = True
+                    self.log(f"cannot read configmap/{m.TIER_STATE} (the control tier's state): {err}; a sleep "
+                             "under way is not seen (grant get on it: docs/elasticity.md, 'Idle sleep and wake')")
+            elif err.status != 404:
+                raise self._api_error(f"cannot read the control tier's state (configmap/{m.TIER_STATE})", err) from None
+            recorded = {}
+        source = recorded if A_STATE in recorded else ctl.annotations
+        return {k: str(source[k]) for k in keys if k in source}
 
     def event(self, reason: str, message: str) -> str:
         """Emit an Event on the slurmctld StatefulSet; returns an error text ('' when done)."""
@@ -98,16 +137,17 @@ class Tier:
         return ""
 
     def record(self, state: str, reason: str, event: str) -> None:
-        """Annotate the slurmctld StatefulSet, emit the Event, log. Raises TierError when the
+        """Annotate the state ConfigMap, emit the Event, log. Raises TierError when the
         annotation cannot be written (the Event is best effort, and logged when it fails)."""
         from ..kubeapi import ApiError
 
         now = self.clock()
         try:
-            self.api.annotate(self.namespace, "StatefulSet", m.CONTROLLER,
-                              {A_STATE: state, A_REASON: reason[:500], A_SINCE: rfc3339(now)})
+            self.api.set_state(self.namespace, {A_STATE: state, A_REASON: reason[:500], A_SINCE: rfc3339(now)})
         except ApiError as err:
-            raise self._api_error(f"cannot record state {state} on statefulset/{m.CONTROLLER}", err) from None
+            hint = (f" (configmap/{m.TIER_STATE} is made by the deploy: run `slurmk8s up` again)"
+                    if err.status == 404 else "")
+            raise self._api_error(f"cannot record state {state} on configmap/{m.TIER_STATE}{hint}", err) from None
         problem = self.event(event, reason)
         self.log(f"control tier {state}: {reason}" + (f" ({problem})" if problem else ""))
 

@@ -163,7 +163,9 @@ class Controller(_Component):
         binding = self._add(m.worker_pod_policy_binding(spec), after=[policy])
         # pinned pools: the pod's render at start and the reconcile loop read the nodes (cluster-scoped)
         read_nodes = [self._add(obj) for obj in m.read_nodes_objects(spec)]
-        if m.sleeps(spec):  # idle teardown: the loop sleeps the tier and records its state
+        if m.sleeps(spec):  # idle teardown: the loop sleeps the tier and records its state (on a
+            # ConfigMap of its own, there before the loop starts; the deploy writes none of its state)
+            before_pod.append(self._add(m.tier_state_config_map(spec)))
             self._add(m.control_tier_role(spec))
             self._add(m.control_tier_role_binding(spec))
         self._add(m.controller_state_pvc(spec), retain=True)

@@ -35,7 +35,7 @@ from ..names import (ACTIVITY_DIR, ACTIVITY_PORT, AUTHORIZED_KEYS_SECRET, AUTH_S
                     REST_PORT, REST_UID,
                     SLURMCTLD_PORT, SLURMDBD_CONF_SECRET, SLURMDBD_PORT, SLURMK8S_LOG_DIR, SLURM_CONFIG,
                     SLURM_CONF_DIR, SLURM_UID, SPEC_CONFIG, SPEC_DIR, SSH_HOST_KEYS_SECRET, SSH_HOST_KEY_TYPES,
-                    SSH_PORT, TEMPLATE_PREFIX, TIER_CONTROL, TIER_ROLE, USERS_DIR, WAKE_DIR, WAKE_SOCKET, WORKERS,
+                    SSH_PORT, TEMPLATE_PREFIX, TIER_CONTROL, TIER_ROLE, TIER_STATE, USERS_DIR, WAKE_DIR, WAKE_SOCKET, WORKERS,
                     WORKER_GRACE_SECONDS, WORKER_ROLE)
 from .network import network_policies
 from .rest import (jwt_objects, jwt_secret, rest_conf, rest_config_map, rest_deployment, rest_objects, rest_openapi_plugins,
@@ -43,7 +43,7 @@ from .rest import (jwt_objects, jwt_secret, rest_conf, rest_config_map, rest_dep
 from .rbac import (control_tier_role, control_tier_role_binding, control_tier_workloads, controller_service_account,
                    login_agent_role, login_agent_role_binding, login_agent_service_account, pinned,
                    read_nodes_cluster_role, read_nodes_cluster_role_binding, read_nodes_objects, rest_front_role,
-                   rest_front_role_binding, rest_front_service_account, worker_role,
+                   rest_front_role_binding, rest_front_service_account, tier_state_config_map, worker_role,
                    worker_role_binding)
 from .slurmctld import (accounting_container, config_map_files, controller_service, controller_state_pvc,
                         controller_statefulset, pod_files, slurm_config_map, spec_config_map)
@@ -61,7 +61,7 @@ __all__ = [
     "LOGIN_AGENT", "LOGIN_HOST", "L_CLUSTER", "L_COMPONENT", "L_NODE", "L_POOL", "L_SUBDOMAIN", "L_TIER", "MUNGE_DIR",
     "SA_TOKEN_DIR", "SLURMCTLD_PORT", "SLURMDBD_CONF_SECRET", "SLURMDBD_PORT", "SLURMK8S_LOG_DIR", "SLURM_CONFIG",
     "SLURM_CONF_DIR", "SLURM_UID", "SPEC_CONFIG", "SPEC_DIR", "SSH_HOST_KEYS_SECRET", "SSH_HOST_KEY_TYPES",
-    "SSH_PORT", "TEMPLATE_PREFIX", "TIER_CONTROL", "TIER_ROLE", "USERS_DIR", "WAKE_DIR", "WAKE_SOCKET", "WORKERS",
+    "SSH_PORT", "TEMPLATE_PREFIX", "TIER_CONTROL", "TIER_ROLE", "TIER_STATE", "USERS_DIR", "WAKE_DIR", "WAKE_SOCKET", "WORKERS",
     "WORKER_GRACE_SECONDS", "WORKER_ROLE", "accounting_container", "accounting_objects", "admission_objects",
     "all_objects", "auth_secret",
     "authorized_keys_secret", "check_home_access", "check_names", "config_map_files", "control_tier_role", "control_tier_role_binding",
@@ -69,7 +69,7 @@ __all__ = [
     "controller_state_pvc", "controller_statefulset", "db_check_pod", "db_endpoint", "dns_searches", "home_pvc",
     "kept_claims", "login_agent_role", "login_agent_role_binding", "login_agent_service_account", "login_deployment",
     "pinned", "pod_files", "read_nodes_cluster_role", "read_nodes_cluster_role_binding", "read_nodes_objects",
-    "rest_front_role", "rest_front_role_binding", "rest_front_service_account",
+    "rest_front_role", "rest_front_role_binding", "rest_front_service_account", "tier_state_config_map",
     "login_service", "login_sleeps", "namespace", "network_policies", "policy_name", "service_fqdn", "sleeps", "slurm_config_map",
     "slurmdbd_conf", "slurmdbd_host", "spec_config_map", "ssh_host_keys_secret", "task_prolog_env", "users_config_map",
     "worker_pod", "worker_pod_policy", "worker_pod_policy_binding",

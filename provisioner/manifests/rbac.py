@@ -7,7 +7,8 @@ from typing import Any
 from ..config import ClusterSpec
 from .common import _meta, login_sleeps, sleeps
 from ..names import base_labels
-from ..names import CONTROLLER, CONTROLLER_POD, LOGIN, LOGIN_AGENT, MARIADB, REST, REST_FRONT, SLURMDBD, TIER_ROLE, WORKER_ROLE
+from ..names import (CONTROLLER, CONTROLLER_POD, LOGIN, LOGIN_AGENT, MARIADB, REST, REST_FRONT, SLURMDBD, TIER_ROLE,
+                     TIER_STATE, WORKER_ROLE)
 from .slurmctld import pod_files
 
 
@@ -101,11 +102,14 @@ def control_tier_workloads(spec: ClusterSpec) -> list[tuple[str, str]]:
 
 
 def _tier_rules(spec: ClusterSpec, controller: bool) -> list[dict[str, Any]]:
-    """Read the tier's workloads, scale exactly those, emit Events; the reconcile loop also writes
-    the state annotations of its own StatefulSet and reads the wake requests (Events). A waker (the
-    login agent, the REST front) also reads slurmctld's pod and its FailedMount Events, and may
-    delete that pod (no more than scaling slurmctld to zero, which it may anyway), when the kubelet
-    skipped it for its volume claim (controltier.tier.Tier._replace_skipped_pod)."""
+    """Read the tier's workloads, scale exactly those (their scale subresource alone: a `patch` of
+    the StatefulSet itself would let slurmctld's account rewrite slurmctld's pod template, which the
+    StatefulSet controller then creates outside the worker pod admission policy), emit Events, read
+    the tier's state (the ConfigMap :data:`TIER_STATE`, by name); the reconcile loop also writes
+    that state (`patch` of that ConfigMap) and reads the wake requests (Events). A waker (the login
+    agent, the REST front) also reads slurmctld's pod and its FailedMount Events, and may delete
+    that pod (no more than scaling slurmctld to zero, which it may anyway), when the kubelet skipped
+    it for its volume claim (controltier.tier.Tier._replace_skipped_pod)."""
     names = control_tier_workloads(spec)
     rules: list[dict[str, Any]] = [
         {"apiGroups": ["apps"], "resources": ["statefulsets", "deployments"], "verbs": ["get", "list"]}]
@@ -118,10 +122,17 @@ def _tier_rules(spec: ClusterSpec, controller: bool) -> list[dict[str, Any]]:
     if not controller:
         rules.append({"apiGroups": [""], "resources": ["pods"], "resourceNames": [CONTROLLER_POD],
                       "verbs": ["get", "delete"]})
-    if controller:
-        rules.append({"apiGroups": ["apps"], "resources": ["statefulsets"], "resourceNames": [CONTROLLER],
-                      "verbs": ["patch"]})
+    rules.append({"apiGroups": [""], "resources": ["configmaps"], "resourceNames": [TIER_STATE],
+                  "verbs": ["get", "patch"] if controller else ["get"]})
     return rules
+
+
+def tier_state_config_map(spec: ClusterSpec) -> dict[str, Any]:
+    """Where the control tier's state is kept: the annotations of this ConfigMap (slurmk8s.io/state,
+    state-reason, state-since; controltier.tier.Tier.record), written by the reconcile loop. The
+    deploy creates it with neither data nor annotations, so that a re-deploy (server-side apply,
+    or a Helm upgrade's three-way merge) leaves the recorded state alone."""
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(spec, TIER_STATE, CONTROLLER)}
 
 
 def _role(spec: ClusterSpec, name: str, component: str, rules: list[dict[str, Any]]) -> dict[str, Any]:
@@ -189,7 +200,7 @@ def control_tier_objects(spec: ClusterSpec) -> list[dict[str, Any]]:
     """The RBAC of the idle teardown (none without ``idle_teardown``)."""
     if not sleeps(spec):
         return []
-    objs = [control_tier_role(spec), control_tier_role_binding(spec)]
+    objs = [tier_state_config_map(spec), control_tier_role(spec), control_tier_role_binding(spec)]
     if spec.login.enabled:
         objs += [login_agent_service_account(spec), login_agent_role(spec), login_agent_role_binding(spec)]
     if spec.rest.enabled:

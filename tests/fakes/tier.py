@@ -27,6 +27,9 @@ class FakeTierApi:
     terminating: set[str] = field(default_factory=set)
     # get_pod / delete_pod / list_pods: pods by name, as the API returns them (none: 404)
     pods: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # get_state / set_state: the annotations of the ConfigMap slurmk8s-tier-state (None: no such
+    # ConfigMap, 404: a cluster deployed by a release without it)
+    state: dict[str, str] | None = field(default_factory=dict)
     _pending: dict[tuple[str, str], int] = field(default_factory=dict)
 
     def add(self, kind: str, name: str, component: str, replicas: int = 1, tier: bool = True,
@@ -70,10 +73,22 @@ class FakeTierApi:
         else:
             self._pending[(kind, name)] = self.ready_after
 
-    def annotate(self, namespace: str, kind: str, name: str, annotations: Mapping[str, str]) -> None:
-        self._check("annotate")
-        self.calls.append(("annotate", kind, name, dict(annotations)))
-        self.workloads[(kind, name)]["metadata"]["annotations"].update(annotations)
+    def get_state(self, namespace: str) -> dict[str, str]:
+        from provisioner.kubeapi import ApiError
+
+        self._check("get_state")
+        if self.state is None:
+            raise ApiError(404, "NotFound", 'configmaps "slurmk8s-tier-state" not found')
+        return dict(self.state)
+
+    def set_state(self, namespace: str, annotations: Mapping[str, str]) -> None:
+        from provisioner.kubeapi import ApiError
+
+        self._check("set_state")
+        self.calls.append(("set_state", dict(annotations)))
+        if self.state is None:
+            raise ApiError(404, "NotFound", 'configmaps "slurmk8s-tier-state" not found')
+        self.state.update(annotations)
 
     def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
         """The pods of `pods` whose labels match; when none do, one per replica (a name alone)."""
