@@ -39,6 +39,11 @@ def _token_on_login() -> None:
     kubectl("rollout", "status", "-n", NAMESPACE, "deployment/login", "--timeout=180s", timeout=200)
 
 
+def _audit_only() -> None:
+    kubectl("patch", "validatingadmissionpolicybinding", f"slurmk8s-{NAMESPACE}-worker-pods",
+            "--type", "merge", "-p", '{"spec": {"validationActions": ["Audit"]}}')
+
+
 MUTATIONS = {
     "test_pod_security_admission_refuses_host_and_privileged_pods":
         lambda: kubectl("label", "namespace", NAMESPACE, "pod-security.kubernetes.io/enforce-"),
@@ -54,9 +59,7 @@ MUTATIONS = {
                         f"--serviceaccount={NAMESPACE}:slurmctld"),
     # the worker pods' admission policy only audits: the control's check of Deny fails, and the two
     # attacks after it are admitted
-    "test_the_controller_account_creates_a_worker_pod_of_the_templates":
-        lambda: kubectl("patch", "validatingadmissionpolicybinding", f"slurmk8s-{NAMESPACE}-worker-pods",
-                        "--type", "merge", "-p", '{"spec": {"validationActions": ["Audit"]}}'),
+    "test_the_controller_account_creates_a_worker_pod_of_the_templates": _audit_only,
     "test_the_controller_account_cannot_create_a_privileged_pod": lambda: None,  # the one above stays
     "test_the_controller_account_cannot_create_a_pod_of_a_foreign_image": lambda: None,
     "test_rbac_other_service_accounts_of_the_namespace_get_nothing_dangerous":
@@ -65,6 +68,12 @@ MUTATIONS = {
     "test_no_secret_in_any_log_state_output_or_config_map":
         lambda: _in_login("cat /etc/slurmk8s/ssh-host-keys/ssh_host_ed25519_key >/proc/1/fd/2"),
 }
+
+# the whole-pod comparison: with the binding auditing only, each pod off its template is admitted
+# (patched again for each, so that -k may pick any of them alone)
+MUTATIONS.update({f"test_the_controller_account_cannot_create_a_pod_off_its_template[{field}]": _audit_only
+                  for field in ("env-secretKeyRef", "envFrom-secretRef", "hostname", "nodeName", "priorityClassName",
+                                "runtimeClassName", "tolerations")})
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -419,6 +419,69 @@ def test_the_controller_account_cannot_create_a_pod_of_a_foreign_image(cluster: 
         in refused.stderr, refused.stderr
 
 
+PROBE_RUNTIME_CLASS = "slurmk8s-e2e-probe"  # a RuntimeClass the test makes (the admission plugin refuses an unknown one)
+
+
+def _container0(pod: dict[str, Any]) -> dict[str, Any]:
+    return pod["spec"]["containers"][0]
+
+
+# One field each that the old field-by-field policy let through (issue 40 item 9): the mutation,
+# and the start of what the policy says. Pod Security 'baseline' admits every one of them.
+OFF_TEMPLATE: dict[str, tuple[Any, str]] = {
+    "env-secretKeyRef": (lambda p: _container0(p)["env"].append(
+        {"name": "STOLEN", "valueFrom": {"secretKeyRef": {"name": m.SSH_HOST_KEYS_SECRET, "key": "ssh_host_ed25519_key"}}}),
+        "container slurmd sets env STOLEN other than the template of pool "),
+    "envFrom-secretRef": (lambda p: _container0(p).update(envFrom=[{"secretRef": {"name": m.SSH_HOST_KEYS_SECRET}}]),
+                          "container slurmd sets envFrom other than the template of pool "),
+    "nodeName": (lambda p: p["spec"].update(nodeName="localk8s"), "the pod sets nodeName localk8s"),
+    "tolerations": (lambda p: p["spec"].setdefault("tolerations", []).append({"operator": "Exists"}),
+                    "the pod tolerates every taint other than the template of pool "),
+    "priorityClassName": (lambda p: p["spec"].update(priorityClassName="system-node-critical"),
+                          "the pod sets priorityClassName other than the template of pool "),
+    "runtimeClassName": (lambda p: p["spec"].update(runtimeClassName=PROBE_RUNTIME_CLASS),
+                         "the pod sets runtimeClassName other than the template of pool "),
+    "hostname": (lambda p: p["spec"].update(hostname="slurmctld-0"),
+                 f"the hostname and the label {m.L_NODE} of pod {PROBE_NODE} must be its name"),
+}
+
+
+@contextlib.contextmanager
+def _probe_runtime_class() -> Iterator[None]:
+    """A RuntimeClass for the dry runs (cluster-scoped, deleted after): the RuntimeClass admission
+    plugin refuses a pod naming an unknown one before any policy sees it."""
+    obj = {"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "handler": "runc",
+           "metadata": {"name": PROBE_RUNTIME_CLASS, "labels": {"app.kubernetes.io/managed-by": "slurmk8s-e2e"}}}
+    kubectl("apply", "-f", "-", input=json.dumps(obj))
+    try:
+        yield
+    finally:
+        kubectl("delete", "runtimeclass", PROBE_RUNTIME_CLASS, "--ignore-not-found")
+
+
+@pytest.mark.parametrize("field", sorted(OFF_TEMPLATE))
+def test_the_controller_account_cannot_create_a_pod_off_its_template(cluster: Cluster, tmp_path: Path, field: str):
+    """The whole pod must be its pool's template but for what a resume sets per node: a worker pod
+    with one field more (a Secret in its environment, a node or taint of its choosing, a priority or
+    runtime class, another hostname) is refused to slurmctld's token; the deployer's dry run of the
+    same pod, and slurmctld's of the pod as the backend builds it, are admitted (controls)."""
+    spec = _spec(cluster)
+    token = _controller_kubeconfig(tmp_path)
+    real = _dry_create(_probe_worker_pod(cluster), token)
+    assert real.returncode == 0, f"control: the controller's own worker pod was refused: {real.stderr}"
+    mutate, message = OFF_TEMPLATE[field]
+    pod = _probe_worker_pod(cluster)
+    mutate(pod)
+    with _probe_runtime_class() if field == "runtimeClassName" else contextlib.nullcontext():
+        admin = _dry_create(pod)
+        refused = _dry_create(pod, token)
+    assert admin.returncode == 0, f"control: the deployer's dry run was refused too: {admin.stderr}"
+    assert refused.returncode != 0, f"slurmctld's token created a worker pod with {field} of its own"
+    assert f"ValidatingAdmissionPolicy '{m.policy_name(spec)}'" in refused.stderr, refused.stderr
+    assert "the controller may only create worker pods from the pool templates: " + message in refused.stderr, \
+        refused.stderr
+
+
 def test_rbac_other_service_accounts_of_the_namespace_get_nothing_dangerous(cluster: Cluster):
     accounts = [a["metadata"]["name"] for a in kjson("get", "serviceaccounts", "-n", NAMESPACE)["items"]]
     assert "default" in accounts

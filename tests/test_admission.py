@@ -38,12 +38,14 @@ def _eval(expr: str, activation: dict[str, Any]) -> Any:
     return result
 
 
-def admit(policy: dict[str, Any], pod: dict[str, Any], user: str) -> list[str]:
-    """The policy's verdict on creating `pod` as `user`: [] admitted (or not matched), else the
+def admit(policy: dict[str, Any], pod: dict[str, Any], user: str, old: dict[str, Any] | None = None) -> list[str]:
+    """The policy's verdict on creating `pod` (updating `old` to it) as `user`: [] admitted (or not matched), else the
     messages of the refusals, as the API server evaluates them (variables in order, each visible to
     the later ones; the match conditions first)."""
     act: dict[str, Any] = {"object": celpy.json_to_cel(pod),
-                           "request": celpy.json_to_cel({"userInfo": {"username": user}, "operation": "CREATE"})}
+                           "oldObject": celpy.json_to_cel(old) if old is not None else None,
+                           "request": celpy.json_to_cel({"userInfo": {"username": user},
+                                                         "operation": "CREATE" if old is None else "UPDATE"})}
     if not all(_eval(c["expression"], act) for c in policy["spec"]["matchConditions"]):
         return []
     variables: dict[Any, Any] = {}
@@ -55,12 +57,26 @@ def admit(policy: dict[str, Any], pod: dict[str, Any], user: str) -> list[str]:
             if not _eval(v["expression"], act)]
 
 
+# What a Kubernetes 1.34 API server added to the worker pod the e2e dry-runs (kubectl create
+# --dry-run=server -o json): its defaulting and admission plugins (ServiceAccount, Priority,
+# DefaultTolerationSeconds), before validating admission.
+ADMITTED_DEFAULTS = {"preemptionPolicy": "PreemptLowerPriority", "priority": 0, "schedulerName": "default-scheduler",
+                     "serviceAccount": "default", "serviceAccountName": "default"}
+DEFAULT_TOLERATIONS = [{"effect": "NoExecute", "key": f"node.kubernetes.io/{taint}", "operator": "Exists",
+                        "tolerationSeconds": 300} for taint in ("not-ready", "unreachable")]
+
+
 def as_admitted(pod: dict[str, Any]) -> dict[str, Any]:
-    """The pod as validating admission sees it, for the fields the policy reads: the ServiceAccount
-    admission plugin names the default account, and with hostNetwork each container port's hostPort
-    defaults to its containerPort (the API server's defaulting)."""
+    """The pod as validating admission sees it: the API server's defaults (ADMITTED_DEFAULTS, the
+    containers' termination message, the default tolerations), and with hostNetwork each container
+    port's hostPort defaults to its containerPort."""
     pod = copy.deepcopy(pod)
-    pod["spec"].setdefault("serviceAccountName", "default")
+    for key, value in ADMITTED_DEFAULTS.items():
+        pod["spec"].setdefault(key, value)
+    pod["spec"]["tolerations"] = pod["spec"].get("tolerations", []) + copy.deepcopy(DEFAULT_TOLERATIONS)
+    for c in pod["spec"]["containers"]:
+        c.setdefault("terminationMessagePath", "/dev/termination-log")
+        c.setdefault("terminationMessagePolicy", "File")
     if pod["spec"].get("hostNetwork"):
         for c in pod["spec"]["containers"]:
             for p in c.get("ports", ()):
@@ -187,6 +203,72 @@ MUTATIONS: dict[str, tuple[str, Callable[[dict[str, Any]], Any], str]] = {
                       "the pod runs as ServiceAccount slurmctld, not default"),
     "ephemeral": ("spot", lambda p: p["spec"].update(ephemeralContainers=[{"name": "dbg", "image": "busybox"}]),
                   "the pod has ephemeral containers"),
+    # the whole pod against its pool's template (issue 40 item 9): each field below passed the
+    # field-by-field checks above
+    "env-secret": ("spot", lambda p: _container(p)["env"].append(
+        {"name": "STOLEN", "valueFrom": {"secretKeyRef": {"name": m.SSH_HOST_KEYS_SECRET, "key": "k"}}}),
+        "container slurmd sets env STOLEN other than the template of pool spot"),
+    "env-config-map": ("spot", lambda p: _container(p)["env"].append(
+        {"name": "CONF", "valueFrom": {"configMapKeyRef": {"name": "kube-root-ca.crt", "key": "ca.crt"}}}),
+        "container slurmd sets env CONF other than the template of pool spot"),
+    "env-overridden": ("spot", lambda p: _container(p)["env"][0].update(value="evil.example:6817"),
+                       "container slurmd sets env SLURMK8S_CONTROLLER other than the template of pool spot"),
+    "env-from-secret": ("spot", lambda p: _container(p).update(envFrom=[{"secretRef": {"name": m.AUTH_SECRET}}]),
+                        "container slurmd sets envFrom other than the template of pool spot"),
+    "node-name": ("spot", lambda p: p["spec"].update(nodeName="control-plane"),
+                  "the pod sets nodeName control-plane"),
+    "toleration": ("spot", lambda p: p["spec"]["tolerations"].append({"operator": "Exists"}),
+                   "the pod tolerates every taint other than the template of pool spot"),
+    "control-plane-toleration": ("h100", lambda p: p["spec"]["tolerations"].append(
+        {"key": "node-role.kubernetes.io/control-plane", "operator": "Exists", "effect": "NoSchedule"}),
+        "the pod tolerates node-role.kubernetes.io/control-plane other than the template of pool h100"),
+    "priority-class": ("spot", lambda p: p["spec"].update(priorityClassName="system-node-critical"),
+                       "the pod sets priorityClassName other than the template of pool spot"),
+    "runtime-class": ("spot", lambda p: p["spec"].update(runtimeClassName="runc-unconfined"),
+                      "the pod sets runtimeClassName other than the template of pool spot"),
+    "hostname": ("spot", lambda p: p["spec"].update(hostname="slurmctld-0"),
+                 "the hostname and the label slurmk8s.io/node of pod"),
+    "subdomain": ("spot", lambda p: p["spec"].update(subdomain="login"),
+                  "the pod sets subdomain other than the template of pool spot"),
+    "scheduler": ("spot", lambda p: p["spec"].update(schedulerName="my-scheduler"),
+                  "the pod sets schedulerName other than the template of pool spot"),
+    "host-aliases": ("spot", lambda p: p["spec"].update(hostAliases=[{"ip": "10.0.0.1", "hostnames": ["slurmctld"]}]),
+                     "the pod sets hostAliases other than the template of pool spot"),
+    "dns-config": ("spot", lambda p: p["spec"]["dnsConfig"].update(nameservers=["10.0.0.53"]),
+                   "the pod sets dnsConfig other than the template of pool spot"),
+    "share-pid": ("spot", lambda p: p["spec"].update(shareProcessNamespace=True),
+                  "the pod sets shareProcessNamespace other than the template of pool spot"),
+    "preemption": ("spot", lambda p: p["spec"].update(preemptionPolicy="Never"),
+                   "the pod sets preemptionPolicy other than the template of pool spot"),
+    "overhead": ("spot", lambda p: p["spec"].update(overhead={"cpu": "1"}),
+                 "the pod sets overhead other than the template of pool spot"),
+    "pod-affinity": ("spot", lambda p: p["spec"].update(affinity={"podAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": [{"labelSelector": {"matchLabels": {"app": "x"}},
+                                                             "topologyKey": "kubernetes.io/hostname"}]}}),
+        "the pod sets affinity podAffinity other than the template of pool spot"),
+    "node-affinity": ("spot", lambda p: p["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]["matchExpressions"][0].update(
+        key="kubernetes.io/hostname"), "the pod sets affinity nodeAffinity other than the template of pool spot"),
+    "other-domain": ("spot", lambda p: p["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]["matchExpressions"][0].update(
+        values=["eu-west-1a"]), "the pod sets affinity nodeAffinity other than the template of pool spot"),
+    "init-container-of-the-image": ("spot", lambda p: p["spec"].update(initContainers=[
+        {"name": "init", "image": "reg.example/slurmd:1", "securityContext": copy.deepcopy(_sc(p))}]),
+        "the pod sets initContainers other than the template of pool spot"),
+    "second-container": ("spot", lambda p: p["spec"]["containers"].append({**copy.deepcopy(_container(p)), "name": "b"}),
+                         "the pod has 2 containers, the template one"),
+    "volume-mount": ("spot", lambda p: _container(p)["volumeMounts"][0].update(subPath="x"),
+                     "container slurmd sets volumeMounts other than the template of pool spot"),
+    "resources": ("spot", lambda p: _container(p)["resources"]["limits"].update({"nvidia.com/mig-1g.10gb": "1"}),
+                  "container slurmd sets resources limits"),
+    "dshm": ("spot", lambda p: p["spec"]["volumes"][3]["emptyDir"].pop("medium"),
+             "volume dshm is not as the template of pool spot has it"),
+    "extra-label": ("spot", lambda p: p["metadata"]["labels"].update({m.L_COMPONENT + "-x": "login"}),
+                    "the pod has label app.kubernetes.io/component-x=login"),
+    "multus": ("spot", lambda p: p["metadata"]["annotations"].update({m.A_MULTUS: "kube-system/host-net"}),
+               "annotation k8s.v1.cni.cncf.io/networks is not as the template of pool spot has it"),
+    "other-multus": ("h100", lambda p: p["metadata"]["annotations"].update({m.A_MULTUS: "kube-system/host-net"}),
+                     "annotation k8s.v1.cni.cncf.io/networks is not as the template of pool h100 has it"),
 }
 
 
@@ -207,7 +289,41 @@ def test_a_privileged_pod_is_refused_even_in_the_host_network_pool(fabric):
     pod = _pod(spec, gen, "hostnet")
     assert pod["spec"]["hostNetwork"] is True and admit(policy, pod, m.controller_user(spec)) == []
     _sc(pod)["privileged"] = True
-    assert admit(policy, pod, m.controller_user(spec)) == [admission.PREFIX + "container slurmd is privileged"]
+    assert admit(policy, pod, m.controller_user(spec)) == [
+        admission.PREFIX + "container slurmd is privileged",
+        admission.PREFIX + "container slurmd sets securityContext other than the template of pool hostnet"]
+
+
+def test_an_update_may_keep_what_the_pod_has_and_add_the_adoption_mark(fabric):
+    """A resume adopts a running worker with a patch of one annotation: the pod it updates has the
+    scheduler's nodeName and what others wrote since (Multus' network status); the update may keep
+    those, never bring its own."""
+    spec, gen, policy = fabric
+    user = m.controller_user(spec)
+    old = _pod(spec, gen, "h100")
+    old["spec"]["nodeName"] = "ip-10-0-0-2"
+    old["metadata"]["annotations"]["k8s.v1.cni.cncf.io/network-status"] = "[]"
+    new = copy.deepcopy(old)
+    new["metadata"]["annotations"][admission.A_ADOPTED] = "1700000000.000 0a1b2c3d"
+    assert admit(policy, new, user, old) == []
+    assert admit(policy, new, user) != [], "a create with a nodeName of its own is refused"
+    moved = copy.deepcopy(new)
+    moved["spec"]["nodeName"] = "control-plane"
+    assert any("the pod sets nodeName control-plane" in r for r in admit(policy, moved, user, old))
+    relabelled = copy.deepcopy(new)
+    relabelled["metadata"]["annotations"][m.A_MULTUS] = "kube-system/host-net"
+    assert any("annotation k8s.v1.cni.cncf.io/networks" in r for r in admit(policy, relabelled, user, old))
+
+
+def test_the_templates_reach_the_policy_as_dyn_literals():
+    """The API server's CEL takes an aggregate literal of one type only: every value of the pool
+    templates is wrapped in dyn(), in the text Helm's toJson writes for each scalar."""
+    assert admission.cel_dyn_literal({"b": [1, "x<&>"], "a": {"k": True}}) == \
+        '{"a":dyn({"k":dyn(true)}),"b":dyn([dyn(1),dyn("x\\u003c\\u0026\\u003e")])}'
+    spec, _ = CASES["local"]()
+    (var,) = [v for v in m.worker_pod_policy(spec)["spec"]["variables"] if v["name"] == "poolTemplates"]
+    assert var["expression"] == admission.cel_dyn_literal(
+        {p.name: m.worker_pod_template(spec, p) for p in spec.pools})
 
 
 def test_only_the_controller_account_is_held_to_the_templates(fabric):

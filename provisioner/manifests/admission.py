@@ -38,7 +38,7 @@ from typing import Any
 
 from ..config import ClusterSpec
 from .common import K8sSite
-from ..names import CONTROLLER, L_POOL, base_labels
+from ..names import A_ADOPTED, A_K8S_NODE, A_SPEC_HASH, CONTROLLER, L_NODE, L_POOL, base_labels
 from .workers import worker_pod_template
 
 API_VERSION = "admissionregistration.k8s.io/v1"
@@ -69,6 +69,27 @@ def cel_literal(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
+def cel_dyn_literal(value: Any) -> str:
+    """A CEL literal of JSON data whose maps and lists mix value types (a pod template): as
+    :func:`cel_literal`, each value of a map and each element of a list wrapped in ``dyn()``, which
+    the API server's CEL requires of mixed literals (it checks aggregate literals for one type).
+    <, > and & are escaped as Go's encoding/json (Helm's ``toJson``) escapes them, so the chart's
+    ``slurmk8s.celLiteral`` writes the same text."""
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{_go_json(k)}:dyn({cel_dyn_literal(value[k])})" for k in sorted(value)) + "}"
+    if isinstance(value, list):
+        return "[" + ",".join(f"dyn({cel_dyn_literal(v)})" for v in value) + "]"
+    return _go_json(value)
+
+
+def _go_json(value: Any) -> str:
+    text = json.dumps(value, ensure_ascii=False)
+    for char, escape in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"),
+                         ("\u2028", "\\u2028"), ("\u2029", "\\u2029")):
+        text = text.replace(char, escape)
+    return text
+
+
 def allowed(spec: ClusterSpec, site: K8sSite = K8sSite()) -> dict[str, Any]:
     """What the pool templates produce, per pool where it differs: the spec-dependent variables of
     the policy, by name, as plain data. Raises ValueError for a template the policy cannot judge."""
@@ -79,6 +100,9 @@ def allowed(spec: ClusterSpec, site: K8sSite = K8sSite()) -> dict[str, Any]:
     seccomp: dict[str, dict[str, str]] = {}
     sources: dict[str, set[str]] = {"secrets": set(), "configMaps": set(), "claims": set()}
     accounts: set[str] = set()
+    templates: dict[str, Any] = {}
+    resources: dict[str, list[str]] = {}
+    domains: dict[str, Any] = {}
     for pool in spec.pools:
         pod = worker_pod_template(spec, pool, site)
         pspec = pod["spec"]
@@ -86,6 +110,14 @@ def allowed(spec: ClusterSpec, site: K8sSite = K8sSite()) -> dict[str, Any]:
         if unknown:
             raise ValueError(f"pool {pool.name}: the worker pod template sets {sorted(unknown)}, which the admission "
                              "policy does not judge: extend provisioner/manifests/admission.py")
+        if len(pspec["containers"]) != 1 or set(pspec.get("affinity", {})) - {"podAffinity"}:
+            raise ValueError(f"pool {pool.name}: the admission policy compares a pod with one container and no node "
+                             "affinity of the template's own (a resume sets the node's): extend "
+                             "provisioner/manifests/admission.py")
+        templates[pool.name] = pod
+        resources[pool.name] = sorted({"cpu", "memory", pool.gpu_resource, *pool.extra_resources})
+        if pool.domain_label:
+            domains[pool.name] = {"label": pool.domain_label, "values": sorted({d.name for d in pool.domains})}
         want = {k: v for k, v in pod["metadata"]["labels"].items() if k != L_POOL}
         if labels is not None and want != labels:
             raise ValueError(f"pool {pool.name}: the worker labels differ between pools")
@@ -125,7 +157,12 @@ def allowed(spec: ClusterSpec, site: K8sSite = K8sSite()) -> dict[str, Any]:
     return {"workerLabels": labels, "poolImages": images, "poolCaps": caps, "hostNetworkPools": host_network,
             "poolSeccomp": seccomp,
             "secrets": sorted(sources["secrets"]), "configMaps": sorted(sources["configMaps"]),
-            "claims": sorted(sources["claims"]), "serviceAccount": accounts.pop()}
+            "claims": sorted(sources["claims"]), "serviceAccount": accounts.pop(),
+            "poolTemplates": templates, "poolResources": resources, "poolDomains": domains}
+
+
+# The spec-dependent variables whose literals mix value types (cel_dyn_literal).
+DYN_VARIABLES = {"poolTemplates", "poolDomains"}
 
 
 def _var(name: str, expression: str) -> dict[str, str]:
@@ -176,6 +213,193 @@ STATIC_VARIABLES: list[dict[str, str]] = [
                        "v.secret.secretName in variables.secrets) || (has(v.configMap) && has(v.configMap.name) && "
                        "v.configMap.name in variables.configMaps) || (has(v.persistentVolumeClaim) && "
                        "v.persistentVolumeClaim.claimName in variables.claims) || has(v.emptyDir)))"),
+]
+
+
+# ---- the whole pod against its pool's template (poolTemplates: worker_pod_template per pool)
+#
+# Every field of the pod, its metadata's labels and annotations and its one container must be the
+# template's, but for what worker_pod sets per Slurm node (and what the API server fills in itself).
+# Per node, of the pod spec: the hostname (the pod's name), the volumes (dshm's sizeLimit), the
+# node's placement (nodeAffinity on the Kubernetes node's name, or on the pool's domain label and
+# one of its domains), and nodeName once the scheduler bound the pod (an update keeps it).
+POD_PER_NODE = ["affinity", "containers", "hostname", "nodeName", "tolerations", "volumes"]
+# Of the container: SLURMK8S_NODENAME (the pod's name) and the GPU variables in env, the
+# resources (the pool's resource names, any amount), the ports (hostPort = containerPort under
+# hostNetwork, the API server's default).
+CONTAINER_PER_NODE = ["env", "ports", "resources"]
+NODE_ENV = ["SLURMK8S_GPUS", "SLURMK8S_GPU_TYPE"]
+# Of the metadata: the node label (the pod's name) and these annotations (any value).
+ANNOTATIONS_PER_NODE = [A_SPEC_HASH, A_K8S_NODE, A_ADOPTED]
+# What the API server fills in a pod that does not set it (defaulting, the ServiceAccount and
+# Priority admission plugins; DefaultTolerationSeconds adds the two NoExecute tolerations below).
+POD_DEFAULTS = ("{'preemptionPolicy': dyn('PreemptLowerPriority'), 'priority': dyn(0), "
+                "'schedulerName': dyn('default-scheduler'), 'serviceAccount': dyn(variables.serviceAccount), "
+                "'serviceAccountName': dyn(variables.serviceAccount)}")
+CONTAINER_DEFAULTS = "{'terminationMessagePath': '/dev/termination-log', 'terminationMessagePolicy': 'File'}"
+DEFAULT_TOLERATIONS = ["node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"]
+
+
+def _list(items: list[str]) -> str:
+    return "[" + ", ".join(f"'{i}'" for i in items) + "]"
+
+
+def _field_ok(obj: str, tmpl: str, key: str, skip: list[str], defaults: str = "{}") -> str:
+    """CEL: field `key` of map `obj` is one `skip` names, or the template's, or (absent from the
+    template) the API server's default."""
+    return (f"({key} in {_list(skip)} || ({key} in {tmpl} ? {obj}[{key}] == {tmpl}[{key}] : "
+            f"({key} in {defaults} && {obj}[{key}] == {defaults}[{key}])))")
+
+
+def _off(obj: str, tmpl: str, skip: list[str], defaults: str = "{}", key: str = "k") -> str:
+    """CEL: the fields of `obj` not as the template `tmpl` has them (a list of names)."""
+    return f"{obj}.filter({key}, !{_field_ok(obj, tmpl, key, skip, defaults)})"
+
+
+def _missing(obj: str, tmpl: str, skip: list[str], key: str = "k") -> str:
+    """CEL: the fields of the template `tmpl` that `obj` lacks (a list of names)."""
+    return f"{tmpl}.filter({key}, !({key} in {_list(skip)}) && !({key} in {obj}))"
+
+
+def _same(obj: str, tmpl: str, skip: list[str], key: str) -> str:
+    return f"(size({_off(obj, tmpl, skip, key=key)}) == 0 && size({_missing(obj, tmpl, skip, key=key)}) == 0)"
+
+
+_NODE_AFFINITY = "requiredDuringSchedulingIgnoredDuringExecution"
+
+
+def _placement(match: str, key: str, value: str) -> str:
+    """CEL: the nodeAffinity worker_pod's placement writes (one term, one requirement, one value)."""
+    # (spaced: no two braces together, which the chart's copy would take for Helm's)
+    return (f"{{'{_NODE_AFFINITY}': {{'nodeSelectorTerms': [{{'{match}': [{{'key': dyn({key}), "
+            f"'operator': dyn('In'), 'values': dyn([{value}])}}]}}] }} }}")
+
+
+def _one_value(match: str) -> str:
+    t = "variables.nodeTerm"
+    return (f"has({t}.{match}) && size({t}.{match}) == 1 && has({t}.{match}[0].values) && "
+            f"size({t}.{match}[0].values) == 1 ? {t}.{match}[0].values[0] : ''")
+
+
+_EMPTY_TEMPLATE = "{'metadata': dyn({}), 'spec': dyn({'containers': dyn([dyn({})]), 'volumes': dyn([])})}"
+
+TEMPLATE_VARIABLES: list[dict[str, str]] = [
+    _var("tmpl", f"variables.pool in variables.poolTemplates ? variables.poolTemplates[variables.pool] : "
+                 f"{_EMPTY_TEMPLATE}"),
+    _var("tSpec", "variables.tmpl.spec"),
+    _var("tLabels", "has(variables.tmpl.metadata.labels) ? variables.tmpl.metadata.labels : {}"),
+    _var("tAnnotations", "has(variables.tmpl.metadata.annotations) ? variables.tmpl.metadata.annotations : {}"),
+    _var("annotations", "has(object.metadata.annotations) ? object.metadata.annotations : {}"),
+    # an update (a resume's adoption mark) may keep what the pod already had, and only that
+    _var("oldLabels", "request.operation == 'UPDATE' && has(oldObject.metadata.labels) ? "
+                      "oldObject.metadata.labels : {}"),
+    _var("oldAnnotations", "request.operation == 'UPDATE' && has(oldObject.metadata.annotations) ? "
+                           "oldObject.metadata.annotations : {}"),
+    _var("offLabels", f"variables.labels.filter(k, !(k == '{L_NODE}' ? variables.labels[k] == object.metadata.name : "
+                      "(k in variables.tLabels && variables.labels[k] == variables.tLabels[k])) && "
+                      "!(k in variables.oldLabels && variables.oldLabels[k] == variables.labels[k]))"),
+    _var("offAnnotations", f"variables.annotations.filter(k, !(k in {_list(ANNOTATIONS_PER_NODE)}) && "
+                           "!(k in variables.tAnnotations && variables.annotations[k] == variables.tAnnotations[k]) && "
+                           "!(k in variables.oldAnnotations && variables.oldAnnotations[k] == variables.annotations[k]))"
+                           " + variables.tAnnotations.filter(k, !(k in variables.annotations))"),
+    _var("podDefaults", POD_DEFAULTS),
+    _var("offFields", _off("object.spec", "variables.tSpec", POD_PER_NODE, "variables.podDefaults")),
+    _var("missingFields", _missing("object.spec", "variables.tSpec", POD_PER_NODE)),
+    _var("tolerations", "has(object.spec.tolerations) ? object.spec.tolerations : []"),
+    _var("tTolerations", "has(variables.tSpec.tolerations) ? variables.tSpec.tolerations : []"),
+    _var("offTolerations", "variables.tolerations.filter(t, !(t in variables.tTolerations) && !(size(t) == 4 && "
+                           f"has(t.key) && t.key in {_list(DEFAULT_TOLERATIONS)} && has(t.operator) && "
+                           "t.operator == 'Exists' && has(t.effect) && t.effect == 'NoExecute' && "
+                           "has(t.tolerationSeconds))) + variables.tTolerations.filter(t, !(t in variables.tolerations))"),
+    _var("affinity", "has(object.spec.affinity) ? object.spec.affinity : {}"),
+    _var("tAffinity", "has(variables.tSpec.affinity) ? variables.tSpec.affinity : {}"),
+    _var("nodeAffinity", "'nodeAffinity' in variables.affinity ? variables.affinity.nodeAffinity : {}"),
+    _var("nodeTerm", f"has(variables.nodeAffinity.{_NODE_AFFINITY}) && "
+                     f"has(variables.nodeAffinity.{_NODE_AFFINITY}.nodeSelectorTerms) && "
+                     f"size(variables.nodeAffinity.{_NODE_AFFINITY}.nodeSelectorTerms) == 1 ? "
+                     f"variables.nodeAffinity.{_NODE_AFFINITY}.nodeSelectorTerms[0] : {{}}"),
+    _var("pinnedTo", _one_value("matchFields")),
+    _var("domain", _one_value("matchExpressions")),
+    _var("placed", "variables.pinnedTo != '' && variables.nodeAffinity == "
+                   + _placement("matchFields", "'metadata.name'", "variables.pinnedTo")
+                   + " || variables.pool in variables.poolDomains && "
+                   "variables.domain in variables.poolDomains[variables.pool]['values'] && variables.nodeAffinity == "
+                   + _placement("matchExpressions", "variables.poolDomains[variables.pool]['label']",
+                                "variables.domain")),
+    _var("offAffinity", "variables.affinity.filter(k, k == 'nodeAffinity' ? !variables.placed : "
+                        "!(k in variables.tAffinity && variables.affinity[k] == variables.tAffinity[k])) + "
+                        "variables.tAffinity.filter(k, !(k in variables.affinity))"),
+    _var("container", "object.spec.containers[0]"),
+    _var("tContainer", "variables.tSpec.containers[0]"),
+    _var("offContainer", _off("variables.container", "variables.tContainer", CONTAINER_PER_NODE, CONTAINER_DEFAULTS)
+         + " + " + _missing("variables.container", "variables.tContainer", CONTAINER_PER_NODE)),
+    _var("env", "has(variables.container.env) ? variables.container.env : []"),
+    _var("tEnv", "has(variables.tContainer.env) ? variables.tContainer.env : []"),
+    _var("offEnv", "variables.env.filter(e, !(e in variables.tEnv) && "
+                   "!(e == {'name': dyn('SLURMK8S_NODENAME'), 'value': dyn(object.metadata.name)}) && "
+                   f"!(size(e) == 2 && has(e.name) && e.name in {_list(NODE_ENV)} && has(e.value))) + "
+                   "variables.tEnv.filter(e, !(e in variables.env))"),
+    _var("ports", "has(variables.container.ports) ? variables.container.ports : []"),
+    _var("tPorts", "has(variables.tContainer.ports) ? variables.tContainer.ports : []"),
+    _var("offPorts", "variables.ports.filter(p, !(p in variables.tPorts) && !(variables.hostNetwork && "
+                     "has(p.hostPort) && p.hostPort == p.containerPort && variables.tPorts.exists(q, !has(q.hostPort) && "
+                     + _same("p", "q", ["hostPort"], "f") + "))) + "
+                     "variables.tPorts.filter(q, !variables.ports.exists(p, p.name == q.name))"),
+    _var("resourceNames", "variables.pool in variables.poolResources ? variables.poolResources[variables.pool] : []"),
+    _var("resources", "has(variables.container.resources) ? variables.container.resources : {}"),
+    _var("offResources", "variables.resources.filter(k, !(k in ['limits', 'requests']) || "
+                         "variables.resources[k].exists(r, !(r in variables.resourceNames)))"),
+    _var("tVolumes", "has(variables.tSpec.volumes) ? variables.tSpec.volumes : []"),
+    _var("offVolumes", "variables.volumes.filter(v, !(v in variables.tVolumes) && !(size(v) == 2 && has(v.emptyDir) && "
+                       "variables.tVolumes.exists(w, w.name == v.name && has(w.emptyDir) && "
+                       + _same("(has(v.emptyDir) ? v.emptyDir : {})", "(has(w.emptyDir) ? w.emptyDir : {})", ["sizeLimit"], "f") + "))) + "
+                       "variables.tVolumes.filter(w, !variables.volumes.exists(v, v.name == w.name))"),
+]
+
+_OF_POOL = "' other than the template of pool ' + variables.pool"
+TEMPLATE_VALIDATIONS_ARGS: list[tuple[str, str, str]] = [
+    ("size(variables.offLabels) == 0", "the pod has a label the template does not give",
+     "'the pod has label ' + variables.offLabels[0] + '=' + variables.labels[variables.offLabels[0]] + "
+     "', which the template of pool ' + variables.pool + ' does not give'"),
+    ("size(variables.offAnnotations) == 0", "the pod's annotations are not the template's",
+     "'annotation ' + variables.offAnnotations[0] + ' is not as the template of pool ' + variables.pool + "
+     "' has it'"),
+    (f"'{L_NODE}' in variables.labels && variables.labels['{L_NODE}'] == object.metadata.name && "
+     "has(object.spec.hostname) && object.spec.hostname == object.metadata.name",
+     "the pod's hostname and node label are not its name",
+     f"'the hostname and the label {L_NODE} of pod ' + object.metadata.name + ' must be its name, the Slurm node\\'s'"),
+    ("size(variables.offFields) == 0", "the pod sets a field other than the template",
+     "'the pod sets ' + variables.offFields[0] + " + _OF_POOL
+     + " + ' (only the node\\'s name, placement and size differ from it)'"),
+    ("size(variables.missingFields) == 0", "the pod lacks a field of the template",
+     "'the pod lacks ' + variables.missingFields[0] + ', which the template of pool ' + variables.pool + ' sets'"),
+    ("!has(object.spec.nodeName) || request.operation == 'UPDATE' && has(oldObject.spec.nodeName) && "
+     "oldObject.spec.nodeName == object.spec.nodeName",
+     "the pod names its Kubernetes node (nodeName)",
+     "'the pod sets nodeName ' + object.spec.nodeName + ' (the scheduler places a worker pod, past its taints)'"),
+    ("size(variables.offTolerations) == 0", "the pod's tolerations are not the template's",
+     "'the pod tolerates ' + (has(variables.offTolerations[0].key) ? variables.offTolerations[0].key : "
+     "'every taint') + ' other than the template of pool ' + variables.pool + ' (or lacks its toleration)'"),
+    ("size(variables.offAffinity) == 0", "the pod's affinity is not the template's and the node's placement",
+     "'the pod sets affinity ' + variables.offAffinity[0] + " + _OF_POOL
+     + " + ' and the placement of one Slurm node'"),
+    ("size(object.spec.containers) == 1 && size(variables.offContainer) == 0",
+     "the container is not the template's",
+     "(size(object.spec.containers) != 1 ? 'the pod has ' + string(size(object.spec.containers)) + "
+     "' containers, the template one' : 'container ' + variables.container.name + ' sets ' + "
+     "variables.offContainer[0] + " + _OF_POOL + ")"),
+    ("size(variables.offEnv) == 0", "an environment variable is not the template's",
+     "'container ' + variables.container.name + ' sets env ' + (has(variables.offEnv[0].name) ? "
+     "variables.offEnv[0].name : '') + " + _OF_POOL + " + ' (a Secret, ConfigMap or value of its own, or one "
+     "it lacks)'"),
+    ("size(variables.offPorts) == 0", "a container port is not the template's",
+     "'container ' + variables.container.name + ' has port ' + string(variables.offPorts[0].containerPort) + "
+     + _OF_POOL),
+    ("size(variables.offResources) == 0", "the container asks for resources the pool does not use",
+     "'container ' + variables.container.name + ' sets resources ' + variables.offResources[0] + "
+     "' of a resource pool ' + variables.pool + ' does not use (DRA claims, a device of another pool)'"),
+    ("size(variables.offVolumes) == 0", "a volume is not the template's",
+     "'volume ' + variables.offVolumes[0].name + ' is not as the template of pool ' + variables.pool + ' has it'"),
 ]
 
 
@@ -237,6 +461,9 @@ VALIDATIONS: list[dict[str, str]] = [
           "the pod has ephemeral containers", "'the pod has ephemeral containers'"),
 ]
 
+VALIDATIONS += [_rule(*args) for args in TEMPLATE_VALIDATIONS_ARGS]
+STATIC_VARIABLES += TEMPLATE_VARIABLES
+
 MATCH_CONSTRAINTS: dict[str, Any] = {"resourceRules": [{
     "apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"],
     "resources": ["pods", "pods/ephemeralcontainers"]}]}
@@ -248,7 +475,8 @@ def _metadata(spec: ClusterSpec) -> dict[str, Any]:
 
 def worker_pod_policy(spec: ClusterSpec, site: K8sSite = K8sSite()) -> dict[str, Any]:
     """The policy: pods created or updated by slurmctld's ServiceAccount must match a pool template."""
-    dynamic = [_var(name, cel_literal(value)) for name, value in allowed(spec, site).items()]
+    dynamic = [_var(name, (cel_dyn_literal if name in DYN_VARIABLES else cel_literal)(value))
+               for name, value in allowed(spec, site).items()]
     return {
         "apiVersion": API_VERSION, "kind": "ValidatingAdmissionPolicy",
         "metadata": _metadata(spec),

@@ -240,3 +240,22 @@ app.kubernetes.io/managed-by: {{ .Release.Service | quote }}
 {{- if $net.multus_networks }}{{ $_ := set $meta "annotations" (dict "k8s.v1.cni.cncf.io/networks" (join "," $net.multus_networks)) }}{{ end -}}
 {{- toJson (dict "apiVersion" "v1" "kind" "Pod" "metadata" $meta "spec" $spec) -}}
 {{- end -}}
+
+{{- /* cel_dyn_literal (provisioner/manifests/admission.py): JSON data as a CEL literal, each value of
+a map and each element of a list wrapped in dyn() (the API server's CEL takes aggregate literals of
+one type only); keys sorted, scalars as toJson writes them. */ -}}
+{{- define "slurmk8s.celLiteral" -}}
+{{- $kind := kindOf . -}}
+{{- if eq $kind "map" -}}
+{{- $m := . -}}
+{{- $parts := list -}}
+{{- range $k := keys $m | sortAlpha }}{{ $parts = append $parts (printf "%s:dyn(%s)" ($k | toJson) (include "slurmk8s.celLiteral" (index $m $k))) }}{{ end -}}
+{{- printf "{%s}" (join "," $parts) -}}
+{{- else if eq $kind "slice" -}}
+{{- $parts := list -}}
+{{- range $e := . }}{{ $parts = append $parts (printf "dyn(%s)" (include "slurmk8s.celLiteral" $e)) }}{{ end -}}
+{{- printf "[%s]" (join "," $parts) -}}
+{{- else -}}
+{{- toJson . -}}
+{{- end -}}
+{{- end -}}
