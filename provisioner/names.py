@@ -50,6 +50,7 @@ LOGIN = "login"  # Deployment and the SSH Service
 # "login" resolves to the SSH Service (port 22 only) first, while jobs that call back to the login
 # pod (salloc, interactive frameworks) use its hostname and arbitrary ports.
 LOGIN_HOST = "login-0"
+WORKER = "worker"  # the component label of worker pods
 WORKERS = "workers"  # headless Service: the subdomain of worker pods (and of the login pod)
 HOME_PVC = "home"
 AUTH_SECRET = "slurm-auth"
@@ -143,6 +144,7 @@ RECONCILE_PERIOD = 10
 RECONCILE_MEMORY_LIMIT = "1Gi"
 METRICS_PORT = 9410
 ACTIVITY_PORT = 9411  # the login agent's /activity (SSH sessions), read by the reconcile loop
+BOOT_GATE_PORT = 9412  # the reconcile loop's boot gate (elastic/bootgate.py), asked by starting workers
 WAKE_DIR = "/run/slurmk8s/wake"  # an emptyDir of the login pod: the agent's socket (read-only in login)
 WAKE_SOCKET = f"{WAKE_DIR}/wake.sock"  # the login agent's wake requests (Unix socket; peers named by uid)
 ACTIVITY_DIR = "/run/slurmk8s/activity"  # the login container writes its session count here

@@ -390,12 +390,16 @@ def test_services_storage_and_disruption(fabric, local):
 
 def test_network_policy_admits_own_pods_and_ssh_only(fabric):
     spec, _ = fabric
-    intra, ssh, metrics, database = m.network_policies(spec, m.K8sSite(host_network_sources=("10.1.2.3/32",)))
+    policies = {p["metadata"]["name"]: p for p in
+                m.network_policies(spec, m.K8sSite(host_network_sources=("10.1.2.3/32",)))}
+    intra, ssh, metrics = policies["intra-cluster"], policies["login-ssh"], policies["controller-metrics"]
+    database = policies["database-from-slurmdbd"]
     assert metrics["spec"]["ingress"] == [{"ports": [{"protocol": "TCP", "port": 9410}]}]
     assert metrics["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "slurmctld"
-    # every pod of the cluster but the internal database, which admits slurmdbd only
+    # every pod of the cluster but the internal database, which admits slurmdbd only, and those of
+    # a guarded port (their own policy, test below)
     assert intra["spec"]["podSelector"] == {"matchLabels": {m.L_CLUSTER: "fab"}, "matchExpressions": [
-        {"key": m.L_COMPONENT, "operator": "NotIn", "values": ["mariadb"]}]}
+        {"key": m.L_COMPONENT, "operator": "NotIn", "values": ["mariadb", "slurmctld", "login", "slurmrestd"]}]}
     assert database["spec"]["podSelector"] == {"matchLabels": {m.L_CLUSTER: "fab", m.L_COMPONENT: "mariadb"}}
     assert database["spec"]["ingress"] == [{
         "from": [{"podSelector": {"matchLabels": {m.L_CLUSTER: "fab", m.L_COMPONENT: "slurmdbd"}}}],
@@ -410,21 +414,14 @@ def test_network_policy_admits_own_pods_and_ssh_only(fabric):
 def test_workers_may_call_back_to_the_login_pod_on_any_port(local):
     """Jobs reach back to the login pod on ports chosen at run time: srun/salloc/sattach I/O and a
     dask-jobqueue scheduler in the user's Python there (e2e/test_e2e_researcher.py).
-    The intra-cluster policy selects the login pod, admits worker pods, and names no ports."""
+    The login pod admits worker pods on every port but the activity port (reconcile loop only)."""
     spec, gen = local
-    intra = next(p for p in m.network_policies(spec) if p["metadata"]["name"] == "intra-cluster")
-
-    def selects(selector, labels):
-        return (all(labels.get(k) == v for k, v in selector.get("matchLabels", {}).items())
-                and all(labels.get(e["key"]) not in e["values"] for e in selector.get("matchExpressions", [])
-                        if e["operator"] == "NotIn"))
-
+    policies = m.network_policies(spec)
     login = m.login_deployment(spec, gen.files)["spec"]["template"]["metadata"]["labels"]
     worker = m.worker_pod(spec, gen.inventory.nodes[0])["metadata"]["labels"]
-    assert selects(intra["spec"]["podSelector"], login)
-    [rule] = intra["spec"]["ingress"]
-    assert "ports" not in rule
-    assert any("podSelector" in peer and selects(peer["podSelector"], worker) for peer in rule["from"])
+    for protocol in ("TCP", "UDP", "SCTP"):
+        for port in (1, 1023, 8786, 8787, m.ACTIVITY_PORT + 1, 32768, 60999, 65535):
+            assert _admits(policies, login, port, src=worker, protocol=protocol), (port, protocol)
 
 
 def test_namespace_pod_security_level(fabric, local):
@@ -491,3 +488,81 @@ def test_memlock_unlimited_reaches_the_worker_and_adds_no_capability(fabric):
     # only host_network decides the namespace's Pod Security level
     only_cpu = parse_spec({"name": "x", "pools": [{"name": "cpu", "network": {"memlock_unlimited": True}}]})
     assert m.namespace(only_cpu)["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "baseline"
+
+
+def _admits(policies, dst: dict, port: int, *, src: dict | None = None, ip: str | None = None,
+            protocol: str = "TCP") -> bool:
+    """NetworkPolicy ingress semantics, for the policies of one namespace: a pod no policy selects
+    admits everything; a selected pod admits what any rule of any policy selecting it admits.
+    The source is a pod of the namespace (its labels) or an address outside every pod selector."""
+    import ipaddress
+
+    def selects(sel, labels):
+        if labels is None:
+            return False
+        ok = all(labels.get(k) == v for k, v in sel.get("matchLabels", {}).items())
+        for e in sel.get("matchExpressions", []):
+            assert e["operator"] in ("In", "NotIn"), e
+            ok = ok and ((labels.get(e["key"]) in e["values"]) == (e["operator"] == "In"))
+        return ok
+
+    def peer_ok(peer):
+        if "podSelector" in peer:
+            assert "namespaceSelector" not in peer
+            return selects(peer["podSelector"], src)
+        return ip is not None and ipaddress.ip_address(ip) in ipaddress.ip_network(peer["ipBlock"]["cidr"])
+
+    def port_ok(p):
+        if p.get("protocol", "TCP") != protocol:
+            return False
+        return "port" not in p or p["port"] <= port <= p.get("endPort", p["port"])
+
+    selecting = [p for p in policies if selects(p["spec"]["podSelector"], dst)]
+    if not selecting:
+        return True
+    return any(("from" not in rule or any(peer_ok(peer) for peer in rule["from"]))
+               and ("ports" not in rule or any(port_ok(p) for p in rule["ports"]))
+               for p in selecting for rule in p["spec"].get("ingress", []))
+
+
+def test_only_worker_pods_reach_the_boot_gate_and_only_slurmctld_the_activity_ports(local):
+    """The boot gate (slurmctld pod, 9412) answers starting workers only: a job's process on a
+    worker pod is a worker pod's address too (the gate itself checks who asks), but the login pod
+    (every user's shell) and others are refused by the network. The activity port (9411) of the
+    login and REST pods is read by the reconcile loop in the slurmctld pod alone. Every other port
+    among the cluster's pods stays open (slurmctld 6817, srun I/O, MPI, NCCL), TCP, UDP and SCTP."""
+    spec, gen = local
+    spec = spec.model_copy(update={"rest": spec.rest.model_copy(update={"enabled": True})})
+    site = m.K8sSite(host_network_sources=("10.1.2.3/32",))
+    policies = m.network_policies(spec, site)
+    assert {p["metadata"]["name"] for p in policies} >= {"slurmctld-from-cluster", "login-from-cluster",
+                                                          "slurmrestd-from-cluster"}
+    login = m.login_deployment(spec, gen.files)["spec"]["template"]["metadata"]["labels"]
+    worker = m.worker_pod(spec, gen.inventory.nodes[0])["metadata"]["labels"]
+    ctld = {m.L_CLUSTER: spec.name, m.L_COMPONENT: m.CONTROLLER}
+    rest = {m.L_CLUSTER: spec.name, m.L_COMPONENT: m.REST}
+    stranger = {"app": "other"}  # a pod of the namespace that is not the cluster's
+    from provisioner.names import BOOT_GATE_PORT as gate, METRICS_PORT
+    activity = m.ACTIVITY_PORT
+    assert _admits(policies, ctld, gate, src=worker)
+    assert _admits(policies, ctld, gate, ip="10.1.2.3")  # a host-network worker
+    for src in (login, rest, ctld, stranger):
+        assert not _admits(policies, ctld, gate, src=src), src
+    assert not _admits(policies, ctld, gate, ip="192.0.2.9")
+    for dst in (login, rest):
+        assert _admits(policies, dst, activity, src=ctld)
+        for src in (worker, login, stranger):
+            assert not _admits(policies, dst, activity, src=src), (dst, src)
+        assert not _admits(policies, dst, activity, ip="10.1.2.3")
+    # everything else among the cluster's own pods, as before
+    for dst, port in ((ctld, 6817), (ctld, gate - 1), (ctld, gate + 1), (ctld, 65535), (login, 40000),
+                      (login, activity - 1), (login, activity + 1), (login, 1), (worker, gate), (worker, activity)):
+        for src in (worker, login, ctld):
+            assert _admits(policies, dst, port, src=src), (dst, port, src)
+        assert not _admits(policies, dst, port, src=stranger) or port in (m.SSH_PORT,), (dst, port)
+    for protocol in ("UDP", "SCTP"):
+        assert _admits(policies, ctld, gate, src=login, protocol=protocol)  # the gate is TCP only
+        assert _admits(policies, login, activity, src=worker, protocol=protocol)
+    # SSH to login and the metrics port: from anywhere, as before
+    assert _admits(policies, login, m.SSH_PORT, ip="198.51.100.7")
+    assert _admits(policies, ctld, METRICS_PORT, ip="198.51.100.7")

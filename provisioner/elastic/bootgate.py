@@ -55,11 +55,12 @@ import time
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
 from ..kubeapi import ApiError
+from ..names import BOOT_GATE_PORT
 
 if TYPE_CHECKING:
     from ..logs import Log
 
-DEFAULT_PORT = 9412  # the login pod's agent has 9411 (ACTIVITY_PORT), another pod
+DEFAULT_PORT = BOOT_GATE_PORT  # the login pod's agent has 9411 (ACTIVITY_PORT), another pod
 HOLD_MAX = 30.0  # seconds a node stays held without Slurm's resume call
 WAIT_MAX = 20.0  # seconds one question is held open before 'held' (the worker asks again)
 MAX_WAITERS = 4096  # questions in flight (read, checked or waiting), taken before a thread starts
