@@ -25,6 +25,7 @@ from pydantic import (
 )
 
 from .errors import Issue, SpecError
+from .accounts import IMAGE_GROUPS, IMAGE_USERS, RESERVED_IDS
 
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 POSIX_NAME = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
@@ -131,6 +132,13 @@ class Model(BaseModel):
 # ---------------------------------------------------------------- users
 
 
+def _not_reserved(v: int, field: str) -> int:
+    if v in RESERVED_IDS:
+        raise ValueError(f"{field} {v} belongs to a system account of the images (slurm 64030, slurmrestd 6820, "
+                         f"mysql 64031, the login agent 65532, nobody/nogroup 65534); pick another")
+    return v
+
+
 class Group(Model):
     name: str = Field(description="POSIX group name.")
     gid: int = Field(ge=1000, le=2**31 - 2, description="Group id, identical on every pod.")
@@ -140,7 +148,14 @@ class Group(Model):
     def _name(cls, v: str) -> str:
         if not POSIX_NAME.match(v):
             raise ValueError(f"{v!r} is not a valid group name; use lowercase letters, digits, '_' or '-'")
+        if v in IMAGE_GROUPS or v in IMAGE_USERS:
+            raise ValueError(f"{v!r} is a system account of the images (its members would join it); pick another name")
         return v
+
+    @field_validator("gid")
+    @classmethod
+    def _gid(cls, v: int) -> int:
+        return _not_reserved(v, "gid")
 
 
 class User(Model):
@@ -171,9 +186,14 @@ class User(Model):
                 f"{v!r} is not a valid user name; use lowercase letters, digits, '_' or '-', "
                 "starting with a letter, at most 32 characters"
             )
-        if v in {"root", "slurm", "munge", "nobody", "sshd", "daemon", "mysql"}:
+        if v in IMAGE_USERS or v in IMAGE_GROUPS:  # a user's primary group is named like the user
             raise ValueError(f"{v!r} is a system account in the images; pick another name")
         return v
+
+    @field_validator("uid", "gid")
+    @classmethod
+    def _ids(cls, v: int | None, info: Any) -> int | None:
+        return v if v is None else _not_reserved(v, info.field_name)
 
     @field_validator("ssh_keys")
     @classmethod

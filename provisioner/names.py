@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .accounts import AGENT_UID, IMAGE_GROUPS, IMAGE_USERS, REST_UID, RESERVED_IDS, SLURM_UID  # noqa: F401 (re-exported)
 from .podfiles import SA_DIR
 
 if TYPE_CHECKING:
@@ -89,7 +90,6 @@ SSH_PORT = 22
 REST_PORT = 6820
 REST_LOCAL_PORT = 6821  # slurmrestd's own port behind the waking front (with idle_teardown)
 REST_FRONT = "rest-front"  # ServiceAccount, Role and container of slurmrestd's waking front
-REST_UID = 6820  # the slurmrestd user of its image: slurmrestd refuses root and SlurmUser
 
 # Where the images expect things (images/README.md, "contract").
 MUNGE_DIR = "/etc/slurmk8s/secret"
@@ -124,7 +124,6 @@ BASE_CAPS = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETGID", "SET
 LOGIN_CAPS = BASE_CAPS + ("SYS_CHROOT", "NET_BIND_SERVICE", "AUDIT_WRITE")
 
 WORKER_GRACE_SECONDS = 15
-SLURM_UID = 64030  # SlurmUser in every image (images/Dockerfile)
 MYSQL_UID = 64031  # the mysql user of the mariadb image (images/Dockerfile)
 MUNGE_SOCKET_DIR = "/run/munge"
 SLURMK8S_LOG_DIR = "/var/log/slurmk8s"
@@ -149,7 +148,6 @@ WAKE_DIR = "/run/slurmk8s/wake"  # an emptyDir of the login pod: the agent's soc
 WAKE_SOCKET = f"{WAKE_DIR}/wake.sock"  # the login agent's wake requests (Unix socket; peers named by uid)
 ACTIVITY_DIR = "/run/slurmk8s/activity"  # the login container writes its session count here
 SA_TOKEN_DIR = SA_DIR  # where a container finds a ServiceAccount token mounted
-AGENT_UID = 65532  # the login agent runs as this unprivileged user (no user of the cluster has it)
 CONTROLLER_GRACE_SECONDS = 60  # slurmctld saves state; a sleeping loop then stops slurmdbd and the database
 
 

@@ -23,8 +23,8 @@ PKG = ROOT / "provisioner"
 # Layers, lowest first. A module may import from a lower layer, or from its own package
 # (e.g. provisioner.reconcile.act from provisioner.reconcile.classify); nothing else.
 LAYERS: list[tuple[str, ...]] = [
-    # podfiles: the slurmctld pod's first step, standard library only
-    ("provisioner", "provisioner.errors", "provisioner.logs", "provisioner.podfiles"),
+    # podfiles: the slurmctld pod's first step, standard library only; accounts: the images' own
+    ("provisioner", "provisioner.accounts", "provisioner.errors", "provisioner.logs", "provisioner.podfiles"),
     ("provisioner.config",),
     # object names, labels, ports: the builders' and the runtime's (the CLI's wake) shared constants, light
     ("provisioner.names",),

@@ -67,6 +67,8 @@ def test_components_parent_their_resources(pulumi_run, keys):
                                           "PodDisruptionBudget/local-workers"}
     assert by_parent["local-network"] == {"NetworkPolicy/local-intra-cluster", "NetworkPolicy/local-login-ssh",
                                           "NetworkPolicy/local-controller-metrics",
+                                          "NetworkPolicy/local-slurmctld-from-cluster",
+                                          "NetworkPolicy/local-login-from-cluster",
                                           "NetworkPolicy/local-database-from-slurmdbd"}
     assert by_parent["local-accounting"] == {
         "Secret/local-accounting-db", "PersistentVolumeClaim/local-accounting-db", "Service/local-mariadb",
@@ -154,7 +156,7 @@ def test_stack_main_and_automation_program_build_the_same_graph(pulumi_run, keys
     cfg, secret = _config(keys)
     via_auto = pulumi_run.run(prog.inline_program(load_spec(spec_path), _local_nodes()), cfg, secret)
     auto_graph = [(r.type, r.name, r.parent, json.dumps(r.inputs, sort_keys=True)) for r in via_auto.resources]
-    assert len(cli_graph) == 42 and len(via_cli.kubernetes()) == 34  # with the admission policy, the node reader
+    assert len(cli_graph) == 44 and len(via_cli.kubernetes()) == 36  # with the admission policy, the node reader
     assert sorted(cli_graph) == sorted(auto_graph)
     assert cli_outputs == via_auto.outputs
 
