@@ -281,6 +281,40 @@ def test_a_refused_reconfigure_puts_the_old_files_back_and_is_retried(cluster):
     assert cluster.live.step().added == ("gpu-k-4",), "retried on the next pass"
 
 
+def test_a_disk_error_writing_the_files_puts_the_old_ones_back_and_the_loop_goes_on(cluster, monkeypatch):
+    """A full or failing volume (ENOSPC, EIO) while the new files are written: an error of the pass,
+    not an exception that stops the loop (a crash loop: every start hits the same disk); the files
+    written so far are put back, no reconfigure, no pending mark, and the next pass tries again."""
+    import errno
+
+    from provisioner.livenodes import live as live_mod
+
+    real = live_mod.write_files
+    state = {"full": True}
+
+    def write_some(files, conf_dir):
+        if not state["full"]:
+            return real(files, conf_dir)
+        state["full"] = state["full"] == "always" and "always"  # the put back (same sizes) fits
+        first = dict(list(files.items())[:1])
+        real(first, conf_dir)  # one file made it before the disk filled
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(live_mod, "write_files", write_some)
+    before = {p.name: p.read_text() for p in cluster.dir.iterdir()}
+    cluster.nodes.append(k8s("k-4", "leaf-b"))
+    outcome = cluster.live.step()
+    assert "No space left on device" in outcome.error and "previous files are back" in outcome.error, outcome
+    assert {p.name: p.read_text() for p in cluster.dir.iterdir()} == before
+    assert cluster.reconfigures() == 0
+    state["full"] = "always"  # the put back fails too: said so, and still no exception
+    outcome = cluster.live.step()
+    assert "putting the previous files back failed too" in outcome.error, outcome
+    assert not (cluster.dir / live_mod.PENDING).exists() and cluster.reconfigures() == 0
+    state["full"] = False
+    assert cluster.live.step().added == ("gpu-k-4",), "retried on the next pass"
+
+
 def test_nodes_that_give_no_valid_cluster_keep_the_running_configuration(cluster, tmp_path):
     spec = parse_spec({**SPEC.model_dump(mode="json"), "pools": [
         {"name": "gpu", "node_selector": {"pool": "gpu"}}, {"name": "other", "node_selector": {"rack": "r1"}}]})

@@ -235,6 +235,23 @@ def test_down_by_us_without_worker_is_powered_down_then_returned():
     assert k["cpu-2"] == Kind.OK  # powering up: Slurm's ResumeTimeout and resume-fail handle it
 
 
+def test_a_down_powered_down_node_drained_by_a_cordon_is_resumed_only_once_uncordoned():
+    """state=RESUME clears DOWN and DRAIN together: on a node slurmk8s set DOWN whose Kubernetes
+    node is cordoned (drained by the cordon; Slurm keeps one reason, slurmk8s's DOWN one, so the
+    drain pass cannot tell the drain is its own), the RESUME left it idle and undrained until the
+    next pass, and a job could land on a node that cannot start (issue 40, read-only finding). It
+    waits while the inventory says the node is unavailable; once uncordoned, RESUME clears both."""
+    import dataclasses
+
+    base = inventory()
+    cordoned = Inventory(tuple(dataclasses.replace(n, unavailable="kubernetes node k-1 is cordoned")
+                               if n.name == "cpu-1" else n for n in base.nodes))
+    down = node_json("cpu-1", "DOWN", "DRAIN", "CLOUD", "POWERED_DOWN", reason="slurmk8s resume: pod cannot start")
+    f = only(snap([down], [], inv=cordoned), "cpu-1")
+    assert f.kind == Kind.OK and "cordoned" in f.detail and f.ops == (), f
+    assert only(snap([down], [], inv=base), "cpu-1").ops == (Op.RETURN_TO_SERVICE,)  # uncordoned
+
+
 def test_down_by_an_admin_is_left_alone():
     s = snap([node_json("cpu-0", "DOWN", "CLOUD", reason="bad DIMM, ticket 42"),
               node_json("cpu-1", "DOWN", "CLOUD", "POWERED_DOWN", reason="maintenance")], [])

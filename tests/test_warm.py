@@ -465,3 +465,23 @@ def test_the_head_start_can_be_turned_off(sock: str, tmp_path: Path, monkeypatch
     finally:
         server.close()
     assert calls == ["prolog"]
+
+
+def test_the_shared_sinfo_poller_outlives_a_read_that_raises():
+    """A read that raises (sinfo's output not UTF-8, say) is a failed snapshot, not the end of the
+    poller thread: the waiter of that snapshot gets None, the next one the states (before the fix
+    the thread died and every later wait ran out its patience: each prolog waited ResumeTimeout)."""
+    calls = iter([UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte")])
+
+    def read():
+        err = next(calls, None)
+        if err is not None:
+            raise err
+        return [("cpu-0", "allocated")]
+
+    shared = prolog.SharedStates(read=read, poll=0.01, patience=2.0)
+    assert shared.states_of("cpu-0") is None
+    t0 = time.monotonic()
+    assert shared.states_of("cpu-0") == ["allocated"]
+    assert time.monotonic() - t0 < 1.0
+    assert shared.read_errors == 1 and "UnicodeDecodeError" in shared.last_error

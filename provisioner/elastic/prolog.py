@@ -30,7 +30,7 @@ def named_states(nodelist: str, sinfo: str = "sinfo", timeout: float = 10.0) -> 
 
     argv = [sinfo, "-h", "-N", *(("-n", nodelist) if nodelist else ()), "-o", "%N %T"]
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+        proc = subprocess.run(argv, capture_output=True, text=True, errors="replace", timeout=timeout, check=False)
     except (OSError, subprocess.TimeoutExpired):
         return None
     if proc.returncode != 0:
@@ -136,6 +136,8 @@ class SharedStates:
         self._snapshot: dict[str, str] | None = None
         self._waiting = 0
         self.reads = 0  # sinfo calls made (the measure of its cost)
+        self.read_errors = 0  # reads that raised: each a failed snapshot (None), the poller goes on
+        self.last_error = ""
         threading.Thread(target=self._run, name="prolog-states", daemon=True).start()
 
     def states_of(self, nodelist: str) -> list[str] | None:
@@ -164,7 +166,12 @@ class SharedStates:
             with self._cond:
                 self._cond.wait_for(lambda: self._waiting > 0)
             started = time.monotonic()
-            pairs = self._read()
+            try:
+                pairs = self._read()
+            except Exception as err:  # noqa: BLE001 - a failed snapshot; the thread serves every wait
+                pairs = None
+                self.read_errors += 1
+                self.last_error = f"{type(err).__name__}: {err}"
             with self._cond:
                 self.reads += 1
                 self._snapshot = None if pairs is None else dict(pairs)

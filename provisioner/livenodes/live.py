@@ -226,20 +226,19 @@ class LiveNodes:
         if reconfigure and self._defer():
             return Outcome(kept=kept, deferred=True)
         pending = os.path.join(self.conf_dir, PENDING)
-        if reconfigure:
-            open(pending, "w").close()
-        write_files({n: new[n] for n in changed}, self.conf_dir)
-        for n in stale:
-            os.unlink(os.path.join(self.conf_dir, n))
+        try:
+            if reconfigure:
+                open(pending, "w").close()
+            write_files({n: new[n] for n in changed}, self.conf_dir)
+            for n in stale:
+                os.unlink(os.path.join(self.conf_dir, n))
+        except OSError as err:  # a full or failing volume: an error of this pass, never the loop's end
+            return self._fail(f"cannot write the Slurm configuration in {self.conf_dir}: {err}; "
+                              + self._put_back(current, changed + stale, pending) + " (tried again next pass)")
         if reconfigure:
             error = self._reconfigure("the Kubernetes nodes changed")
             if error:
-                write_files({n: current[n] for n in changed + stale if n in current}, self.conf_dir)
-                for n in changed:
-                    if n not in current:
-                        os.unlink(os.path.join(self.conf_dir, n))
-                Path(pending).unlink(missing_ok=True)
-                return self._fail(f"{error}; the previous files are back in place")
+                return self._fail(f"{error}; " + self._put_back(current, changed + stale, pending))
         what = ", ".join(changed + [f"{n} (removed)" for n in stale])
         nodes = "".join([f"; added {','.join(added)}" if added else "", f"; removed {','.join(removed)}" if removed else "",
                          f"; kept until their job ends {','.join(kept)}" if kept else ""])
@@ -248,6 +247,25 @@ class LiveNodes:
         for note in rendered.notes:
             self.log.write(note)
         return Outcome(tuple(changed + stale), reconfigure, added, removed, kept)
+
+    def _put_back(self, current: Mapping[str, str], touched: list[str], pending: str) -> str:
+        """The files as they were before this pass wrote `touched`, and no pending mark: what was done."""
+        error = None
+        try:
+            write_files({n: current[n] for n in touched if n in current}, self.conf_dir)
+            for n in touched:
+                if n not in current:
+                    Path(self.conf_dir, n).unlink(missing_ok=True)
+        except OSError as err:
+            error = err
+        try:  # never a reconfigure of mixed files: the next pass writes them all again first
+            Path(pending).unlink(missing_ok=True)
+        except OSError as err:
+            error = error or err
+        if error is not None:
+            return (f"and putting the previous files back failed too ({error}): slurmctld runs on the "
+                    "configuration it read, the files on disk may be mixed until a pass writes them")
+        return "the previous files are back in place"
 
     def _defer(self) -> bool:
         """Whether the reconfigure due waits for the power-saving programs running (RECONFIGURE_DEFER)."""

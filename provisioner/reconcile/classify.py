@@ -296,6 +296,12 @@ def classify_pair(name: str, node: NodeStatus | None, worker: Worker | None, sna
     if node.powering:
         return Finding(name, Kind.OK, "powering up / down: Slurm's timeouts apply", pool)
     if node.powered_down:
+        if node.down_by_us and "DRAIN" in node.state and name in inv and inv[name].unavailable:
+            # state=RESUME would clear the cordon's drain with the DOWN (Slurm keeps one reason, ours
+            # now, so the drain pass could not tell it was its own): it waits for the uncordon, then
+            # RESUME clears both at once
+            return Finding(name, Kind.OK, f"DOWN and drained, {inv[name].unavailable}: returned once "
+                                          f"available", pool)
         if node.down_by_us:
             return Finding(name, Kind.DOWN_POWERED_DOWN, f"no worker; was set DOWN: {node.reason}", pool)
         return Finding(name, Kind.OK, "", pool)
