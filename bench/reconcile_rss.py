@@ -50,7 +50,8 @@ from provisioner.elastic.backend import Worker  # noqa: E402
 from provisioner.elastic.events import EventTail  # noqa: E402
 from provisioner.elastic.ledger import FileLedger, Policy  # noqa: E402
 from provisioner.elastic import programs  # noqa: E402
-from provisioner.elastic.warm import ProgramServer, delegate, runner_for, runs  # noqa: E402
+from provisioner.elastic.warm import ProgramServer, runner_for, runs  # noqa: E402
+from provisioner.elastic.warmcall import delegate  # noqa: E402
 from provisioner.inventory import Inventory, SlurmNode  # noqa: E402
 from provisioner.logs import Log  # noqa: E402
 from provisioner.names import RECONCILE_PERIOD  # noqa: E402

@@ -52,14 +52,14 @@ def test_two_programs_share_a_file_across_a_rotation(tmp_path):
 def test_the_events_file_rotates_and_the_tail_follows_a_new_file_even_when_it_is_longer(tmp_path, monkeypatch):
     """append_events renames a full events file to .1; the loop's tail follows the new file by its
     inode, also when the new file has already grown past the old offset."""
-    from provisioner.elastic import programs
+    from provisioner.elastic import context
     from provisioner.elastic.events import EventTail
 
     path = tmp_path / "events.jsonl"
     path.write_text('{"n": 0}\n')
     tail = EventTail(str(path))
     assert tail.read() == []
-    monkeypatch.setattr(programs, "MAX_EVENTS_BYTES", 5)
+    monkeypatch.setattr(context, "MAX_EVENTS_BYTES", 5)
     path.rename(tmp_path / "old")  # another program rotated it, then wrote a longer file
     path.write_text('{"n": 1}\n{"n": 2}\n')
     assert tail.read() == [{"n": 1}, {"n": 2}]
@@ -71,7 +71,7 @@ def test_the_events_file_rotates_and_the_tail_follows_a_new_file_even_when_it_is
         class decision:
             node, action, reason = "cpu-0", type("A", (), {"value": "create"}), type("R", (), {"value": "resume"})
 
-    assert programs.append_events(str(path), "resume", [O()]) == ""
+    assert context.append_events(str(path), "resume", [O()]) == ""
     assert (tmp_path / "events.jsonl.1").exists() and path.read_text().count("\n") == 1
 
 

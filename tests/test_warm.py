@@ -24,7 +24,8 @@ from provisioner.elastic.ledger import FileLedger
 from provisioner.elastic import warm
 from provisioner.elastic.bootgate import BootGate
 from provisioner.elastic.early import run_early_resume
-from provisioner.elastic.warm import NotServed, ProgramServer, delegate, runner_for
+from provisioner.elastic.warm import ProgramServer, runner_for
+from provisioner.elastic.warmcall import NotServed, delegate
 from provisioner.inventory import Inventory, SlurmNode
 from provisioner.logs import Log
 

@@ -65,7 +65,8 @@ def _owner_check(session: Any, op: str, take_over: bool = False) -> None:
 
     decision = owner.check(session, op, _echo_line, take_over=take_over)
     if op == "up" and decision.took_over:
-        owner.adopt_keys(session, _echo_line)
+        a = _automation()
+        owner.adopt_keys(session, _echo_line, store=lambda key, value: a.set_secret_config(session, key, value))
 
 
 def _report(op: str, result: Any, session: Any) -> None:

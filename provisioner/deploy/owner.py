@@ -353,17 +353,17 @@ def check(session: Any, op: str, echo: Printer, *, take_over: bool = False,
     return decision
 
 
-def adopt_keys(session: Any, echo: Printer) -> list[str]:
+def adopt_keys(session: Any, echo: Printer, store: Callable[[str, str], None]) -> list[str]:
     """--take-over: copy the running cluster's keys (munge key, SSH host keys, internal database
     password, JWT key) into this stack's config, so the stack that takes over applies the same keys (no pod
     restarts with a new munge key, no new host key for users, no database password change).
-    Returns the config keys copied; a key whose Secret is missing is generated later as usual."""
+    `store(key, value)` writes one secret config value (`pulumi config set --secret`, the
+    automation's). Returns the config keys copied; a key whose Secret is missing is generated later as usual."""
     from kubernetes import client
 
     from ..kubeapi import ApiError, api_client, raw_call
     from ..names import AUTH_SECRET, DB_SECRET, DB_SECRET_KEY, JWT_KEY_FILE, JWT_SECRET, SSH_HOST_KEYS_SECRET
     from . import secrets as keys
-    from .automation import set_secret_config
 
     ns = session.spec.namespace_name
     core = client.CoreV1Api(api_client(session.kubeconfig))
@@ -389,7 +389,7 @@ def adopt_keys(session: Any, echo: Printer) -> list[str]:
             continue
         # slurm-auth and slurm-jwt carry the key's base64 as is (the config value); the others are text
         value = base64.b64decode(raw).decode() if decode else raw
-        set_secret_config(session, f"{keys.CONFIG_NAMESPACE}:{cfg_key}", value)
+        store(f"{keys.CONFIG_NAMESPACE}:{cfg_key}", value)
         copied.append(cfg_key)
     if copied:
         echo(f"--take-over: kept the cluster's running keys in this stack's config: {', '.join(copied)}")

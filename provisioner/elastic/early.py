@@ -15,7 +15,8 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Sequence
 
-from .programs import Context, RunResult, backoff_gates, node_names
+from .context import Context, RunResult
+from .programs import backoff_gates, node_names
 
 if TYPE_CHECKING:
     from .bootgate import BootGate

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 from ..logs import Log
 
 if TYPE_CHECKING:
-    from .programs import Context
+    from .context import Context
 
 POLL = 0.25  # seconds between two looks at the workers
 MARGIN = 1.0  # seconds before SuspendTimeout at which Slurm's own timeout is left to do it
@@ -36,7 +36,7 @@ def after_suspend(ctx: "Context", names: Sequence[str]) -> list[str]:
     """The suspend program's last step, for the nodes whose workers it removed: end their
     power-down as soon as those are gone, until shortly before SuspendTimeout (counted, like
     Slurm's, from before this run started)."""
-    from .programs import DEFAULT_SLURM_CONF, conf_seconds
+    from .context import DEFAULT_SLURM_CONF, conf_seconds
 
     backend = ctx.backend()
     suspend_timeout = conf_seconds(ctx.env.get("SLURM_CONF", DEFAULT_SLURM_CONF), "SuspendTimeout")

@@ -40,8 +40,11 @@ import sys
 import time
 from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
-from ..logs import Log, rotate_if_full
-from .events import DEFAULT_EVENTS, MAX_EVENTS_BYTES
+from ..logs import Log
+from .context import (DEFAULT_BUDGET, DEFAULT_ENV_FILE, DEFAULT_INVENTORY, DEFAULT_LOG, DEFAULT_PARALLEL,  # noqa: F401
+                      DEFAULT_SLURM_CONF, LIST_RETRY_PAUSES, SLURM_DEFAULT_TIMEOUT, SLURM_TIMEOUT_MARGIN, Context,
+                      RunResult, _env_float, _load_env, append_events, conf_seconds, program_env, read_env_file)
+from .events import DEFAULT_EVENTS
 from .ledger import DEFAULT_LEDGER
 
 if TYPE_CHECKING:
@@ -49,99 +52,6 @@ if TYPE_CHECKING:
     from .backend import NodeBackend
     from .calls import Outcome
     from .plan import Decision
-
-DEFAULT_ENV_FILE = "/etc/slurmk8s/elastic.env"
-DEFAULT_LOG = "/var/log/slurmk8s/elastic.log"
-DEFAULT_INVENTORY = "/etc/slurm/inventory.json"
-DEFAULT_BUDGET = 20.0  # seconds per wave of SLURMK8S_PARALLEL backend calls
-SLURM_TIMEOUT_MARGIN = 30.0  # the programs end this long before Slurm would kill them
-SLURM_DEFAULT_TIMEOUT = 60.0  # Slurm's ResumeTimeout default, when slurm.conf says nothing
-DEFAULT_SLURM_CONF = "/etc/slurm/slurm.conf"
-DEFAULT_PARALLEL = 8
-LIST_RETRY_PAUSES = (0.5, 1.5)  # seconds between the (at most three) tries at listing the workers
-
-
-# ---------------------------------------------------------------- logging
-
-
-def append_events(path: str, program: str, outcomes: Sequence["Outcome"], pending: Sequence["Decision"] = (),
-                  now: float | None = None) -> str:
-    """One JSON line per decision and its outcome (ok / failed / abandoned), appended with one
-    write (O_APPEND) so concurrent programs do not interleave lines. Returns an error text or ''."""
-    import json
-
-    if not path:
-        return ""
-    at = time.time() if now is None else now
-    rows = [{"ts": round(at, 3), "program": program, "node": o.decision.node, "action": o.decision.action.value,
-             "reason": o.decision.reason.value, "outcome": "ok" if o.ok else "failed", "error": o.error[:200]}
-            for o in outcomes]
-    rows += [{"ts": round(at, 3), "program": program, "node": d.node, "action": d.action.value,
-              "reason": d.reason.value, "outcome": "abandoned", "error": ""} for d in pending]
-    if not rows:
-        return ""
-    data = "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows).encode()
-    try:
-        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        rotate_if_full(path, MAX_EVENTS_BYTES)  # keep one generation: the log volume is small
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            os.write(fd, data)
-        finally:
-            os.close(fd)
-    except OSError as err:
-        return f"cannot append to the events file {path}: {err}"
-    return ""
-
-
-def read_env_file(path: str) -> dict[str, str]:
-    """KEY=VALUE lines (no quoting, no expansion; '#' starts a comment line) -> dict; {} if absent."""
-    try:
-        with open(path) as fh:
-            text = fh.read()
-    except FileNotFoundError:
-        return {}
-    out = {}
-    for line in text.splitlines():
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        key, sep, value = line.partition("=")
-        if sep and key.strip().isidentifier():
-            out[key.strip()] = value.strip()
-    return out
-
-
-def program_env(environ: Mapping[str, str]) -> dict[str, str]:
-    """The env file under the process environment."""
-    return {**read_env_file(environ.get("SLURMK8S_ENV_FILE", DEFAULT_ENV_FILE)), **environ}
-
-
-def _load_env() -> tuple[dict[str, str], str]:
-    try:
-        return program_env(os.environ), ""
-    except OSError as err:
-        return dict(os.environ), f"cannot read the env file: {err}; using the process environment only"
-
-
-def conf_seconds(path: str, key: str) -> float | None:
-    """A number from slurm.conf (cheap scan, no parser import); None when absent/unreadable."""
-    try:
-        with open(path) as fh:
-            for line in fh:
-                k, sep, value = line.split("#", 1)[0].strip().partition("=")
-                if sep and k.strip().lower() == key.lower():
-                    return float(value.strip())
-    except (OSError, ValueError):
-        return None
-    return None
-
-
-def _env_float(env: Mapping[str, str], key: str, default: float) -> float:
-    try:
-        return float(env.get(key, default))
-    except ValueError:
-        return default
 
 
 # ---------------------------------------------------------------- resume / suspend / resume-fail
@@ -160,101 +70,6 @@ def _set_down(slurm: "SlurmControl", failures: Mapping[str, str], log: Log) -> N
             log.write(f"set DOWN {','.join(nodes)}: {reason}")
         except SlurmCommandError as err:
             log.write(f"could not set DOWN {','.join(nodes)} ({reason}): {err}")
-
-
-class Context:
-    """What a program run needs, gathered from the environment (or given by a test)."""
-
-    def __init__(self, env: Mapping[str, str], log: Log, *, backend: "NodeBackend | None" = None,
-                 slurm: "SlurmControl | None" = None, inventory=None, ledger=None,
-                 sleep: Callable[[float], None] | None = None, clock: Callable[[], float] | None = None) -> None:
-        self.env = env
-        self._sleep = sleep
-        self.clock = clock or time.monotonic
-        self.log = log
-        self._backend = backend
-        self._slurm = slurm
-        self._inventory = inventory
-        self.start = self.clock()
-        self._ledger = ledger
-        self.budget = _env_float(env, "SLURMK8S_BUDGET", DEFAULT_BUDGET)  # before the calls (listing ...)
-        self.parallel = max(1, int(_env_float(env, "SLURMK8S_PARALLEL", DEFAULT_PARALLEL)))
-
-    def remaining(self) -> float:
-        return self.budget - (self.clock() - self.start)
-
-    def slurm_timeout(self) -> float:
-        """When Slurm kills a power-saving program: max(ResumeTimeout, SuspendTimeout) of slurm.conf."""
-        conf = self.env.get("SLURM_CONF", DEFAULT_SLURM_CONF)
-        found = [t for t in (conf_seconds(conf, "ResumeTimeout"), conf_seconds(conf, "SuspendTimeout")) if t]
-        return max(found) if found else SLURM_DEFAULT_TIMEOUT
-
-    def budget_for(self, calls: int) -> float:
-        """Seconds (from the start) the backend calls may take: SLURMK8S_BUDGET where set, else 20 s
-        per wave of `parallel` calls, at most Slurm's timeout for the program less a margin."""
-        if "SLURMK8S_BUDGET" in self.env:
-            return self.budget
-        waves = -(-max(1, calls) // self.parallel)
-        return min(max(DEFAULT_BUDGET, self.slurm_timeout() - SLURM_TIMEOUT_MARGIN), DEFAULT_BUDGET * waves)
-
-    def sleep(self, seconds: float) -> None:
-        (self._sleep or time.sleep)(seconds)
-
-    @property
-    def slurm(self) -> "SlurmControl":
-        if self._slurm is None:
-            from ..slurm.commands import Scontrol
-
-            self._slurm = Scontrol()
-        return self._slurm
-
-    def backend(self) -> "NodeBackend":
-        if self._backend is None:
-            from .backend import backend_from_env
-
-            self._backend = backend_from_env(self.env)
-        return self._backend
-
-    @property
-    def program(self) -> str:
-        return self.log.program.split("[", 1)[0]
-
-    def ledger(self):
-        """The per-pool failure ledger (reconcile.FileLedger at SLURMK8S_LEDGER); None without one.
-
-        The programs' entry points (`_main`) default SLURMK8S_LEDGER / SLURMK8S_EVENTS; a Context
-        built without them (tests) has no ledger and writes no events.
-        """
-        if self._ledger is None and self.env.get("SLURMK8S_LEDGER"):
-            from .ledger import FileLedger, Policy
-
-            self._ledger = FileLedger(self.env["SLURMK8S_LEDGER"], Policy.from_env(self.env), log=self.log.write)
-        return self._ledger
-
-    def emit(self, outcomes: Sequence["Outcome"], pending: Sequence["Decision"] = ()) -> None:
-        error = append_events(self.env.get("SLURMK8S_EVENTS", ""), self.program, outcomes, pending)
-        if error:
-            self.log.write(error)
-
-    def inventory(self):
-        if self._inventory is None:
-            from ..inventory import Inventory
-
-            self._inventory = Inventory.read(self.env.get("SLURMK8S_INVENTORY", DEFAULT_INVENTORY))
-        return self._inventory
-
-
-class RunResult:
-    """What a program run did: exit code, nodes set DOWN, the nodes whose calls were left running."""
-
-    def __init__(self, code: int, down: Mapping[str, str] | None = None, pending: Sequence[str] = ()) -> None:
-        self.code = code
-        self.down = dict(down or {})
-        self.pending = list(pending)
-
-    @property
-    def abandoned(self) -> bool:
-        return bool(self.pending)
 
 
 def _workers(ctx: Context, names: Sequence[str]) -> Mapping:
@@ -552,7 +367,7 @@ RUNS: dict[str, Callable[..., RunResult]] = {"resume": run_resume, "suspend": ru
 def _main(program: str, resume_file: str | None = None, read_error: str = "") -> int:
     """Run `program` for Slurm: by the reconcile loop when it serves (warm.py: no imports to wait
     for), else here. Returns the exit code for Slurm."""
-    from .warm import NotServed, delegate, socket_path
+    from .warmcall import NotServed, delegate, socket_path
 
     env, env_error = _load_env()
     env = with_program_defaults(env)

@@ -10,7 +10,7 @@ import time
 from typing import Callable, Mapping, Sequence
 
 from ..logs import Log
-from .programs import DEFAULT_LOG, _env_float, _load_env, conf_seconds
+from .context import DEFAULT_LOG, _env_float, _load_env, conf_seconds
 
 PROLOG_POLL = 0.1
 PROLOG_DEFAULT_TIMEOUT = 300.0
@@ -58,7 +58,7 @@ def head_start(env: Mapping[str, str], job: str, nodes: Sequence[str], read_at: 
     that call; `read_at`: when their states were read, epoch seconds: a resume call after that is
     for this power-up); nothing is waited for. False when no loop listens:
     the prolog never runs that work itself (it must stay light and quick)."""
-    from .warm import notify, socket_path
+    from .warmcall import notify, socket_path
 
     return notify(socket_path(env), "early-resume", [job, ",".join(nodes), f"{read_at:.3f}"])
 
@@ -188,7 +188,7 @@ def named_states_all() -> list[tuple[str, str]] | None:
 def run_wait(args: Sequence[str], ctx, states: SharedStates):
     """The prolog's wait, run by the reconcile loop for a prolog process (args: job, nodelist,
     timeout, the nodes asked for early): the same wait, the same log line, on shared states."""
-    from .programs import RunResult
+    from .context import RunResult
 
     from .quiesce import Hold
 
@@ -226,7 +226,7 @@ def prolog_main() -> int:
         # the nodes still powered down now, each held at the boot gate until Slurm's resume call
         cold = powered_down(named or ()) if env.get("SLURMK8S_HEAD_START", "1") != "0" else []
         early = ",".join(cold) if cold and head_start(env, job, cold, read_at) else ""
-        from .warm import NotServed, delegate, socket_path
+        from .warmcall import NotServed, delegate, socket_path
 
         try:  # the loop waits for us, one sinfo for all the jobs that wait (SharedStates)
             delegate(socket_path(env), "prolog", [job, nodelist, str(timeout), early], None)

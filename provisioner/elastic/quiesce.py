@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 from typing import Mapping
 
-from .warm import DEFAULT_SOCKET, socket_path
+from .warmcall import DEFAULT_SOCKET, socket_path
 
 NAME = "reconfigure-due"
 
