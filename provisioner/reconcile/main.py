@@ -154,14 +154,7 @@ def _boot_gate(wanted: bool, log: "Log", env: Mapping[str, str]) -> "BootGate | 
     return gate if bootgate.serve(gate, bootgate.DEFAULT_PORT, log, is_worker=is_worker) is not None else None
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    from ..elastic.backend import backend_from_env
-    from ..elastic.podwatch import watched
-    from ..elastic.programs import DEFAULT_INVENTORY, DEFAULT_LOG, program_env
-    from ..elastic.warm import serve as serve_programs
-    from ..livenodes.cache import ConfigCache, cache_from_env
-    from ..logs import Log
-
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="slurmk8s-reconcile", description=__doc__.split("\n\n")[0])
     parser.add_argument("--once", action="store_true", help="one pass, then exit (status 1 if it had errors)")
     parser.add_argument("--period", type=float, default=DEFAULT_PERIOD, help="seconds between passes")
@@ -177,68 +170,53 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "(DIR/.ready) before the first pass (the slurmctld pod's containers)")
     parser.add_argument("--metrics-table", action="store_true",
                         help="print the metrics as a Markdown table and exit")
-    args = parser.parse_args(argv)
-    if args.metrics_table:
-        sys.stdout.write(metrics_markdown())
-        return 0
+    return parser
 
-    env = program_env(os.environ)
-    log_path = env.get("SLURMK8S_RECONCILE_LOG") or os.path.join(
-        os.path.dirname(env.get("SLURMK8S_LOG", DEFAULT_LOG)), "reconcile.log")
-    log = Log("reconcile", log_path)
-    overrides = {k: v for k, v in (("grace", args.grace), ("pending_timeout", args.pending_timeout),
-                                   ("unschedulable_timeout", args.unschedulable_timeout)) if v is not None}
-    policy = Policy.from_env(env, **overrides)
-    ledger = FileLedger(env.get("SLURMK8S_LEDGER", DEFAULT_LEDGER), policy, log=log.write)
-    metrics = Metrics() if args.metrics_port else None
-    slurm = SlurmCli(observe=metrics.observe_rpc if metrics else None)
-    if metrics is not None:
-        metrics.serve(args.metrics_port)
-        log.write(f"metrics on :{args.metrics_port}/metrics")
-    # SIGTERM only sets `stop`: a sleep of the control tier under way (slurmctld's own pod is
-    # stopping) still scales slurmdbd and the database down before the loop ends
-    stop = _stop_on_sigterm(log)
-    if args.wait_config:  # the metrics endpoint (the container's readiness) serves meanwhile
-        from ..livenodes.ready import wait_for_config
 
-        # a pod deleted while the configuration never came (a spec that does not render) stops at once
-        if wait_for_config(args.wait_config, log.write, stop=stop.is_set) is None:
-            return 0
-    events = EventTail(env.get("SLURMK8S_EVENTS", DEFAULT_EVENTS))
-    events.read()  # start at the end
-    started = time.time()
-    inventory_path = env.get("SLURMK8S_INVENTORY", DEFAULT_INVENTORY)
-    log.write(f"started: period {args.period:.0f}s, grace {policy.grace:.0f}s, ledger {ledger.path}")
-    # the power-saving programs Slurm starts hand their calls to this process, imports done (elastic/warm.py)
-    # and the workers created ahead of Slurm's resume call ask it before their slurmd registers
-    programs_server = None if args.once else serve_programs(env, log, _boot_gate(not args.no_boot_gate, log, env))
-    backend: NodeBackend | None = None
-    usage_file = UsageFile(env.get("SLURMK8S_USAGE", DEFAULT_USAGE)) if metrics is not None else None
-    usage_restored, usage_error, deployment = False, False, ""
-    restart_watch: dict[str, RestartWatch] = {}  # see classify.restarted_under_job
-    lost_watch: dict[str, tuple[str, float]] = {}  # see classify.watch_lost
+class Loop:
+    """The reconcile loop's state from one pass to the next: made once by :func:`start`, then one
+    :meth:`one_pass` per period (:func:`main`)."""
 
-    def get_backend() -> NodeBackend:
+    def __init__(self, args: argparse.Namespace, env: Mapping[str, str], log: "Log", stop: threading.Event) -> None:
+        from ..elastic.programs import DEFAULT_INVENTORY
+
+        self.args, self.env, self.log, self.stop = args, env, log, stop
+        overrides = {k: v for k, v in (("grace", args.grace), ("pending_timeout", args.pending_timeout),
+                                       ("unschedulable_timeout", args.unschedulable_timeout)) if v is not None}
+        self.policy = Policy.from_env(env, **overrides)
+        self.ledger = FileLedger(env.get("SLURMK8S_LEDGER", DEFAULT_LEDGER), self.policy, log=log.write)
+        self.metrics = Metrics() if args.metrics_port else None
+        self.slurm = SlurmCli(observe=self.metrics.observe_rpc if self.metrics else None)
+        self.inventory_path = env.get("SLURMK8S_INVENTORY", DEFAULT_INVENTORY)
+        self.events = EventTail(env.get("SLURMK8S_EVENTS", DEFAULT_EVENTS))
+        self.started = time.time()
+        self.programs_server: Any = None
+        self.backend: NodeBackend | None = None
+        self.usage_file = UsageFile(env.get("SLURMK8S_USAGE", DEFAULT_USAGE)) if self.metrics is not None else None
+        self.usage_restored, self.usage_error, self.deployment = False, False, ""
+        self.restart_watch: dict[str, RestartWatch] = {}  # see classify.restarted_under_job
+        self.lost_watch: dict[str, tuple[str, float]] = {}  # see classify.watch_lost
+        self.idle: Any = None
+        self.live: "LiveNodes | None" = None
+        self.cache: "ConfigCache | None" = None
+        self.cache_error = ""
+
+    def get_backend(self) -> NodeBackend:
         """Made once; on Kubernetes a long-running loop follows the worker pods with a watch
         instead of listing them all each pass (elastic/podwatch.py); --once just lists."""
-        nonlocal backend
-        if backend is None:
-            made = backend_from_env(env)
-            backend = made if args.once else watched(made, log)
-        return backend
+        from ..elastic.backend import backend_from_env
+        from ..elastic.podwatch import watched
 
-    idle = idle_watch_from_env(env, log, slurm, get_backend)
-    code = 0
-    live = _live_nodes(env, inventory_path, slurm, log,
-                       programs_server.running if programs_server is not None else lambda: 0)
-    cache: ConfigCache | None = cache_from_env(env, os.path.dirname(inventory_path))
-    cache_error = ""
-    if live is not None:  # a pinned pool: every start renders from the Kubernetes nodes as they are then
-        _drop_config(cache, log)
-        cache = None
-    while not stop.is_set():
+        if self.backend is None:
+            made = backend_from_env(self.env)
+            self.backend = made if self.args.once else watched(made, self.log)
+        return self.backend
+
+    def one_pass(self) -> tuple[int, bool]:
+        """(exit status: 1 when the pass had errors, whether the control tier went to sleep)."""
         tick = time.monotonic()
         now = time.time()
+        log, live, metrics = self.log, self.live, self.metrics
         errors: list[str] = []
         report = Report()
         live_errors: list[str] = []  # logged by LiveNodes itself
@@ -247,33 +225,23 @@ def main(argv: Sequence[str] | None = None) -> int:
             if outcome.error:
                 live_errors.append(outcome.error.splitlines()[0])
         try:
-            inventory = _load_inventory(inventory_path)
+            inventory = _load_inventory(self.inventory_path)
         except (OSError, ValueError, KeyError, TypeError) as err:
-            errors.append(f"inventory {inventory_path} unreadable: {err}")
+            errors.append(f"inventory {self.inventory_path} unreadable: {err}")
             inventory = None
         if inventory is not None:
             try:
-                get_backend()
+                self.get_backend()
             except BackendError as err:
                 errors.append(f"backend unavailable: {err.reason}")
-        if metrics is not None and backend is not None and usage_file is not None and not usage_restored:
-            usage_restored = True
-            deployment = _deployment_id(backend, log)
-            try:
-                saved = usage_file.load()
-            except LedgerError as err:
-                log.write(f"{err}; counting from now")
-                saved = None
-            restored, why = resume_usage(saved, deployment, now)
-            metrics.restore_usage(restored)
-            log.write(why)
-        if inventory is not None and backend is not None:
-            report = run_once(slurm, backend, inventory, ledger, now, log, policy, slurm.scontrol, restart_watch,
-                              lost_watch)
+        self._restore_usage(now)
+        if inventory is not None and self.backend is not None:
+            report = run_once(self.slurm, self.backend, inventory, self.ledger, now, log, self.policy,
+                              self.slurm.scontrol, self.restart_watch, self.lost_watch)
         if live is not None and report.snapshot is not None:  # cordoned / NotReady / leaving: drained
             live_errors += live.drain(report.snapshot.inventory, report.snapshot.nodes.values())
-        if cache is not None:
-            cache, cache_error = _keep_config(cache, log, cache_error)
+        if self.cache is not None:
+            self.cache, self.cache_error = _keep_config(self.cache, log, self.cache_error)
         report.errors[:0] = errors
         report.errors += live_errors
         for e in errors:
@@ -281,33 +249,116 @@ def main(argv: Sequence[str] | None = None) -> int:
         # the queue, asked of slurmctld at most once a pass (a whole dump of it; and with slurmctld
         # away each ask waits out its timeout): the pass's own read, else one read here
         jobs: list[JobStatus] | None = report.jobs
-        if jobs is None and not report.queue_asked and (metrics is not None or idle is not None):
+        if jobs is None and not report.queue_asked and (metrics is not None or self.idle is not None):
             try:
-                jobs = parse_jobs(slurm.jobs())
+                jobs = parse_jobs(self.slurm.jobs())
             except SlurmCommandError as err:
                 log.write(f"cannot read the queue: {err}")
         if metrics is not None:
             pools = [f.pool for f in report.findings if f.kind is Kind.POOL_BACKOFF]
-            metrics.observe_pass(report, jobs, now, started, time.monotonic() - tick, pools)
-            metrics.observe_events(events.read())
-            if usage_restored and usage_file is not None:
-                try:
-                    usage_file.save(metrics.usage(deployment))
-                except LedgerError as err:
-                    if not usage_error:
-                        log.write(str(err))
-                    usage_error = True
+            metrics.observe_pass(report, jobs, now, self.started, time.monotonic() - tick, pools)
+            metrics.observe_events(self.events.read())
+            self._save_usage()
         code = 1 if report.errors else 0
-        if idle is not None:
+        if self.idle is not None:
             snap = report.snapshot
             job_doc = None if jobs is None else {"jobs": [{"job_state": [j.state]} for j in jobs]}
-            if idle.step(job_doc, len(snap.workers) if snap is not None else None, time.time()):
+            if self.idle.step(job_doc, len(snap.workers) if snap is not None else None, time.time()):
                 log.write("control tier asleep: the reconcile loop ends with its pod")
+                return code, True
+        return code, False
+
+    def _restore_usage(self, now: float) -> None:
+        """Once the backend exists: the usage counters saved by an earlier pod of this deployment."""
+        if self.metrics is None or self.backend is None or self.usage_file is None or self.usage_restored:
+            return
+        self.usage_restored = True
+        self.deployment = _deployment_id(self.backend, self.log)
+        try:
+            saved = self.usage_file.load()
+        except LedgerError as err:
+            self.log.write(f"{err}; counting from now")
+            saved = None
+        restored, why = resume_usage(saved, self.deployment, now)
+        self.metrics.restore_usage(restored)
+        self.log.write(why)
+
+    def _save_usage(self) -> None:
+        if not self.usage_restored or self.usage_file is None or self.metrics is None:
+            return
+        try:
+            self.usage_file.save(self.metrics.usage(self.deployment))
+        except LedgerError as err:
+            if not self.usage_error:
+                self.log.write(str(err))
+            self.usage_error = True
+
+    def close(self) -> None:
+        if self.programs_server is not None:
+            self.programs_server.close()
+        self.log.close()
+
+
+def start(args: argparse.Namespace) -> Loop | None:
+    """Everything before the first pass: the log, metrics endpoint, SIGTERM, the wait for the
+    configuration, the programs' socket and boot gate, the idle watch, the node follower. None when
+    the pod stopped while waiting for its configuration."""
+    from ..elastic.programs import DEFAULT_LOG, program_env
+    from ..elastic.warm import serve as serve_programs
+    from ..livenodes.cache import cache_from_env
+    from ..logs import Log
+
+    env = program_env(os.environ)
+    log_path = env.get("SLURMK8S_RECONCILE_LOG") or os.path.join(
+        os.path.dirname(env.get("SLURMK8S_LOG", DEFAULT_LOG)), "reconcile.log")
+    log = Log("reconcile", log_path)
+    # SIGTERM only sets `stop`: a sleep of the control tier under way (slurmctld's own pod is
+    # stopping) still scales slurmdbd and the database down before the loop ends
+    loop = Loop(args, env, log, _stop_on_sigterm(log))
+    if loop.metrics is not None:
+        loop.metrics.serve(args.metrics_port)
+        log.write(f"metrics on :{args.metrics_port}/metrics")
+    if args.wait_config:  # the metrics endpoint (the container's readiness) serves meanwhile
+        from ..livenodes.ready import wait_for_config
+
+        # a pod deleted while the configuration never came (a spec that does not render) stops at once
+        if wait_for_config(args.wait_config, log.write, stop=loop.stop.is_set) is None:
+            log.close()
+            return None
+    loop.events.read()  # start at the end
+    loop.started = time.time()  # the first pass's, not the wait's
+    log.write(f"started: period {args.period:.0f}s, grace {loop.policy.grace:.0f}s, ledger {loop.ledger.path}")
+    # the power-saving programs Slurm starts hand their calls to this process, imports done (elastic/warm.py)
+    # and the workers created ahead of Slurm's resume call ask it before their slurmd registers
+    if not args.once:
+        loop.programs_server = serve_programs(env, log, _boot_gate(not args.no_boot_gate, log, env))
+    loop.idle = idle_watch_from_env(env, log, loop.slurm, loop.get_backend)
+    server = loop.programs_server
+    loop.live = _live_nodes(env, loop.inventory_path, loop.slurm, log,
+                            server.running if server is not None else lambda: 0)
+    loop.cache = cache_from_env(env, os.path.dirname(loop.inventory_path))
+    if loop.live is not None:  # a pinned pool: every start renders from the Kubernetes nodes as they are then
+        _drop_config(loop.cache, log)
+        loop.cache = None
+    return loop
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.metrics_table:
+        sys.stdout.write(metrics_markdown())
+        return 0
+    loop = start(args)
+    if loop is None:
+        return 0
+    code = 0
+    try:
+        while not loop.stop.is_set():
+            tick = time.monotonic()
+            code, asleep = loop.one_pass()
+            if asleep or args.once:
                 break
-        if args.once:
-            break
-        stop.wait(max(0.5, args.period - (time.monotonic() - tick)))
-    if programs_server is not None:
-        programs_server.close()
-    log.close()
+            loop.stop.wait(max(0.5, args.period - (time.monotonic() - tick)))
+    finally:
+        loop.close()
     return code
