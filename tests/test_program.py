@@ -393,3 +393,22 @@ def test_a_host_network_slots_pool_admits_the_nodes_its_pods_may_land_on():
              with_ip(node("c", {"zone": "z1"}), "10.0.0.3")]  # outside its node_selector
     gen = generate_for_kubernetes(spec, nodes)
     assert prog.host_network_sources(spec, gen, nodes) == ("10.0.0.1/32",)
+
+
+def test_pulumi_yaml_declares_every_config_key_the_program_reads():
+    """stacks/Pulumi.yaml's `config:` block names each slurmk8s: key the program reads (the Pulumi
+    CLI then refuses a stack that lacks one without a default, a plain value for a secret, a wrong
+    type: e2e/test_e2e_stack_config.py runs it); jwtKey alone is left out (a secret has no default)."""
+    import yaml
+
+    from provisioner.deploy import secrets as keys
+    from provisioner.deploy.owner import DESCRIPTION_CONFIG, OWNER_CONFIG
+
+    declared = yaml.safe_load((ROOT / "stacks/Pulumi.yaml").read_text())["config"]
+    ns = keys.CONFIG_NAMESPACE
+    secret = {keys.MUNGE_KEY, keys.DB_PASSWORD, *keys.HOST_KEYS.values()}
+    plain = {"spec", "wait", "clusterDomain", "nodes", OWNER_CONFIG, DESCRIPTION_CONFIG}
+    assert set(declared) == {f"{ns}:{k}" for k in secret | plain}
+    assert {k for k, d in declared.items() if d.get("secret")} == {f"{ns}:{k}" for k in secret}
+    assert {k for k, d in declared.items() if "default" not in d} == {f"{ns}:{k}" for k in secret | {"spec"}}
+    assert all(d.get("description") and d.get("type") in ("string", "boolean") for d in declared.values())
