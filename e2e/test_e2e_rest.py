@@ -12,6 +12,7 @@ login. Every token issued here goes to the secret scan (test_e2e_security.py). ~
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -204,3 +205,29 @@ def test_a_researcher_gets_a_token_with_scontrol_and_the_key_stays_on_slurmctld(
         assert probe.returncode == 0 and probe.stdout.strip() == "0", (target, probe.stdout, probe.stderr)
     who = kubectl("exec", "-n", NAMESPACE, "deployment/slurmrestd", "--", "id", "-u").stdout.strip()
     assert who == "6820", who
+
+
+def _claims(tok: str) -> dict[str, Any]:
+    payload = tok.split(".")[1]
+    return json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+
+
+def test_a_users_token_lifespan_is_capped_at_rest_max_token_lifespan(cluster: Cluster):
+    """Issue 40 item 11: without AuthAltParameters=max_token_lifespan= any user (or job) could mint a
+    ten-year token. The session spec leaves rest.max_token_lifespan at its default, 24 h."""
+    login = cluster.login()
+    conf = login.run("scontrol show config | grep -i '^AuthAltParameters'").stdout
+    assert "max_token_lifespan=86400" in conf, conf
+    # 24.11 refuses (does not shorten) it: "slurm_fetch_token: error with request: Requested time limit is
+    # invalid (missing or exceeds some limit)"; slurmctld logs "rejecting token lifespan ... exceeds limit"
+    long = login.run("scontrol token lifespan=315360000", check=False)
+    assert long.exit_status == 1 and "SLURM_JWT" not in long.stdout, (long.exit_status, long.stdout[:12], long.stderr)
+    assert "Requested time limit is invalid" in long.stderr, long.stderr
+    short = login.run("scontrol token lifespan=3600", check=False)
+    assert short.exit_status == 0 and short.stdout.startswith("SLURM_JWT="), (short.stdout[:12], short.stderr)
+    tok = short.stdout.strip().split("=", 1)[1]
+    ISSUED_TOKENS.append(("alice (scontrol token, 1 h)", tok))
+    claims = _claims(tok)
+    assert claims["sun"] == login.user and claims["exp"] - claims["iat"] == 3600, claims
+    status, doc = call("GET", f"/slurm/{API}/jobs", login.user, tok)
+    assert status == 200 and "jobs" in doc, (status, doc)

@@ -193,6 +193,10 @@ def test_user_cannot_read_another_home_or_any_secret_on_the_login_pod(cluster: C
     got = bob.run("cat /home/alice/private.txt; ls /home/alice", check=False)
     assert got.exit_status != 0 and "alice-only" not in got.stdout and "private.txt" not in got.stdout, got.stdout
     assert bob.run("stat -c %a /home/alice").stdout.strip() == "700"
+    # /home itself is root's, 0755 (issue 40 item 12): nobody can plant another user's home there
+    assert bob.run("stat -c '%u:%g %a' /home").stdout.strip() == "0:0 755"
+    planted = bob.run("mkdir /home/carol", check=False)
+    assert planted.exit_status != 0 and "Permission denied" in planted.stderr, (planted.exit_status, planted.stderr)
 
     pod = _login_pod()
     pspec = pod["spec"]

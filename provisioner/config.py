@@ -319,6 +319,12 @@ class Rest(Model):
         default="ClusterIP", description="How the REST API (port 6820, plain HTTP) is exposed."
     )
     node_port: int | None = Field(default=None, ge=30000, le=32767, description="Fixed NodePort.")
+    max_token_lifespan: Duration = Field(
+        default=86400, gt=0,
+        description="The longest a JWT may live: slurm.conf's AuthAltParameters=max_token_lifespan= (slurmctld "
+        "refuses a longer `scontrol token lifespan=` from any user but SlurmUser), and the most `slurmk8s token "
+        "--lifetime` asks for.",
+    )
 
     @model_validator(mode="after")
     def _node_port(self) -> "Rest":

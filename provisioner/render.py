@@ -178,6 +178,7 @@ def render_slurm_conf(spec: ClusterSpec, inventory: Inventory, topology: Topolog
         controller_host=site.controller_host,
         controller_addr=site.controller_addr,
         jwt_key=JWT_KEY_PATH if spec.rest.enabled else None,
+        max_token_lifespan=spec.rest.max_token_lifespan,
         bin_dir=site.bin_dir,
         ctld_params=ctld_params,
         topology_plugin=None if topology.plugin == "flat" else topology.slurm_plugin,

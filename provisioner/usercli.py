@@ -367,7 +367,6 @@ def ssh(
 # ---------------------------------------------------------------- slurmk8s token
 
 DEFAULT_TOKEN_LIFETIME = 3600
-MAX_TOKEN_LIFETIME = 24 * 3600
 _JWT_LINE = re.compile(r"^SLURM_JWT=([A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+)\s*$", re.MULTILINE)
 
 
@@ -381,8 +380,9 @@ def token_argv(spec: Any, user: str, lifetime: int) -> list[str]:
     if user not in names:
         raise UserError(f"user {user!r} is not in the spec of cluster {spec.name} (users: "
                         f"{', '.join(names) or 'none'}); tokens are only for the spec's users")
-    if not 1 <= lifetime <= MAX_TOKEN_LIFETIME:
-        raise UserError(f"--lifetime {lifetime}s is out of range; use 1s to {MAX_TOKEN_LIFETIME // 3600}h")
+    cap = spec.rest.max_token_lifespan  # slurmctld would give this caller (root in its container) more
+    if not 1 <= lifetime <= cap:
+        raise UserError(f"--lifetime {lifetime}s is out of range; use 1s to {cap}s (rest.max_token_lifespan)")
     return ["scontrol", "token", f"username={user}", f"lifespan={lifetime}"]
 
 
@@ -420,7 +420,7 @@ def request_token(api: Any, namespace: str, argv: list[str], timeout: float,
 def token(
     user: Annotated[str, typer.Option("--user", "-u", help="The cluster user (of the spec's users) the token is for.")],
     spec: Annotated[Path, typer.Option("--spec", help="Cluster spec YAML (its users and namespace).")],
-    lifetime: Annotated[str, typer.Option("--lifetime", help="How long the token is valid: 90s, 30m, 1h (at most 24h).")]
+    lifetime: Annotated[str, typer.Option("--lifetime", help="How long the token is valid: 90s, 30m, 1h (at most rest.max_token_lifespan, 24h by default).")]
     = "1h",
     kubeconfig: KubeOpt = None,
     timeout: TimeoutOpt = 300.0,

@@ -92,8 +92,28 @@ def test_slurm_conf_and_slurmdbd_conf_turn_on_jwt_with_the_key_path(cluster):
     spec, gen, _ = cluster
     conf = gen.files["slurm.conf"]
     assert "AuthType=auth/munge\n" in conf  # munge stays the cluster's own auth
-    assert f"AuthAltTypes=auth/jwt\nAuthAltParameters=jwt_key={m.JWT_KEY_PATH}\n" in conf
+    assert f"AuthAltTypes=auth/jwt\nAuthAltParameters=jwt_key={m.JWT_KEY_PATH},max_token_lifespan=86400\n" in conf
+    # slurmdbd checks tokens but never makes one (`scontrol token` asks slurmctld): the key only
     assert f"AuthAltTypes=auth/jwt\nAuthAltParameters=jwt_key={m.JWT_KEY_PATH}\n" in m.slurmdbd_conf(spec)
+
+
+def test_token_lifespan_is_capped_at_the_spec_s_max_24h_by_default():
+    """Without a cap any user could `scontrol token lifespan=315360000` (a 10-year password)."""
+    assert _spec().rest.max_token_lifespan == 86400
+    spec = _spec(max_token_lifespan="2h")
+    conf = generate_for_kubernetes(spec, []).files["slurm.conf"]
+    assert f"AuthAltParameters=jwt_key={m.JWT_KEY_PATH},max_token_lifespan=7200\n" in conf
+    for bad in (0, -5):
+        with pytest.raises(SpecError, match="rest.max_token_lifespan"):
+            _spec(max_token_lifespan=bad)
+
+
+def test_slurmk8s_token_keeps_to_the_spec_s_cap():
+    spec = _spec(max_token_lifespan="1h")
+    assert usercli.token_argv(spec, "alice", 3600)[-1] == "lifespan=3600"
+    with pytest.raises(usercli.UserError, match=r"--lifetime 3601s is out of range; use 1s to 3600s "
+                                                r"\(rest.max_token_lifespan\)"):
+        usercli.token_argv(spec, "alice", 3601)
 
 
 def test_slurmrestd_reads_a_client_conf_without_nodes_or_secrets(cluster):
@@ -287,6 +307,6 @@ def test_token_command_prints_only_the_token_line(tmp_path, monkeypatch):
     out = CliRunner().invoke(app, ["token", "--user", "mallory", "--spec", str(path)])
     assert out.exit_code == 2 and "not in the spec" in out.output and "SLURM_JWT" not in out.output
     out = CliRunner().invoke(app, ["token", "--user", "alice", "--spec", str(path), "--lifetime", "2d"])
-    assert out.exit_code == 2 and "--lifetime 172800s is out of range; use 1s to 24h" in out.output
+    assert out.exit_code == 2 and "--lifetime 172800s is out of range; use 1s to 86400s (rest.max_token_lifespan)" in out.output
     out = CliRunner().invoke(app, ["token", "--user", "alice", "--spec", str(path), "--lifetime", "soon"])
     assert out.exit_code == 2 and "--lifetime:" in out.output

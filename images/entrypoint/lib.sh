@@ -142,23 +142,71 @@ sync_users() {
     [ ! -e "$dir/passwd" ] || _merge_db "$dir/passwd" /etc/passwd 7 passwd
 }
 
-# Create missing home directories under /home for the users of the passwd fragment
-# (owner = the user, mode 0700, populated from /etc/skel). Existing ones are left alone.
+# Homes under /home for the users of the passwd fragment. /home is a volume whose root a provisioner
+# may leave world-writable (NFS-subdir, EFS access points, local-path): before anyone logs in, a user
+# (or a job on a worker) could make another user's home there and fill it with dotfiles that the
+# victim's login shell then runs. So /home itself becomes root:root 0755 first (nobody but root can
+# add, rename or remove homes after that), then for each user:
+#   missing                        created from /etc/skel, owned by the user, mode 0700
+#   the user's own directory       kept as found (contents and mode)
+#   root's, writable by no other   finished like a new one (an earlier start's mkdir; only root wrote in it)
+#   a symbolic link                removed (it holds no data), then created as missing
+#   anything else (another uid's, root's but writable by others, not a directory)
+#                                  REFUSED: locked root:root 0700 with its contents kept, never handed
+#                                  to the user; that user has no usable home (sshd starts their session
+#                                  in /) until an operator fixes it; the login pod starts for the others.
 make_homes() {
-    local frag="$SLURMK8S_USERS_DIR/passwd" name uid gid home made=0
+    local frag="$SLURMK8S_USERS_DIR/passwd" name uid gid home made=0 was refused=0 owner mode why
     [ -e "$frag" ] || return 0
+    mkdir -p /home || die "cannot create /home"
+    was="$(stat -c 'uid %u gid %g mode %04a' /home)"
+    if [ "$was" != "uid 0 gid 0 mode 0755" ]; then
+        chown root:root /home && chmod 0755 /home \
+            || die "cannot make /home root:root 0755 (it is $was): the volume must let root chown its root" \
+                   "(NFS: no_root_squash, or give the export's directory to root:root 0755 on the server)"
+        if mountpoint -q /home; then was="(a mounted volume) was $was"; else was="was $was"; fi
+        log "users: /home $was: now root:root 0755, so that no user can create or rename homes"
+    fi
     while IFS=: read -r name _ uid gid _ home _ || [ -n "$name" ]; do
         case "$name" in ''|'#'*) continue ;; esac
         case "$home" in /home/?*) ;; *) continue ;; esac
         case "$home" in */../*|*/..) log "users: skipping home '$home' of $name (contains ..)"; continue ;; esac
-        [ -e "$home" ] && continue
-        mkdir -p "$home" || die "cannot create home $home for $name"
-        cp -a /etc/skel/. "$home"/ 2>/dev/null || true     # (this also copies skel's own mode)
+        if [ -L "$home" ]; then
+            log "users: removed the symbolic link $home (to $(readlink "$home")) that stood for $name's home"
+            rm -f "$home" || die "cannot remove the symbolic link $home"
+        fi
+        if [ -e "$home" ]; then
+            owner="$(stat -c %u "$home")"; mode="$(stat -c %a "$home")"
+            if [ -d "$home" ] && [ "$owner" = "$uid" ]; then
+                continue
+            fi
+            why=""
+            if [ ! -d "$home" ]; then
+                why="it is not a directory"
+            elif [ "$owner" != 0 ]; then
+                why="it is owned by uid $owner, not $name"
+            elif [ $(( 8#$mode & 8#022 )) -ne 0 ]; then
+                why="it is owned by root but writable by others (mode $mode), so anyone may have put files in it"
+            fi
+            if [ -n "$why" ]; then
+                chown -h root:root "$home" && chmod 0700 "$home" || die "cannot lock the refused home $home"
+                log "users: REFUSED home $home of $name (uid $uid): $why; locked it (root:root 0700, contents" \
+                    "kept) and $name has no usable home until it is fixed: if the contents are $name's (say" \
+                    "the uid changed), chown -R $uid:$gid $home and chmod 0700 $home; else move it away and" \
+                    "restart the login pod, which then creates a fresh one"
+                refused=$((refused + 1))
+                continue
+            fi
+        else
+            mkdir -p "$home" || die "cannot create home $home for $name"
+            cp -a /etc/skel/. "$home"/ 2>/dev/null || true     # (this also copies skel's own mode)
+        fi
         chown -R "$uid:$gid" "$home"
         chmod 0700 "$home"
         made=$((made + 1))
     done <"$frag"
-    log "users: created $made missing home directories under /home"
+    if [ "$refused" -gt 0 ]; then refused="; REFUSED $refused (see above)"; else refused=""; fi
+    log "users: created $made missing home directories under /home$refused"
 }
 
 # Container jobs (pools[].containers, SLURMK8S_CONTAINERS=1): oci.conf runs rootless crun with

@@ -73,6 +73,7 @@ chart's own settings (`chart`). Use: {{- $d := include "slurmk8s.defaults" . | f
     "namespace": null,
     "rest": {
       "enabled": false,
+      "max_token_lifespan": 86400,
       "node_port": null,
       "service_type": "ClusterIP"
     },
@@ -202,6 +203,7 @@ chart's own settings (`chart`). Use: {{- $d := include "slurmk8s.defaults" . | f
   },
   "Rest": {
     "enabled": false,
+    "max_token_lifespan": 86400,
     "node_port": null,
     "service_type": "ClusterIP"
   },
