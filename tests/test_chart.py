@@ -391,8 +391,11 @@ def test_without_helm_the_chart_tests_fail_saying_how_to_get_it(tmp_path, monkey
 
 
 @pytest.mark.chart
-def test_helm_lint_is_clean():
-    out = subprocess.run([_helm(), "lint", "--strict", str(CHART), "--namespace", "slurm-lint"],
+@pytest.mark.parametrize("values", [None, *sorted(p.name for p in (ROOT / "examples").glob("*.yaml"))])
+def test_helm_lint_is_clean(values: str | None):
+    """`helm lint --strict` with the chart's defaults and with each example spec as its values."""
+    extra = [] if values is None else ["-f", str(ROOT / "examples" / values)]
+    out = subprocess.run([_helm(), "lint", "--strict", str(CHART), "--namespace", "slurm-lint", *extra],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and "[WARNING]" not in out.stdout and "[ERROR]" not in out.stdout, out.stdout + out.stderr
 
