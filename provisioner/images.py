@@ -79,7 +79,7 @@ def build(
         rc = _run(args).returncode
     except ImagesError as err:
         typer.echo(f"error: {err}", err=True)
-        raise typer.Exit(2)
+        raise typer.Exit(2) from None
     raise typer.Exit(rc)
 
 
@@ -94,7 +94,7 @@ def list_(
         rc = _run(["--list", *names]).returncode
     except ImagesError as err:
         typer.echo(f"error: {err}", err=True)
-        raise typer.Exit(2)
+        raise typer.Exit(2) from None
     raise typer.Exit(rc)
 
 
@@ -110,4 +110,4 @@ def tags(
             typer.echo(f"{name}={tag}")
     except ImagesError as err:
         typer.echo(f"error: {err}", err=True)
-        raise typer.Exit(2)
+        raise typer.Exit(2) from None

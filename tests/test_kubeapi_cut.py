@@ -11,7 +11,7 @@ import pytest
 import yaml
 from test_kubeapi_rest import Api, _client, _kubeconfig, _quick
 
-from provisioner.kubeapi import ApiError, RawClient, api_path, raw_call
+from provisioner.kubeapi import ApiError, RawClient, raw_call
 
 PODS = "/api/v1/namespaces/slurm-x/pods"
 

@@ -6,7 +6,6 @@ for it); tests/test_kube_backend.py's e2e test runs the watch against the real A
 from __future__ import annotations
 
 import io
-import time
 
 import pytest
 from fakes.kube import FakePodApi

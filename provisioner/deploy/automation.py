@@ -32,7 +32,8 @@ from ..generate import Generated, generate_for_kubernetes
 from . import secrets as keys
 from .engine import EngineCommand, Interruptible
 from .errors import DeployError, Interrupted
-from .live import delete_leftovers, diagnose_now, preflight, wait_login_reaches_controller, wait_rollouts, watcher_for
+from .live import delete_leftovers, diagnose_now, preflight, watcher_for
+from .live import wait_login_reaches_controller, wait_rollouts  # noqa: F401 (the CLI calls them as automation's)
 from .program import PROJECT, inline_program, read_k8s_nodes
 
 DEFAULT_STATE_DIR = Path("~/.slurmk8s/state")

@@ -49,7 +49,6 @@ from .ledger import DEFAULT_LEDGER
 
 if TYPE_CHECKING:
     from ..slurm.commands import SlurmControl
-    from .backend import NodeBackend
     from .calls import Outcome
     from .plan import Decision
 
