@@ -26,7 +26,7 @@ import pytest
 
 from provisioner import manifests as m
 from provisioner.config import load_spec
-from provisioner.deploy.secrets import public_key
+from provisioner.deploy.keys import public_key
 
 from helpers import (ISSUED_TOKENS, NAMESPACE, Cluster, can_i, kjson, kubectl, slurmk8s, submit, wait_for, wait_job,
                      worker_pods)

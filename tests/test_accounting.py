@@ -261,8 +261,8 @@ def test_priority_weights_can_be_overridden():
 
 
 def test_generated_database_password_is_letters_and_digits():
-    from provisioner.deploy.secrets import DB_PASSWORD
-    from provisioner.deploy.secrets import generate as gen_secrets
+    from provisioner.deploy.keys import DB_PASSWORD
+    from provisioner.deploy.keys import generate as gen_secrets
 
     pw = gen_secrets()[DB_PASSWORD]
     assert len(pw) == 32 and pw.isalnum()

@@ -35,7 +35,7 @@ from provisioner.chartdefaults import admission_text, chart_defaults_text
 from provisioner.config import load_spec, parse_spec
 from provisioner.deploy import program as prog
 from provisioner.deploy.automation import toolchain_dir
-from provisioner.deploy.secrets import generate
+from provisioner.deploy.keys import generate
 from provisioner.generate import generate_for_kubernetes
 
 ROOT = Path(__file__).resolve().parents[1]

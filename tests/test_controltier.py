@@ -28,7 +28,7 @@ from provisioner.controltier.activity import activity_doc, activity_from_doc, re
 from provisioner.controltier.agent import Agent, UserNames, WakeServer
 from provisioner.controltier.decision import A_REASON, A_SINCE, A_STATE, Activity, IdleTracker, TierError, active_jobs
 from provisioner.controltier.tier import Tier
-from provisioner.deploy.secrets import generate, secrets_from_values
+from provisioner.deploy.keys import generate, secrets_from_values
 from provisioner.generate import generate as run_pipeline
 from provisioner.inventory import nodes_from_api
 from provisioner.reconcile.idle import IdleWatch

@@ -12,7 +12,7 @@ import pytest
 from factories import AWS, aws_fleet, node
 from provisioner import manifests as m
 from provisioner.config import load_spec, parse_spec
-from provisioner.deploy.secrets import generate, secrets_from_values
+from provisioner.deploy.keys import generate, secrets_from_values
 from provisioner.errors import Problem
 from provisioner.generate import generate as run_pipeline
 from provisioner.inventory import nodes_from_api

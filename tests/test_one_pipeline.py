@@ -21,7 +21,7 @@ from provisioner.chart import render_files
 from provisioner.cli import app
 from provisioner.config import load_spec
 from provisioner.deploy import program as prog
-from provisioner.deploy.secrets import generate as generate_keys
+from provisioner.deploy.keys import generate as generate_keys
 from provisioner.generate import generate_for_kubernetes
 
 CASE_NAMES = [name for name in CASES if name != "minimal"]

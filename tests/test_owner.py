@@ -161,7 +161,7 @@ def test_recorded_owner_and_description():
 
 
 def _keys_config() -> tuple[dict[str, str], list[str]]:
-    from provisioner.deploy.secrets import generate
+    from provisioner.deploy.keys import generate
 
     keys = generate()
     return {f"slurmk8s:{k}": v.rstrip("\n") for k, v in keys.items()}, [f"slurmk8s:{k}" for k in keys]

@@ -11,7 +11,7 @@ import pytest
 from factories import aws_fleet, node, node_list
 from provisioner.config import load_spec
 from provisioner.deploy import program as prog
-from provisioner.deploy.secrets import DB_PASSWORD, HOST_KEYS, JWT_KEY, MUNGE_KEY, generate
+from provisioner.deploy.keys import DB_PASSWORD, HOST_KEYS, JWT_KEY, MUNGE_KEY, generate
 
 ROOT = Path(__file__).resolve().parents[1]
 LINUX = {"kubernetes.io/os": "linux"}
@@ -401,7 +401,7 @@ def test_pulumi_yaml_declares_every_config_key_the_program_reads():
     type: e2e/test_e2e_stack_config.py runs it); jwtKey alone is left out (a secret has no default)."""
     import yaml
 
-    from provisioner.deploy import secrets as keys
+    from provisioner.deploy import keys
     from provisioner.deploy.owner import DESCRIPTION_CONFIG, OWNER_CONFIG
 
     declared = yaml.safe_load((ROOT / "stacks/Pulumi.yaml").read_text())["config"]

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from provisioner import manifests as m
 from provisioner import usercli
 from provisioner.config import load_spec, parse_spec
-from provisioner.deploy.secrets import JWT_KEY, JWT_KEY_BYTES, generate, secrets_from_values
+from provisioner.deploy.keys import JWT_KEY, JWT_KEY_BYTES, generate, secrets_from_values
 from provisioner.errors import SpecError
 from provisioner.generate import generate_for_kubernetes as _generate
 

@@ -15,7 +15,7 @@ from factories import aws_fleet
 
 from provisioner import manifests as m
 from provisioner.config import load_spec
-from provisioner.deploy.secrets import generate, secrets_from_values
+from provisioner.deploy.keys import generate, secrets_from_values
 from provisioner.generate import generate_for_kubernetes
 
 ROOT = Path(__file__).resolve().parents[1]

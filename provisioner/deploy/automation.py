@@ -29,7 +29,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from ..config import ClusterSpec, load_spec
 from ..generate import Generated, generate_for_kubernetes
-from . import secrets as keys
+from . import keys
 from .engine import EngineCommand, Interruptible
 from .errors import DeployError, Interrupted
 from .live import delete_leftovers, diagnose_now, preflight, watcher_for

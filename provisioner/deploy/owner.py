@@ -246,7 +246,7 @@ def ensure_owner(session: Any, *, write: bool = True) -> tuple[str | None, str]:
     config and the description rewritten (the program puts both on the Namespace)."""
     from pulumi import automation as auto
 
-    from .secrets import CONFIG_NAMESPACE
+    from .keys import CONFIG_NAMESPACE
 
     stack = session.stack
     me = describe(session.state, stack.name)
@@ -363,7 +363,7 @@ def adopt_keys(session: Any, echo: Printer, store: Callable[[str, str], None]) -
 
     from ..kubeapi import ApiError, api_client, raw_call
     from ..names import AUTH_SECRET, DB_SECRET, DB_SECRET_KEY, JWT_KEY_FILE, JWT_SECRET, SSH_HOST_KEYS_SECRET
-    from . import secrets as keys
+    from . import keys
 
     ns = session.spec.namespace_name
     core = client.CoreV1Api(api_client(session.kubeconfig))

@@ -11,7 +11,7 @@ ComponentResource per concern. Nothing is derived here that the core does not de
 Stack configuration it reads (namespace ``slurmk8s``; see ``stacks/Pulumi.*.yaml``):
 
 - ``mungeKey``, ``sshHostKeyEd25519``, ``sshHostKeyEcdsa``, ``sshHostKeyRsa``,
-  ``accountingDbPassword``, ``jwtKey``: secrets, generated once (``provisioner.deploy.secrets``);
+  ``accountingDbPassword``, ``jwtKey``: secrets, generated once (``provisioner.deploy.keys``);
 - ``wait`` (default true): wait for slurmctld / login to become ready; false adds
   ``pulumi.com/skipAwait`` (e.g. while images are not loaded yet);
 - ``clusterDomain`` (default ``cluster.local``);
@@ -42,7 +42,7 @@ from .. import manifests as m
 from ..config import ClusterSpec
 from ..generate import Generated, generate_for_kubernetes
 from .owner import DESCRIPTION_CONFIG, OWNER_CONFIG, annotations
-from .secrets import CONFIG_NAMESPACE, missing_jwt_key_error, public_key, secrets_from_config
+from .keys import CONFIG_NAMESPACE, missing_jwt_key_error, public_key, secrets_from_config
 
 PROJECT = "slurmk8s"
 SKIP_AWAIT = "pulumi.com/skipAwait"

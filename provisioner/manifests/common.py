@@ -22,7 +22,7 @@ class K8sSite:
 
 @dataclass(frozen=True)
 class ClusterSecrets:
-    """Generated once per cluster (see ``provisioner.deploy.secrets``); values may be Pulumi outputs."""
+    """Generated once per cluster (see ``provisioner.deploy.keys``); values may be Pulumi outputs."""
 
     munge_key_b64: Any
     ssh_host_keys: Mapping[str, Any]
