@@ -132,33 +132,3 @@ def render_main(argv: Sequence[str] | None = None) -> int:
     write_files(files, out)
     _log(f"wrote {', '.join(sorted(files))} to {out} ({len(raw)} Kubernetes nodes read)")
     return 0
-
-
-# ---------------------------------------------------------------- uninstall
-
-
-def delete_workers_main(argv: Sequence[str] | None = None) -> int:
-    """slurmk8s-delete-workers: delete the cluster's worker pods (Helm pre-delete hook).
-
-    Worker pods are created by Slurm's ResumeProgram, not by Helm, so `helm uninstall` alone would
-    leave them running without a slurmctld; `slurmk8s down` deletes them the same way after destroy.
-    Reads SLURMK8S_SPEC (the cluster name) and SLURMK8S_NAMESPACE.
-    """
-    from .elastic.k8s_backend import ClientPodApi
-    from .kubeapi import api_client
-
-    path = os.environ.get("SLURMK8S_SPEC", f"{m.SPEC_DIR}/spec.json")
-    try:
-        with open(path) as fh:
-            name = json.load(fh)["name"]
-        ns = os.environ["SLURMK8S_NAMESPACE"]
-        api = ClientPodApi(api_client())
-        selector = f"{m.L_CLUSTER}={name},{m.L_COMPONENT}=worker"
-        pods = api.list(ns, selector)
-        for pod in pods:
-            api.delete(ns, pod["metadata"]["name"])
-    except Exception as err:  # noqa: BLE001 - report and fail the hook (helm shows it)
-        print(f"slurmk8s-delete-workers: {type(err).__name__}: {err}", file=sys.stderr)
-        return 1
-    print(f"slurmk8s-delete-workers: deleted {len(pods)} worker pod(s) of cluster {name} in {ns}")
-    return 0

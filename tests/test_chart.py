@@ -442,7 +442,7 @@ def test_render_config_entry_point_writes_the_files(tmp_path, monkeypatch):
 
 
 def test_delete_workers_hook_deletes_only_this_clusters_workers(tmp_path, monkeypatch):
-    from provisioner import chart as chart_mod
+    from provisioner import helmhooks
 
     calls: list[tuple[str, ...]] = []
 
@@ -463,6 +463,6 @@ def test_delete_workers_hook_deletes_only_this_clusters_workers(tmp_path, monkey
     monkeypatch.setenv("SLURMK8S_NAMESPACE", "slurm-mini")
     monkeypatch.setattr("provisioner.elastic.k8s_backend.ClientPodApi", Api)
     monkeypatch.setattr("provisioner.kubeapi.api_client", lambda *a, **k: None)
-    assert chart_mod.delete_workers_main([]) == 0
+    assert helmhooks.delete_workers_main([]) == 0
     assert calls == [("list", "slurm-mini", "slurmk8s.io/cluster=mini,app.kubernetes.io/component=worker"),
                      ("delete", "slurm-mini", "cpu-0"), ("delete", "slurm-mini", "cpu-1")]

@@ -39,7 +39,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("provisioner.controltier",),  # sleep / wake of the control tier, the login agent
     ("provisioner.livenodes",),  # the Slurm configuration follows the Kubernetes nodes (render, apply, drain)
     ("provisioner.reconcile", "provisioner.accounting", "provisioner.health", "provisioner.nodesync",
-     "provisioner.chart"),  # in-cluster daemons and hooks
+     "provisioner.chart", "provisioner.helmhooks"),  # in-cluster daemons and hooks
     ("provisioner.chartdefaults",),  # generates the chart's defaults from the spec (a developer's tool)
     ("provisioner.deploy", "provisioner.status", "provisioner.usercli", "provisioner.images",
      "provisioner.localk8s"),  # the laptop's commands
