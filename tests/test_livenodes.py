@@ -8,6 +8,7 @@ Each case says what the loop writes, whether it reconfigures, and what it drains
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -387,3 +388,51 @@ def test_a_node_object_without_a_name_is_reported_not_a_crash(cluster):
     cluster.nodes.append({"metadata": {"labels": {"pool": "gpu"}}, "status": {}})
     outcome = cluster.live.step()
     assert "do not give a valid cluster" in outcome.error and cluster.slurm.updates == []
+
+
+def test_reading_the_nodes_imports_no_generated_api(tmp_path):
+    """slurmctld's start (and wake) renders from the nodes of a pinned pool: read through the raw
+    seam, not CoreV1Api, whose import alone cost 0.6 s of the wake on the 2-core machine (issue 45).
+    A real HTTP server answers /api/v1/nodes; the reader runs in a fresh interpreter."""
+    import subprocess
+    import sys
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    seen: list[str] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            seen.append(self.path)
+            body = json.dumps({"kind": "NodeList", "items": [{"metadata": {"name": "k-1"}}]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        kubeconfig = tmp_path / "kubeconfig"
+        kubeconfig.write_text(json.dumps({
+            "apiVersion": "v1", "kind": "Config", "current-context": "c",
+            "clusters": [{"name": "c", "cluster": {"server": f"http://127.0.0.1:{server.server_port}"}}],
+            "users": [{"name": "u", "user": {"token": "t"}}],
+            "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}]}))
+        code = ("import json, os, sys; from provisioner.livenodes.source import read_nodes; "
+                "nodes = read_nodes(os.environ); "
+                "print(json.dumps([[n['metadata']['name'] for n in nodes], "
+                "sorted(m for m in sys.modules if m.startswith('kubernetes.client.api.'))]))")
+        env = {k: v for k, v in os.environ.items() if k != "KUBERNETES_SERVICE_HOST"}
+        done = subprocess.run([sys.executable, "-c", code], env={**env, "KUBECONFIG": str(kubeconfig)},
+                              capture_output=True, text=True, timeout=60)
+    finally:
+        server.shutdown()
+    assert done.returncode == 0, done.stderr
+    names, apis = json.loads(done.stdout)
+    assert names == ["k-1"] and seen == ["/api/v1/nodes"]
+    assert apis == [], f"generated API modules imported: {apis}"
