@@ -100,6 +100,8 @@ class Front:
             return ""
         if self._waking is None or self._waking.done():
             self._waking = asyncio.get_running_loop().create_task(self._wake(reason))
+            # its failure is heard by the requests waiting then; one none waited for is not an error
+            self._waking.add_done_callback(lambda t: t.cancelled() or t.exception())
         try:
             await asyncio.wait_for(asyncio.shield(self._waking), self.hold)
         except asyncio.TimeoutError:
@@ -122,7 +124,7 @@ class Front:
         self._awake_at = time.monotonic()
 
     def activity(self) -> dict[str, Any]:
-        """The login agent's /activity document: no SSH sessions here, the last token-bearing request."""
+        """The login agent's /activity document: no SSH sessions here, the last request with a good token."""
         return {"sessions": 0, "users": [], "updated": time.time(), "last_request": self.last_request}
 
     # -- one connection
