@@ -202,8 +202,8 @@ def _rest_get(url: str, token: str) -> tuple[int, dict[str, str], float]:
 
 
 def test_a_rest_request_wakes_the_asleep_tier_and_rest_use_keeps_it_awake(sleepy_cluster: sleepy.Sleepy):
-    """The REST front (provisioner.controltier.restfront): a request with a token to an asleep
-    cluster wakes it and is answered once slurmctld is up (or 503 + Retry-After while it wakes),
+    """The REST front (provisioner.controltier.restfront): a bad token is a 401 from the front and
+    the tier stays asleep; a request with a good token to an asleep cluster wakes it and is answered once slurmctld is up (or 503 + Retry-After while it wakes),
     never refused or hung; a pipeline polling the API counts as use for the idle clock."""
     c = sleepy_cluster
     proc = subprocess.run(
@@ -219,6 +219,17 @@ def test_a_rest_request_wakes_the_asleep_tier_and_rest_use_keeps_it_awake(sleepy
         sleepy.wait_asleep(240)
     except pytest.fail.Exception:
         pytest.fail("not asleep again:\n" + _diagnose(c))
+    # a token the front cannot verify (garbage; alice's, its signature changed) is refused by the
+    # front itself, at once, and neither wakes the tier nor counts as use (issue 40 item 10)
+    wakes = len(sleepy.events("WakeRequested"))
+    head, payload, sig = token.split(".")
+    for bad in ("garbage", f"{head}.{payload}.{sig[:-4]}AAAA"):
+        status, _h, took = _rest_get(url, bad)
+        assert status == 401 and took < 5, (bad[:12], status, took)
+    time.sleep(5)
+    state = sleepy.recorded()
+    assert state.get("slurmk8s.io/state") == "asleep" and sleepy.controller()["spec"].get("replicas") == 0, state
+    assert len(sleepy.events("WakeRequested")) == wakes, "a refused token woke the tier:\n" + _diagnose(c)
     t0 = time.monotonic()
     answers = []
     while True:

@@ -77,7 +77,7 @@ SLURMDBD_CONF_SECRET = "slurmdbd-conf"  # slurmdbd.conf without StoragePass; onl
 # the REST API (spec.rest): slurmrestd and the JWT key slurmctld and slurmdbd sign and check tokens with
 REST = "slurmrestd"  # Deployment, Service, component
 REST_CONFIG = "slurmrestd-config"  # slurmrestd's client slurm.conf (no secret in it)
-JWT_SECRET = "slurm-jwt"  # key "jwt_hs256.key": the raw HS256 key; mounted by slurmctld and slurmdbd only
+JWT_SECRET = "slurm-jwt"  # key "jwt_hs256.key": the raw HS256 key; mounted by slurmctld, slurmdbd and the REST front
 JWT_KEY_FILE = "jwt_hs256.key"
 DB_NAME = "slurm_acct_db"
 DB_USER = "slurm"

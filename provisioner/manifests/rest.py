@@ -19,10 +19,10 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from ..config import ClusterSpec
-from .common import (ClusterSecrets, K8sSite, _config_volume, _container_security, _meta, _pod_security,
+from .common import (ClusterSecrets, K8sSite, _config_volume, _container_security, _meta, _pod_security, _secret_volume,
                      content_hash, controller_address, dns_searches, service_account_token_volume, service_fqdn,
                      sleeps)
-from ..names import (A_CONFIG_HASH, A_USERS_HASH, ACTIVITY_PORT, AGENT_UID, BIN_DIR, CONTROLLER_POD, JWT_KEY_FILE,
+from ..names import (A_CONFIG_HASH, A_USERS_HASH, ACTIVITY_PORT, AGENT_UID, BIN_DIR, CONTROLLER_POD, JWT_DIR, JWT_KEY_FILE,
                     JWT_SECRET, L_SUBDOMAIN, REST, REST_CONFIG, REST_FRONT, REST_LOCAL_PORT, REST_PORT, REST_UID,
                     SA_TOKEN_DIR, SLURM_CONF_DIR, SLURMCTLD_PORT, SLURMDBD, SLURMDBD_PORT, USER_FILES, USERS_CONFIG,
                     USERS_DIR, WORKERS, base_labels, selector)
@@ -56,7 +56,8 @@ def rest_conf(spec: ClusterSpec, site: K8sSite = K8sSite()) -> str:
 
 
 def jwt_secret(spec: ClusterSpec, jwt_key_b64: Any) -> dict[str, Any]:
-    """The per-cluster JWT key (base64 of its raw bytes). Mounted by slurmctld and slurmdbd only."""
+    """The per-cluster JWT key (base64 of its raw bytes). Mounted by slurmctld and slurmdbd, and with
+    idle_teardown by the REST front's container (to check tokens; slurmrestd's never)."""
     return {
         "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
         "metadata": _meta(spec, JWT_SECRET, "auth"),
@@ -152,7 +153,8 @@ def rest_deployment(spec: ClusterSpec, files: Mapping[str, str], site: K8sSite =
 def _add_front(spec: ClusterSpec, pod_spec: dict[str, Any], site: K8sSite) -> None:
     """The waking front (``python -m provisioner.controltier.restfront``, slurmctld image) on the
     Service's port, before slurmrestd on REST_LOCAL_PORT. It alone gets the pod's ServiceAccount
-    token (the login agent's rights: wake the tier) and serves its activity on ACTIVITY_PORT; the
+    token (the login agent's rights: wake the tier) and the JWT key (to check a request's token
+    before it wakes or counts), and serves its activity on ACTIVITY_PORT; the
     pod is named ``slurmrestd`` under the workers' subdomain so the reconcile loop finds it there."""
     front = {
         "name": REST_FRONT,
@@ -162,20 +164,26 @@ def _add_front(spec: ClusterSpec, pod_spec: dict[str, Any], site: K8sSite) -> No
         "command": ["/usr/bin/tini", "--", f"{BIN_DIR}/python", "-m", "provisioner.controltier.restfront",
                     "--namespace", spec.namespace_name, "--port", str(REST_PORT),
                     "--upstream", f"127.0.0.1:{REST_LOCAL_PORT}", "--controller", controller_address(spec, site),
-                    "--activity-port", str(ACTIVITY_PORT)],
+                    "--activity-port", str(ACTIVITY_PORT), "--jwt-key", f"{JWT_DIR}/{JWT_KEY_FILE}"],
         "ports": [{"name": "http", "containerPort": REST_PORT, "protocol": "TCP"},
                   {"name": "activity", "containerPort": ACTIVITY_PORT, "protocol": "TCP"}],
         "readinessProbe": {"tcpSocket": {"port": ACTIVITY_PORT}, "periodSeconds": 3},
         "resources": {"requests": {"cpu": "10m", "memory": "64Mi"}},
         "securityContext": {**_container_security(()), "runAsUser": AGENT_UID, "runAsGroup": AGENT_UID,
                             "runAsNonRoot": True, "readOnlyRootFilesystem": True},
-        "volumeMounts": [{"name": "front-token", "mountPath": SA_TOKEN_DIR, "readOnly": True}],
+        # the JWT key: the front checks a request's token before it wakes or counts (a garbage one
+        # would otherwise wake the tier and keep it awake); slurmrestd's container does not mount it
+        "volumeMounts": [{"name": "front-token", "mountPath": SA_TOKEN_DIR, "readOnly": True},
+                         {"name": "front-jwt-key", "mountPath": JWT_DIR, "readOnly": True}],
     }
     pod_spec["hostname"] = REST
     pod_spec["subdomain"] = WORKERS
     pod_spec["serviceAccountName"] = REST_FRONT
     pod_spec["containers"].insert(0, front)
     pod_spec["volumes"].append(service_account_token_volume("front-token"))
+    # 0444: the front runs as AGENT_UID, not the Secret file's root; only its container mounts it
+    pod_spec["volumes"].append(_secret_volume("front-jwt-key", JWT_SECRET, 0o444,
+                                              [{"key": JWT_KEY_FILE, "path": JWT_KEY_FILE}]))
 
 
 def jwt_objects(spec: ClusterSpec, secrets: ClusterSecrets) -> list[dict[str, Any]]:
