@@ -12,6 +12,8 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from provisioner import manifests as m
 from provisioner.config import load_spec, parse_spec
 from provisioner.names import USER_FILES
@@ -223,18 +225,19 @@ REFUSED = {
 }
 
 
-def test_a_bad_token_is_answered_401_by_the_front_and_neither_wakes_nor_counts():
-    for case, header in REFUSED.items():
-        tier = Tier(asleep=True)
+@pytest.mark.parametrize("case", sorted(REFUSED))
+def test_a_bad_token_is_answered_401_by_the_front_and_neither_wakes_nor_counts(case):
+    header = REFUSED[case]
+    tier = Tier(asleep=True)
 
-        async def scenario(front, port, seen):
-            status, headers, body = await _get(port, headers=f"X-SLURM-USER-NAME: alice\r\n{header}\r\n")
-            assert status == 401 and seen == [], (case, status)  # never reaches slurmrestd
-            assert "token is refused" in json.loads(body)["errors"][0]["error"], case
-            assert front.last_request is None and "retry-after" not in headers, case
+    async def scenario(front, port, seen):
+        status, headers, body = await _get(port, headers=f"X-SLURM-USER-NAME: alice\r\n{header}\r\n")
+        assert status == 401 and seen == [], (case, status)  # never reaches slurmrestd
+        assert "token is refused" in json.loads(body)["errors"][0]["error"], case
+        assert front.last_request is None and "retry-after" not in headers, case
 
-        _run(tier, scenario)
-        assert tier.calls == [] and tier.asleep, case
+    _run(tier, scenario)
+    assert tier.calls == [] and tier.asleep, case
 
 
 def test_a_bearer_token_wakes_as_x_slurm_user_token_does():
