@@ -364,6 +364,12 @@ def test_a_reconfigure_during_a_boot_wait_blocks_no_slurm_command(topo: Login, t
     reconfigure runs, and no `squeue` takes more than 5 s; the job runs once the node has room."""
     full, moved = "e2e-topo-a2", "e2e-topo-b1"
     kubectl("delete", "pod", "-n", "default", "e2e-filler", "--ignore-not-found", "--wait=true")
+    # a worker pod of an earlier test still on that node (roam-0 until its SuspendTime) would be
+    # counted by the filler and then free its CPU: the job's pod started there after 7 s in a CI run,
+    # its boot wait ending before the reconfigure it was to be released for
+    wait_for(f"no worker pod on {full}", lambda: not kjson(
+        "get", "pods", "-A", "-l", "app.kubernetes.io/component=worker",
+        "--field-selector", f"spec.nodeName={full}")["items"], 180, interval=1)
     kubectl("apply", "-f", "-", input=json.dumps(_filler(full)))
     wait_for("the filler pod running", lambda: kjson("get", "pod", "-n", "default", "e2e-filler")["status"].get(
         "phase") == "Running", 60, interval=1)
