@@ -222,7 +222,9 @@ MUTATIONS: dict[str, tuple[str, Callable[[dict[str, Any]], Any], str]] = {
     "control-plane-toleration": ("h100", lambda p: p["spec"]["tolerations"].append(
         {"key": "node-role.kubernetes.io/control-plane", "operator": "Exists", "effect": "NoSchedule"}),
         "the pod tolerates node-role.kubernetes.io/control-plane other than the template of pool h100"),
-    "priority-class": ("spot", lambda p: p["spec"].update(priorityClassName="system-node-critical"),
+    # with the priority the Priority admission plugin resolves from the class; the API server's
+    # map order is random, and the message names the field the creator set, every time
+    "priority-class": ("spot", lambda p: p["spec"].update(priority=2000001000, priorityClassName="system-node-critical"),
                        "the pod sets priorityClassName other than the template of pool spot"),
     "runtime-class": ("spot", lambda p: p["spec"].update(runtimeClassName="runc-unconfined"),
                       "the pod sets runtimeClassName other than the template of pool spot"),

@@ -304,6 +304,13 @@ TEMPLATE_VARIABLES: list[dict[str, str]] = [
                            " + variables.tAnnotations.filter(k, !(k in variables.annotations))"),
     _var("podDefaults", POD_DEFAULTS),
     _var("offFields", _off("object.spec", "variables.tSpec", POD_PER_NODE, "variables.podDefaults")),
+    # the one field the refusal names, the same on every try (a map's order is random in the API
+    # server): the least by name of those the creator set, before those the API server fills in
+    # from them (the Priority plugin's priority, from priorityClassName)
+    _var("offSet", "variables.offFields.filter(k, !(k in variables.podDefaults))"),
+    _var("offNamed", "(size(variables.offSet) > 0 ? variables.offSet : variables.offFields)"
+                     ".filter(k, (size(variables.offSet) > 0 ? variables.offSet : variables.offFields)"
+                     ".all(j, j >= k))"),
     _var("missingFields", _missing("object.spec", "variables.tSpec", POD_PER_NODE)),
     _var("tolerations", "has(object.spec.tolerations) ? object.spec.tolerations : []"),
     _var("tTolerations", "has(variables.tSpec.tolerations) ? variables.tSpec.tolerations : []"),
@@ -369,7 +376,7 @@ TEMPLATE_VALIDATIONS_ARGS: list[tuple[str, str, str]] = [
      "the pod's hostname and node label are not its name",
      f"'the hostname and the label {L_NODE} of pod ' + object.metadata.name + ' must be its name, the Slurm node\\'s'"),
     ("size(variables.offFields) == 0", "the pod sets a field other than the template",
-     "'the pod sets ' + variables.offFields[0] + " + _OF_POOL
+     "'the pod sets ' + variables.offNamed[0] + " + _OF_POOL
      + " + ' (only the node\\'s name, placement and size differ from it)'"),
     ("size(variables.missingFields) == 0", "the pod lacks a field of the template",
      "'the pod lacks ' + variables.missingFields[0] + ', which the template of pool ' + variables.pool + ' sets'"),

@@ -143,7 +143,7 @@ The worker pods' admission policy without the spec's values (templates/admission
     {
       "expression": "size(variables.offFields) == 0",
       "message": "slurmk8s: the controller may only create worker pods from the pool templates: the pod sets a field other than the template",
-      "messageExpression": "'slurmk8s: the controller may only create worker pods from the pool templates: ' + 'the pod sets ' + variables.offFields[0] + ' other than the template of pool ' + variables.pool + ' (only the node\\'s name, placement and size differ from it)'",
+      "messageExpression": "'slurmk8s: the controller may only create worker pods from the pool templates: ' + 'the pod sets ' + variables.offNamed[0] + ' other than the template of pool ' + variables.pool + ' (only the node\\'s name, placement and size differ from it)'",
       "reason": "Forbidden"
     },
     {
@@ -313,6 +313,14 @@ The worker pods' admission policy without the spec's values (templates/admission
     {
       "expression": "object.spec.filter(k, !(k in ['affinity', 'containers', 'hostname', 'nodeName', 'tolerations', 'volumes'] || (k in variables.tSpec ? object.spec[k] == variables.tSpec[k] : (k in variables.podDefaults && object.spec[k] == variables.podDefaults[k]))))",
       "name": "offFields"
+    },
+    {
+      "expression": "variables.offFields.filter(k, !(k in variables.podDefaults))",
+      "name": "offSet"
+    },
+    {
+      "expression": "(size(variables.offSet) > 0 ? variables.offSet : variables.offFields).filter(k, (size(variables.offSet) > 0 ? variables.offSet : variables.offFields).all(j, j >= k))",
+      "name": "offNamed"
     },
     {
       "expression": "variables.tSpec.filter(k, !(k in ['affinity', 'containers', 'hostname', 'nodeName', 'tolerations', 'volumes']) && !(k in object.spec))",
