@@ -375,9 +375,22 @@ def drain_reason(failed: Sequence[Result]) -> str:
     return reason[:REASON_MAX].replace('"', "'")
 
 
-def should_drain(node: SlurmNode | None) -> bool:
-    """Do not overwrite an operator's drain (or an earlier health drain) with ours."""
-    return node is None or "DRAIN" not in node.state
+# Slurm's flags of a node being suspended or suspended: its worker is going away
+LEAVING = ("POWER_DOWN", "POWERING_DOWN", "POWERED_DOWN")
+
+
+def why_not_drain(node: SlurmNode | None) -> str | None:
+    """Why this check's failure drains nothing, or None to drain. An operator's drain (or an
+    earlier health drain) keeps its reason. A node on its way down is left alone: suspending
+    it cleared its DRAIN (SlurmctldParameters=idle_on_node_suspend) so that its next resume
+    gets a fresh worker, checked at its start; draining it again in the grace before this
+    worker is gone would leave it drained while powered down."""
+    if node is None:
+        return None
+    if "DRAIN" in node.state:
+        return f"already drained ({node.reason}); not overwriting the reason"
+    leaving = [flag for flag in LEAVING if flag in node.state]
+    return f"not draining: the node is {leaving[0]} (its next worker is checked at its start)" if leaving else None
 
 
 def drain_argv(node: str, reason: str) -> list[str]:
@@ -585,8 +598,8 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     reason = drain_reason(failed)
     if args.no_drain:
         log.write(f"would drain ({reason}); --no-drain")
-    elif not should_drain(node):
-        log.write(f"already drained ({node.reason if node else '?'}); not overwriting the reason")
+    elif (why := why_not_drain(node)) is not None:
+        log.write(why)
     else:
         proc = runner(drain_argv(node_name, reason), 15)
         if proc is None or proc.returncode != 0:

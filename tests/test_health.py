@@ -232,6 +232,23 @@ def test_runner_keeps_an_existing_drain_reason_and_honours_no_drain(monkeypatch)
     assert not [c for c in run.calls if c[:2] == ["scontrol", "update"]]
 
 
+@pytest.mark.parametrize("flag", ["POWER_DOWN", "POWERING_DOWN", "POWERED_DOWN"])
+def test_a_node_on_its_way_down_is_not_drained_again(monkeypatch, flag):
+    """Suspending an idle node clears its DRAIN (idle_on_node_suspend) so that its next resume
+    gets a fresh worker; a periodic check of the old worker in the grace before it is gone must
+    not drain it again, or the node stays drained while powered down (CI stop 49)."""
+    monkeypatch.setattr(health, "read_text", lambda p: None)  # no /proc/meminfo: memory fails
+    monkeypatch.setattr(health, "statvfs", lambda p: FsStat(100 * GIB, 50 * GIB, fsid=1))
+    leaving = json.dumps({"nodes": [{"name": "cpu-0", "real_memory": 1024, "state": ["IDLE", flag],
+                                     "reason": ""}]})
+    run = FakeRunner(leaving)
+    lines: list[str] = []
+    monkeypatch.setattr(health.Log, "write", lambda self, message: lines.append(message))
+    assert health.main([], env={"SLURMD_NODENAME": "cpu-0", "SLURMK8S_HEALTH_LOG": ""}, runner=run) == 1
+    assert not [c for c in run.calls if c[:2] == ["scontrol", "update"]]
+    assert any(f"not draining: the node is {flag}" in line for line in lines), lines
+
+
 def test_drain_reason_is_bounded_and_counts_the_other_failures():
     failed = [health.Result("disk", FAIL, 'x"' * 300), health.Result("shm", FAIL, "small")]
     reason = health.drain_reason(failed)
