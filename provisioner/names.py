@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .accounts import AGENT_UID, IMAGE_GROUPS, IMAGE_USERS, REST_UID, RESERVED_IDS, SLURM_UID  # noqa: F401 (re-exported)
+from .accounts import AGENT_UID, REST_UID, SLURM_UID  # noqa: F401 (re-exported for the manifests)
 from .podfiles import SA_DIR
 
 if TYPE_CHECKING:

@@ -178,7 +178,7 @@ class Loop:
     :meth:`one_pass` per period (:func:`main`)."""
 
     def __init__(self, args: argparse.Namespace, env: Mapping[str, str], log: "Log", stop: threading.Event) -> None:
-        from ..elastic.programs import DEFAULT_INVENTORY
+        from ..elastic.context import DEFAULT_INVENTORY
 
         self.args, self.env, self.log, self.stop = args, env, log, stop
         overrides = {k: v for k, v in (("grace", args.grace), ("pending_timeout", args.pending_timeout),
@@ -303,7 +303,7 @@ def start(args: argparse.Namespace) -> Loop | None:
     """Everything before the first pass: the log, metrics endpoint, SIGTERM, the wait for the
     configuration, the programs' socket and boot gate, the idle watch, the node follower. None when
     the pod stopped while waiting for its configuration."""
-    from ..elastic.programs import DEFAULT_LOG, program_env
+    from ..elastic.context import DEFAULT_LOG, program_env
     from ..elastic.warm import serve as serve_programs
     from ..livenodes.cache import cache_from_env
     from ..logs import Log
