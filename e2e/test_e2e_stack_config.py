@@ -15,11 +15,13 @@ from pathlib import Path
 import pytest
 
 from provisioner.deploy.automation import find_toolchain
+from provisioner.deploy.keys import DB_PASSWORD, HOST_KEYS, MUNGE_KEY
 
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parent.parent
-SECRETS = ("mungeKey", "accountingDbPassword", "sshHostKeyEd25519", "sshHostKeyEcdsa", "sshHostKeyRsa")
+# the stack's required secrets (the JWT key is optional: stacks without REST lack it)
+SECRETS = (MUNGE_KEY, DB_PASSWORD, *HOST_KEYS.values())
 
 
 @pytest.fixture
@@ -57,7 +59,7 @@ def test_the_pulumi_cli_refuses_incomplete_or_wrong_stack_config(stack):
         _set(stack, key, "x", secret=True)
     _set(stack, SECRETS[0], "plain")  # a secret in plain text
     plain = stack("preview")
-    assert "'slurmk8s:mungeKey' must be encrypted" in plain.stdout + plain.stderr, plain.stdout + plain.stderr
+    assert f"'slurmk8s:{MUNGE_KEY}' must be encrypted" in plain.stdout + plain.stderr, plain.stdout + plain.stderr
     _set(stack, SECRETS[0], "x", secret=True)
     _set(stack, "wait", "sometimes")
     typed = stack("preview")
