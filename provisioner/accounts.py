@@ -28,3 +28,14 @@ IMAGE_GROUPS: dict[str, int] = {
 }
 # ids no spec user or group may have: the images' and the login agent's
 RESERVED_IDS: frozenset[int] = frozenset({*IMAGE_USERS.values(), *IMAGE_GROUPS.values(), AGENT_UID})
+
+
+def reserved_ids_named(at_least: int = 1000) -> str:
+    """The reserved ids from `at_least` up, each with its accounts' names ("slurm 64030, ...,
+    nobody/nogroup 65534"), for an error that says which to avoid."""
+    owners: dict[int, list[str]] = {AGENT_UID: ["the login agent"]}
+    for table in (IMAGE_USERS, IMAGE_GROUPS):
+        for name, xid in table.items():
+            if name not in owners.setdefault(xid, []):
+                owners[xid].append(name)
+    return ", ".join(f"{'/'.join(owners[xid])} {xid}" for xid in sorted(RESERVED_IDS) if xid >= at_least)

@@ -25,7 +25,7 @@ from pydantic import (
 )
 
 from .errors import Issue, SpecError
-from .accounts import IMAGE_GROUPS, IMAGE_USERS, RESERVED_IDS
+from .accounts import IMAGE_GROUPS, IMAGE_USERS, RESERVED_IDS, reserved_ids_named
 
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 POSIX_NAME = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
@@ -134,8 +134,8 @@ class Model(BaseModel):
 
 def _not_reserved(v: int, field: str) -> int:
     if v in RESERVED_IDS:
-        raise ValueError(f"{field} {v} belongs to a system account of the images (slurm 64030, slurmrestd 6820, "
-                         f"mysql 64031, the login agent 65532, nobody/nogroup 65534); pick another")
+        raise ValueError(f"{field} {v} belongs to a system account of the images ({reserved_ids_named()}); "
+                         "pick another")
     return v
 
 

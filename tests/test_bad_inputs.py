@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from factories import AWS, node, node_list
 from provisioner.cli import app
+from provisioner.accounts import RESERVED_IDS
 from provisioner.config import parse_spec
 from provisioner.errors import InventoryError, Problem, SpecError, TopologyError
 from provisioner.generate import generate
@@ -194,3 +195,14 @@ def test_cli_writes_nothing_on_bad_input(tmp_path: Path, spec, nodes, kind, fiel
     assert result.exit_code == 2, result.output
     assert field in result.output and "Fix:" in result.output
     assert not out.exists() or not any(out.iterdir())
+
+
+def test_a_reserved_id_is_refused_naming_every_account_to_avoid():
+    """The message is made from accounts.py's tables, so it names what the check refuses."""
+    with pytest.raises(SpecError) as info:
+        parse_spec(spec_with(users=[{"name": "alice", "uid": 64031}]))
+    message = str(info.value)
+    assert "uid 64031 belongs to a system account of the images" in message, message
+    for xid in sorted(x for x in RESERVED_IDS if x >= 1000):
+        assert f" {xid}" in message, (xid, message)
+    assert "mysql 64031" in message and "the login agent 65532" in message and "nobody/nogroup 65534" in message
