@@ -91,8 +91,8 @@ class SimBackend(FakeBackend):
         super().__init__()
         self.clock = clock
 
-    def create(self, node: SlurmNode) -> None:
-        super().create(node)
+    def create(self, node: SlurmNode, group=None) -> None:
+        super().create(node, group)
         w = self.workers[node.name]
         if w.created_at != self.clock():
             self.workers[node.name] = replace(w, created_at=self.clock(), phase="Pending", version="1")

@@ -738,6 +738,25 @@ class ContainerJobs(Model):
         return {"type": "Unconfined"}
 
 
+class PoolKueue(Model):
+    """The pool's worker pods under a Kueue LocalQueue of the cluster's namespace (docs/kueue.md).
+    The pods one power-up creates for one job are one Kueue pod group: admitted together or not at
+    all, within the ClusterQueue's quota."""
+
+    queue: str = Field(description="The LocalQueue (in the cluster's namespace) the pods are submitted to.")
+    priority_class: str | None = Field(
+        default=None, description="A Kueue WorkloadPriorityClass for the pods' workloads (preemption order "
+        "within the ClusterQueue and its cohort); default: Kueue's default priority.")
+
+    @field_validator("queue", "priority_class")
+    @classmethod
+    def _names(cls, v: str | None) -> str | None:
+        if v is not None and (not K8S_NAME.match(v) or len(v) > 63):
+            raise ValueError(f"{v!r} is not a Kubernetes object name; use lowercase letters, digits, '-' and '.' "
+                             "(at most 63)")
+        return v
+
+
 class Pool(Model):
     """A set of Slurm nodes of one shape, backed by worker pods created on demand."""
 
@@ -802,6 +821,9 @@ class Pool(Model):
         description="Job steps in OCI containers (srun --container); off by default. `containers: true` "
         "enables them with seccomp Unconfined (Pod Security 'privileged'). docs/containers.md.",
     )
+    kueue: PoolKueue | None = Field(
+        default=None, description="Submit the worker pods to a Kueue LocalQueue (quota, all-or-nothing per "
+        "job, preemption); default: the pods are created outside any queue. docs/kueue.md.")
 
     @field_validator("name")
     @classmethod

@@ -192,7 +192,7 @@ class SlowBackend(FakeBackend):
         self.slow = slow
         self.release = threading.Event()
 
-    def create(self, node: SlurmNode) -> None:
+    def create(self, node: SlurmNode, group=None) -> None:
         if node.name in self.slow:
             self.release.wait(self.delay)
         super().create(node)
@@ -219,7 +219,7 @@ def test_parallelism_is_bounded():
             self.now = self.peak = 0
             self.lock = threading.Lock()
 
-        def create(self, node: SlurmNode) -> None:
+        def create(self, node: SlurmNode, group=None) -> None:
             with self.lock:
                 self.now += 1
                 self.peak = max(self.peak, self.now)

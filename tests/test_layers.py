@@ -24,7 +24,9 @@ PKG = ROOT / "provisioner"
 # (e.g. provisioner.reconcile.act from provisioner.reconcile.classify); nothing else.
 LAYERS: list[tuple[str, ...]] = [
     # podfiles: the slurmctld pod's first step, standard library only; accounts: the images' own
-    ("provisioner", "provisioner.accounts", "provisioner.errors", "provisioner.logs", "provisioner.podfiles"),
+    # kueue: Kueue's names and the pod groups of a resume (the programs' hot path)
+    ("provisioner", "provisioner.accounts", "provisioner.errors", "provisioner.kueue", "provisioner.logs",
+     "provisioner.podfiles"),
     ("provisioner.config",),
     # object names, labels, ports: the builders' and the runtime's (the CLI's wake) shared constants, light
     ("provisioner.names",),

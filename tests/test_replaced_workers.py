@@ -44,8 +44,11 @@ class ResumeRacesTheLoop:
             self.replace()
         return workers
 
-    def create(self, node):
-        self.inner.create(node)
+    def create(self, node, group=None):
+        self.inner.create(node, group)
+
+    def queues(self):
+        return self.inner.queues()
 
     def delete(self, name, uid=None, force=False, version=None):
         if uid is None:

@@ -15,6 +15,7 @@ from typing import Mapping, Protocol, Sequence
 
 from ..errors import SlurmK8sError
 from ..inventory import SlurmNode
+from ..kueue import PodGroup
 
 
 class BackendError(SlurmK8sError):
@@ -63,10 +64,17 @@ class Worker:
     # the version of the worker as listed (the pod's metadata.resourceVersion; '' where the backend
     # has none): any write to the pod changes it, a resume's adoption included (NodeBackend.adopt)
     version: str = ""
+    # the Kueue pod group the worker belongs to and the group's size ('' and 0: none)
+    group: str = ""
+    group_total: int = 0
+    gated: bool = False  # Kueue holds it back (its scheduling gates): not admitted yet
 
 
 class NodeBackend(Protocol):
-    def create(self, node: SlurmNode) -> None: ...
+    def create(self, node: SlurmNode, group: PodGroup | None = None) -> None:
+        """Create the node's worker (or keep the one there, same spec). `group`: the Kueue pod
+        group it joins (a pool under Kueue, one power-up of a job); a backend without Kueue
+        ignores it."""
 
     def delete(self, name: str, uid: str | None = None, force: bool = False, version: str | None = None) -> None:
         """Remove the node's worker. With `uid`, only that worker: another worker by the name now
@@ -88,6 +96,10 @@ class NodeBackend(Protocol):
         """The workers, by Slurm node name: all of them, or those of `names` only (the backend may
         ask its API for just those, so a call about a few nodes costs the same in a cluster of any
         size)."""
+        ...
+
+    def queues(self) -> Mapping[str, str]:
+        """The Kueue LocalQueue of each pool under Kueue (pool -> queue); empty without Kueue."""
         ...
 
 

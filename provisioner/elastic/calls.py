@@ -48,7 +48,7 @@ def act(backend: "NodeBackend", decision: Decision) -> Outcome:
             # ADOPT here: the worker was not kept (a delete came first, or it died): the node's next one
             if decision.slurm_node is None:
                 raise BackendError(decision.node, "no inventory entry to create the worker from")
-            backend.create(decision.slurm_node)
+            backend.create(decision.slurm_node, decision.group)
     except BackendError as err:
         return Outcome(decision, False, err.reason, time.monotonic() - start)
     except Exception as err:  # noqa: BLE001 -- a bug for one node must still end as that node's DOWN reason

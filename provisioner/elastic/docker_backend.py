@@ -27,6 +27,7 @@ from typing import Any, Mapping, Sequence
 
 from ..errors import SlurmK8sError
 from ..inventory import SlurmNode
+from ..kueue import PodGroup
 from .backend import BackendError, Worker, WorkerGone, WorkerReplaced
 
 API = "/v1.41"
@@ -214,7 +215,7 @@ class DockerBackend:
             raise BackendError("*", f"cannot read {self.config.overrides_path}: {err}") from None
         return data if isinstance(data, dict) else {}
 
-    def create(self, node: SlurmNode) -> None:
+    def create(self, node: SlurmNode, group: PodGroup | None = None) -> None:  # no Kueue here: group unused
         overrides = self._overrides()
         injected = (overrides.get("fail") or {}).get(node.name)
         if injected:
@@ -287,6 +288,9 @@ class DockerBackend:
                                retryable=True) from None
         state = ((info.get("State") or {}).get("Status") if isinstance(info, dict) else "") or ""
         return status == 200 and state in ("created", "running")
+
+    def queues(self) -> dict[str, str]:
+        return {}  # no Kueue on the Docker test bed
 
     def list(self, names: Sequence[str] | None = None) -> dict[str, Worker]:
         filters = json.dumps({"label": [f"{LABEL_CLUSTER}={self.config.cluster}"]})

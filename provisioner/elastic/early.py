@@ -31,7 +31,8 @@ def run_early_resume(args: Sequence[str], ctx: Context, gate: "BootGate | None" 
     in backoff is left alone, nothing is set DOWN, no failure is recorded. Slurm's own resume call
     for the same nodes decides everything as always: it finds the pods made here (and keeps them),
     and retries a create that failed here, with the full handling of a failure."""
-    from .plan import Action, plan_resume
+    from ..kueue import new_token
+    from .plan import Action, plan_resume, with_groups
 
     job, names = (args[0], node_names(args[1:2], ctx, "early resume")) if args else ("?", None)
     try:  # when the prolog read the nodes powered down (wall clock), if it says
@@ -61,6 +62,9 @@ def run_early_resume(args: Sequence[str], ctx: Context, gate: "BootGate | None" 
         creates = [d for d in creates if d.node in held]
     if not creates:
         return RunResult(0)
+    if job.isdigit():  # pools under Kueue: the pods made here for the job are one pod group
+        creates = with_groups(creates, [(int(job), [d.node for d in creates])], {}, ctx.backend().queues(),
+                              new_token())
     from .calls import execute
 
     outcomes, pending = execute(creates, ctx.backend(), deadline=ctx.start + ctx.budget_for(len(creates)),

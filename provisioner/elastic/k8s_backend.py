@@ -30,10 +30,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Protocol, Sequence
 
+from .. import kueue
 from .. import manifests as m
 from ..config import ClusterSpec, parse_spec
 from ..errors import SlurmK8sError
 from ..inventory import SlurmNode
+from ..kueue import PodGroup
 from ..kubeapi import MAX_REASON, MERGE_PATCH, ApiError, KubeConfigError, RawClient, api_client, api_path
 from ..manifests.admission import PREFIX as ADMISSION_PREFIX
 from ..names import A_ADOPTED
@@ -69,7 +71,7 @@ class PodApi(Protocol):
     def get(self, namespace: str, name: str) -> dict[str, Any]: ...
 
     def delete(self, namespace: str, name: str, *, grace_seconds: int | None = None,
-               uid: str | None = None, resource_version: str | None = None) -> None: ...
+               uid: str | None = None, resource_version: str | None = None) -> dict[str, Any]: ...
 
     def patch(self, namespace: str, name: str, body: Mapping[str, Any]) -> dict[str, Any]: ...
 
@@ -90,16 +92,17 @@ class ClientPodApi(RawClient):
         return self.request("GET", api_path("v1", namespace, "pods", name))
 
     def delete(self, namespace: str, name: str, *, grace_seconds: int | None = None, uid: str | None = None,
-               resource_version: str | None = None) -> None:
+               resource_version: str | None = None) -> dict[str, Any]:
         """Delete the pod, with `uid` and `resource_version` as preconditions where given (the API
-        server answers 409 Conflict when the pod is another one, or has changed since)."""
+        server answers 409 Conflict when the pod is another one, or has changed since). Returns the
+        pod as the deletion left it (a Status when it is gone at once)."""
         body: dict[str, Any] = {"apiVersion": "v1", "kind": "DeleteOptions"}
         if grace_seconds is not None:
             body["gracePeriodSeconds"] = grace_seconds
         preconditions = {k: v for k, v in (("uid", uid), ("resourceVersion", resource_version)) if v is not None}
         if preconditions:
             body["preconditions"] = preconditions
-        self.request("DELETE", api_path("v1", namespace, "pods", name), None, body)
+        return self.request("DELETE", api_path("v1", namespace, "pods", name), None, body)
 
     def patch(self, namespace: str, name: str, body: Mapping[str, Any]) -> dict[str, Any]:
         """A JSON merge patch of the pod; a metadata.resourceVersion in it is a precondition (409
@@ -207,7 +210,14 @@ def worker_from_pod(pod: Mapping[str, Any]) -> Worker:
         uid=str(meta.get("uid") or ""),
         host_lost=host_lost(pod),
         version=str(meta.get("resourceVersion") or ""),
+        group=labels.get(kueue.GROUP_LABEL, ""),
+        gated=any(g.get("name") in kueue.GATES for g in (pod.get("spec") or {}).get("schedulingGates") or ()),
+        group_total=_count((meta.get("annotations") or {}).get(kueue.GROUP_TOTAL)),
     )
+
+
+def _count(text: str | None) -> int:
+    return int(text) if text and text.isdigit() else 0
 
 
 @dataclass
@@ -282,13 +292,40 @@ class KubernetesBackend:
 
     def _delete(self, name: str, uid: str | None, grace: int | None = None) -> None:
         try:
-            self.api.delete(self.namespace, name, grace_seconds=grace, uid=uid)
+            pod = self.api.delete(self.namespace, name, grace_seconds=grace, uid=uid)
         except ApiError as err:
             if err.status == 404:
                 return
             if err.status == 409:  # precondition: the pod was replaced meanwhile; the caller looks again
                 return
             raise self._error(name, "delete", err) from None
+        self._release_from_kueue(name, pod)
+
+    def _release_from_kueue(self, name: str, pod: Mapping[str, Any] | None) -> None:
+        """A deleted pod of a Kueue pool goes like any other: Kueue's finalizer, which would keep it
+        until its whole pod group is done (the other nodes of the job may run on for hours, and
+        the node's next worker needs the name), is taken off. Kueue sees the deletion all the same,
+        and its group holds the quota until none of its pods is left (kueue.py)."""
+        for _ in range(self.max_attempts):
+            meta = (pod or {}).get("metadata") or {}
+            finalizers = list(meta.get("finalizers") or ())
+            if (pod or {}).get("kind", "Pod") != "Pod" or kueue.FINALIZER not in finalizers \
+                    or not meta.get("deletionTimestamp"):
+                return
+            rest = [f for f in finalizers if f != kueue.FINALIZER]
+            try:  # conditional on the version read: another controller's finalizer is never lost
+                self.api.patch(self.namespace, name, {"metadata": {"resourceVersion": meta.get("resourceVersion"),
+                                                                   "finalizers": rest}})
+                return
+            except ApiError as err:
+                if err.status == 404:
+                    return
+                if err.status != 409:
+                    raise self._error(name, "patch", err) from None
+            pod = self._get(name)
+            if pod is None or (pod.get("metadata") or {}).get("uid") != meta.get("uid"):
+                return
+        raise BackendError(name, f"pod {name} kept changing while Kueue's finalizer was taken off it", retryable=True)
 
     def _wait_gone(self, name: str, deadline: float) -> bool:
         while self.clock() < deadline:
@@ -335,11 +372,15 @@ class KubernetesBackend:
 
     # -- NodeBackend
 
-    def create(self, node: SlurmNode) -> None:
+    def create(self, node: SlurmNode, group: PodGroup | None = None) -> None:
         desired = m.worker_pod(self.spec, node, self.site)
         want_hash = desired["metadata"]["annotations"][m.A_SPEC_HASH]
-        # after the spec hash: the owner's uid changes with each deployment, not the pod's spec
+        # after the spec hash: the owner's uid changes with each deployment, not the pod's spec;
+        # a pool under Kueue: the pod group of this power-up of the node's job
         desired["metadata"]["ownerReferences"] = [self.owner_reference(node.name)]
+        if group is not None and self.spec.pool(node.pool).kueue is not None:
+            desired["metadata"]["labels"][kueue.GROUP_LABEL] = group.name
+            desired["metadata"]["annotations"][kueue.GROUP_TOTAL] = str(group.total)
         deadline = self.clock() + self.terminating_wait
         for _ in range(self.max_attempts):
             try:
@@ -357,7 +398,7 @@ class KubernetesBackend:
                                               f"node {node.name} exists in {self.namespace}; delete or rename it")
             phase = pod_phase(pod)
             if phase == "Terminating":
-                pass
+                self._release_from_kueue(node.name, pod)  # e.g. Kueue preempted it: it goes as any other
             elif phase in TERMINAL_PHASES:
                 # nothing runs in it any more: remove it at once
                 self._delete(node.name, meta.get("uid"), grace=0)
@@ -379,7 +420,8 @@ class KubernetesBackend:
             # with it): a pod that replaced it under the same name, or the same pod written since (a
             # resume adopted it, a delete began), fails the precondition (409) and stays
             try:
-                self.api.delete(self.namespace, name, uid=uid, grace_seconds=grace, resource_version=version or None)
+                pod = self.api.delete(self.namespace, name, uid=uid, grace_seconds=grace,
+                                      resource_version=version or None)
             except ApiError as err:
                 if err.status == 404:
                     raise WorkerGone(name, f"pod {name} (uid {uid}) is gone already: removed by another "
@@ -389,6 +431,7 @@ class KubernetesBackend:
                     raise WorkerReplaced(name, f"pod {name} was {since}, or replaced (uid {uid}); "
                                                "left alone, judged again by the next pass") from None
                 raise self._error(name, "delete", err) from None
+            self._release_from_kueue(name, pod)
             return
         pod = self._get(name)
         if pod is None:
@@ -427,6 +470,9 @@ class KubernetesBackend:
             meta = (pod or {}).get("metadata") or {}
             return meta.get("uid") == uid and pod_phase(pod) in KEPT_PHASES
         raise BackendError(name, f"pod {name} kept changing while a resume adopted it", retryable=True)
+
+    def queues(self) -> dict[str, str]:
+        return {p.name: p.kueue.queue for p in self.spec.pools if p.kueue is not None}
 
     @property
     def selector(self) -> str:

@@ -8,14 +8,15 @@ log every :class:`Decision` and then carry out only the actions it names.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 import hostlist
 
 from ..errors import SlurmK8sError
 from ..inventory import Inventory, SlurmNode
+from ..kueue import Member, PodGroup, assign_groups
 from .backend import Worker
 
 # Worker phases that mean "this worker will (or does) run slurmd for its node".
@@ -53,11 +54,13 @@ class Decision:
     jobs: tuple[int, ...] = ()  # jobs Slurm resumes the node for (from SLURM_RESUME_FILE)
     uid: str = ""  # REPLACE: the dead worker to remove (only that one, not one that replaced it); ADOPT: the one kept
     version: str = ""  # ADOPT: the kept worker's version as listed (the adoption's write is conditional on it)
+    group: PodGroup | None = None  # CREATE / REPLACE / ADOPT of a pool under Kueue: the pod group it joins
 
     def describe(self) -> str:
         jobs = f" jobs={','.join(map(str, self.jobs))}" if self.jobs else ""
+        group = f" group={self.group.name}/{self.group.total}" if self.group else ""
         detail = f": {self.detail}" if self.detail else ""
-        return f"{self.node} {self.action.value} ({self.reason.value}){jobs}{detail}"
+        return f"{self.node} {self.action.value} ({self.reason.value}){jobs}{group}{detail}"
 
 
 # ---------------------------------------------------------------- inputs
@@ -196,6 +199,36 @@ def plan_resume(
             decisions.append(Decision(name, Action.REPLACE, Reason.WORKER_DEAD, why + (f"; {trial}" if trial else ""),
                                       slurm_node=node, jobs=jobs, uid=worker.uid))
     return decisions
+
+
+def with_groups(decisions: Sequence[Decision], jobs: Sequence[tuple[int, Sequence[str]]],
+                workers: Mapping[str, Worker], queues: Mapping[str, str], token: str) -> list[Decision]:
+    """The decisions with the Kueue pod group of each worker a pool under Kueue gets (`queues`:
+    pool -> LocalQueue; none: the decisions as they are).
+
+    `jobs`: the job each node is powered up for (Slurm's resume file, or the prolog's one job). A
+    kept worker (ADOPT) stays in its group, and should it be created after all, joins it again.
+    The workers created for one job form one group per queue; a group of that job still forming
+    (short of its total, every member gated: e.g. one of the prolog's creates failed) is
+    completed first. A node powered up for no job gets no group (a workload of one pod)."""
+    if not queues:
+        return list(decisions)
+    queue_of = {d.node: queues[d.slurm_node.pool] for d in decisions
+                if d.slurm_node is not None and d.slurm_node.pool in queues}
+    creating = [d.node for d in decisions if d.action in (Action.CREATE, Action.REPLACE) and d.node in queue_of]
+    by_job = [(job, [n for n in creating if n in nodes]) for job, nodes in jobs]
+    members = [Member(n, w.group, w.group_total, w.gated) for n, w in workers.items()
+               if w.group and w.phase in LIVE_PHASES]
+    groups = assign_groups(by_job, queue_of, members, token)
+    out = []
+    for d in decisions:
+        worker = workers.get(d.node)
+        if d.action is Action.ADOPT and d.node in queue_of and worker is not None and worker.group:
+            d = replace(d, group=PodGroup(worker.group, worker.group_total))
+        elif d.node in groups:
+            d = replace(d, group=groups[d.node])
+        out.append(d)
+    return out
 
 
 def plan_suspend(names: Iterable[str], workers: Mapping[str, Worker]) -> list[Decision]:

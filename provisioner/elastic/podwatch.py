@@ -30,6 +30,7 @@ from .backend import Worker
 from .k8s_backend import KubernetesBackend, list_all, worker_from_pod
 
 if TYPE_CHECKING:
+    from ..kueue import PodGroup
     from ..inventory import SlurmNode
     from ..logs import Log
 
@@ -200,8 +201,8 @@ class WatchedBackend:
         self.backend = backend
         self.watch = watch
 
-    def create(self, node: "SlurmNode") -> None:
-        self.backend.create(node)
+    def create(self, node: "SlurmNode", group: "PodGroup | None" = None) -> None:
+        self.backend.create(node, group)
 
     def delete(self, name: str, uid: str | None = None, force: bool = False, version: str | None = None) -> None:
         self.backend.delete(name, uid, force, version)
@@ -211,6 +212,9 @@ class WatchedBackend:
 
     def owner_uid(self, pod_name: str) -> str:
         return self.backend.owner_uid(pod_name)
+
+    def queues(self) -> Mapping[str, str]:
+        return self.backend.queues()
 
     def list(self, names: Sequence[str] | None = None) -> Mapping[str, Worker]:
         workers = None if names is not None else self.watch.workers()

@@ -228,7 +228,8 @@ def node_names(args: Sequence[str], ctx: Context, program: str) -> list[str] | N
 
 def run_resume(args: Sequence[str], ctx: Context, resume_file_text: str | None) -> RunResult:
     from .backend import BackendError
-    from .plan import Action, InputError, Reason, parse_resume_file, plan_resume
+    from ..kueue import new_token
+    from .plan import Action, InputError, Reason, parse_resume_file, plan_resume, with_groups
 
     names = node_names(args, ctx, "resume")
     if names is None:
@@ -262,6 +263,8 @@ def run_resume(args: Sequence[str], ctx: Context, resume_file_text: str | None) 
         workers = {}
     refuse, trials = _backoff(ctx, names, inventory, workers)
     decisions = plan_resume(names, inventory, workers, request, refuse, trials)
+    jobs = [(j.job_id, j.nodes_resume) for j in request.jobs] if request else []
+    decisions = with_groups(decisions, jobs, workers, ctx.backend().queues(), new_token())
     result = _finish(ctx, decisions, "")
     # failures of the backend count towards the pool's backoff; refusals (unknown node, unavailable,
     # backoff itself) do not, nor calls abandoned at the deadline: their outcome is unknown, and a

@@ -36,6 +36,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from .. import kueue
 from ..config import ClusterSpec
 from .common import K8sSite
 from ..names import A_ADOPTED, A_K8S_NODE, A_SPEC_HASH, CONTROLLER, L_NODE, L_POOL, base_labels
@@ -118,7 +119,9 @@ def allowed(spec: ClusterSpec, site: K8sSite = K8sSite()) -> dict[str, Any]:
         resources[pool.name] = sorted({"cpu", "memory", pool.gpu_resource, *pool.extra_resources})
         if pool.domain_label:
             domains[pool.name] = {"label": pool.domain_label, "values": sorted({d.name for d in pool.domains})}
-        want = {k: v for k, v in pod["metadata"]["labels"].items() if k != L_POOL}
+        # every pool's (the template of each holds it to its own pool's, Kueue's queue included)
+        want = {k: v for k, v in pod["metadata"]["labels"].items()
+                if k not in (L_POOL, kueue.QUEUE_LABEL, kueue.PRIORITY_LABEL)}
         if labels is not None and want != labels:
             raise ValueError(f"pool {pool.name}: the worker labels differ between pools")
         labels = want
@@ -223,7 +226,7 @@ STATIC_VARIABLES: list[dict[str, str]] = [
 # Per node, of the pod spec: the hostname (the pod's name), the volumes (dshm's sizeLimit), the
 # node's placement (nodeAffinity on the Kubernetes node's name, or on the pool's domain label and
 # one of its domains), and nodeName once the scheduler bound the pod (an update keeps it).
-POD_PER_NODE = ["affinity", "containers", "hostname", "nodeName", "tolerations", "volumes"]
+POD_PER_NODE = ["affinity", "containers", "hostname", "nodeName", "schedulingGates", "tolerations", "volumes"]
 # Of the container: SLURMK8S_NODENAME (the pod's name) and the GPU variables in env, the
 # resources (the pool's resource names, any amount), the ports (hostPort = containerPort under
 # hostNetwork, the API server's default).
@@ -231,6 +234,10 @@ CONTAINER_PER_NODE = ["env", "ports", "resources"]
 NODE_ENV = ["SLURMK8S_GPUS", "SLURMK8S_GPU_TYPE"]
 # Of the metadata: the node label (the pod's name) and these annotations (any value).
 ANNOTATIONS_PER_NODE = [A_SPEC_HASH, A_K8S_NODE, A_ADOPTED]
+# A pool under Kueue (its template has the queue label): the power-up's pod group (label, total),
+# the pod's role in it, and what Kueue's webhook adds before this policy runs: the managed label
+# and Kueue's scheduling gates (checked by their own rule: only Kueue's, only in such a pool).
+KUEUE_ANNOTATIONS_PER_NODE = [kueue.GROUP_TOTAL, kueue.ROLE_HASH]
 # What the API server fills in a pod that does not set it (defaulting, the ServiceAccount and
 # Priority admission plugins; DefaultTolerationSeconds adds the two NoExecute tolerations below).
 POD_DEFAULTS = ("{'preemptionPolicy': dyn('PreemptLowerPriority'), 'priority': dyn(0), "
@@ -295,15 +302,24 @@ TEMPLATE_VARIABLES: list[dict[str, str]] = [
                       "oldObject.metadata.labels : {}"),
     _var("oldAnnotations", "request.operation == 'UPDATE' && has(oldObject.metadata.annotations) ? "
                            "oldObject.metadata.annotations : {}"),
+    _var("kueuePool", f"'{kueue.QUEUE_LABEL}' in variables.tLabels"),
     _var("offLabels", f"variables.labels.filter(k, !(k == '{L_NODE}' ? variables.labels[k] == object.metadata.name : "
                       "(k in variables.tLabels && variables.labels[k] == variables.tLabels[k])) && "
+                      f"!(variables.kueuePool && (k == '{kueue.GROUP_LABEL}' || k == '{kueue.MANAGED_LABEL}' && "
+                      "variables.labels[k] == 'true')) && "
                       "!(k in variables.oldLabels && variables.oldLabels[k] == variables.labels[k]))"),
     _var("offAnnotations", f"variables.annotations.filter(k, !(k in {_list(ANNOTATIONS_PER_NODE)}) && "
+                           f"!(variables.kueuePool && k in {_list(KUEUE_ANNOTATIONS_PER_NODE)}) && "
                            "!(k in variables.tAnnotations && variables.annotations[k] == variables.tAnnotations[k]) && "
                            "!(k in variables.oldAnnotations && variables.oldAnnotations[k] == variables.annotations[k]))"
                            " + variables.tAnnotations.filter(k, !(k in variables.annotations))"),
     _var("podDefaults", POD_DEFAULTS),
-    _var("offFields", _off("object.spec", "variables.tSpec", POD_PER_NODE, "variables.podDefaults")),
+    # an update may keep a field as it was: Kueue, admitting a pod, writes the flavor's
+    # nodeSelector and tolerations into it, and the resume's adoption mark comes after
+    _var("oldSpec", "request.operation == 'UPDATE' ? dyn(oldObject.spec) : dyn({})"),
+    _var("offFields", "object.spec.filter(k, !" + _field_ok("object.spec", "variables.tSpec", "k", POD_PER_NODE,
+                                                            "variables.podDefaults")
+         + " && !(k in variables.oldSpec && object.spec[k] == variables.oldSpec[k]))"),
     # the one field the refusal names, the same on every try (a map's order is random in the API
     # server): the least by name of those the creator set, before those the API server fills in
     # from them (the Priority plugin's priority, from priorityClassName)
@@ -314,7 +330,9 @@ TEMPLATE_VARIABLES: list[dict[str, str]] = [
     _var("missingFields", _missing("object.spec", "variables.tSpec", POD_PER_NODE)),
     _var("tolerations", "has(object.spec.tolerations) ? object.spec.tolerations : []"),
     _var("tTolerations", "has(variables.tSpec.tolerations) ? variables.tSpec.tolerations : []"),
-    _var("offTolerations", "variables.tolerations.filter(t, !(t in variables.tTolerations) && !(size(t) == 4 && "
+    _var("oldTolerations", "has(variables.oldSpec.tolerations) ? variables.oldSpec.tolerations : []"),
+    _var("offTolerations", "variables.tolerations.filter(t, !(t in variables.tTolerations) && "
+                           "!(t in variables.oldTolerations) && !(size(t) == 4 && "
                            f"has(t.key) && t.key in {_list(DEFAULT_TOLERATIONS)} && has(t.operator) && "
                            "t.operator == 'Exists' && has(t.effect) && t.effect == 'NoExecute' && "
                            "has(t.tolerationSeconds))) + variables.tTolerations.filter(t, !(t in variables.tolerations))"),
@@ -378,6 +396,10 @@ TEMPLATE_VALIDATIONS_ARGS: list[tuple[str, str, str]] = [
     ("size(variables.offFields) == 0", "the pod sets a field other than the template",
      "'the pod sets ' + variables.offNamed[0] + " + _OF_POOL
      + " + ' (only the node\\'s name, placement and size differ from it)'"),
+    ("!has(object.spec.schedulingGates) || variables.kueuePool && "
+     f"object.spec.schedulingGates.all(g, has(g.name) && g.name in {_list(list(kueue.GATES))})",
+     "the pod has scheduling gates, and only Kueue's in a pool under Kueue may",
+     "'the pod has scheduling gates other than Kueue\\'s, or pool ' + variables.pool + ' is under no Kueue queue'"),
     ("size(variables.missingFields) == 0", "the pod lacks a field of the template",
      "'the pod lacks ' + variables.missingFields[0] + ', which the template of pool ' + variables.pool + ' sets'"),
     ("!has(object.spec.nodeName) || request.operation == 'UPDATE' && has(oldObject.spec.nodeName) && "

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from .. import kueue
 from ..config import ClusterSpec, Pool
 from ..inventory import SlurmNode
 from .common import (K8sSite, _config_volume, _container_security, _meta, _pod_security, _pvc_volume,
@@ -144,6 +145,13 @@ def worker_pod_template(spec: ClusterSpec, pool: Pool, site: K8sSite = K8sSite()
     }
     if net.multus_networks:
         metadata["annotations"] = {A_MULTUS: ",".join(net.multus_networks)}
+    if pool.kueue is not None:
+        # submitted to the pool's LocalQueue; each power-up's pods of one job are one group (the
+        # backend names it), done once none of its pods is active (provisioner/kueue.py)
+        metadata["labels"][kueue.QUEUE_LABEL] = pool.kueue.queue
+        if pool.kueue.priority_class:
+            metadata["labels"][kueue.PRIORITY_LABEL] = pool.kueue.priority_class
+        metadata.setdefault("annotations", {})[kueue.RETRIABLE] = "false"
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
 
 
@@ -198,6 +206,8 @@ def worker_pod(spec: ClusterSpec, node: SlurmNode, site: K8sSite = K8sSite()) ->
     # GPU nodes: the entrypoint writes the node's gres.conf line from the pod's /dev/nvidia<N> files
     container["env"] += [{"name": k, "value": v} for k, v in node.gres_env.items()]
     container["resources"] = worker_resources(spec, node)
+    if pool.kueue is not None:  # one pod set per size in the job's group, wherever each pod is placed
+        annotations[kueue.ROLE_HASH] = kueue.role_hash(pool.name, container["resources"]["requests"])
     for vol in pspec["volumes"]:
         if vol["name"] == "dshm":
             vol["emptyDir"]["sizeLimit"] = _shm_size(pool, node)

@@ -21,15 +21,28 @@ class FakeBackend:
     calls: list[tuple[str, str]] = field(default_factory=list)
     created: int = 0  # workers created so far: each gets its own uid
     lists: list[list[str] | None] = field(default_factory=list)  # the names of each list() (None: all)
+    groups: dict = field(default_factory=dict)  # node -> the Kueue PodGroup its last create named
+    pool_queues: dict = field(default_factory=dict)  # pool -> its Kueue LocalQueue (queues())
 
-    def create(self, node: SlurmNode) -> None:
+    def create(self, node: SlurmNode, group=None) -> None:
         self.calls.append(("create", node.name))
+        if group is not None:
+            self.groups[node.name] = group
         if node.name in self.fail:
             raise BackendError(node.name, self.fail[node.name])
         if node.name not in self.workers:
             self.created += 1
-            self.workers[node.name] = Worker(node.name, "Running", host=node.k8s_node, created_at=time.time(),
-                                             uid=f"{node.name}-uid-{self.created}")
+            # a pod of a group waits at Kueue's gates (Pending) until its group is admitted (admit())
+            self.workers[node.name] = Worker(node.name, "Pending" if group else "Running", host=node.k8s_node,
+                                             created_at=time.time(), uid=f"{node.name}-uid-{self.created}",
+                                             group=group.name if group else "", group_total=group.total if group else 0,
+                                             gated=group is not None)
+
+    def admit(self, group: str) -> None:
+        """Kueue admits `group`: its pods are ungated and run."""
+        for name, w in list(self.workers.items()):
+            if w.group == group:
+                self.workers[name] = replace(w, phase="Running", gated=False)
 
     def delete(self, name: str, uid: str | None = None, force: bool = False, version: str | None = None) -> None:
         self.calls.append(("force-delete", name) if force else ("delete", name))
@@ -50,6 +63,9 @@ class FakeBackend:
             return False
         self.workers[name] = replace(current, version=f"{current.version}+adopted")
         return True
+
+    def queues(self) -> Mapping[str, str]:
+        return dict(self.pool_queues)
 
     def list(self, names: Sequence[str] | None = None) -> Mapping[str, Worker]:
         self.lists.append(None if names is None else list(names))

@@ -32,10 +32,12 @@ class FakePodApi:
     - delete: 404 NotFound; 409 Conflict when a uid or resourceVersion precondition does not match;
       an unbound or finished pod, or grace 0, goes at once, a bound running pod gets
       deletionTimestamp and goes when its grace period has passed on the fake clock (``advance``,
-      ``sleep``);
+      ``sleep``); a pod with finalizers (Kueue's) stays, Failed and terminating, until a patch
+      takes the last one off; returns the pod as left (a Status when it is gone);
     - resourceVersion: a new one (one counter, as etcd's revision) at every write of a pod: its
       create, a phase the kubelet stand-in sets, the deletionTimestamp, a patch that changes it;
-    - patch: a JSON merge patch of metadata.annotations / labels; a metadata.resourceVersion in it
+    - patch: a JSON merge patch of metadata.annotations / labels / finalizers (the list replaced); a
+      metadata.resourceVersion in it
       is a precondition (409 Conflict); 404 NotFound; a patch that changes nothing writes nothing;
     - list with a label selector (`k=v`, `k in (a,b)`; recorded in ``selectors``); get;
     - RBAC: ``allowed`` verbs (403 Forbidden with the API server's wording otherwise);
@@ -70,8 +72,22 @@ class FakePodApi:
         self.now += seconds
         for key, at in list(self._gone_at.items()):
             if at <= self.now:
-                self.pods.pop(key, None)
-                self._gone_at.pop(key, None)
+                self._end(key)
+
+    def _end(self, key: tuple[str, str]) -> None:
+        """A deleted pod whose containers are done: gone, or, while it has finalizers, kept
+        (Failed, terminating) until the last is taken off (patch)."""
+        pod = self.pods.get(key)
+        self._gone_at.pop(key, None)
+        if pod is None:
+            return
+        if pod["metadata"].get("finalizers"):
+            pod["metadata"].setdefault("deletionTimestamp", "terminating")
+            pod["metadata"]["deletionGracePeriodSeconds"] = 0
+            pod["status"]["phase"] = "Failed"
+            self._written(pod)
+        else:
+            self.pods.pop(key)
 
     def _written(self, pod: dict[str, Any]) -> None:
         self._revision += 1
@@ -128,7 +144,7 @@ class FakePodApi:
         return json.loads(json.dumps(pod))
 
     def delete(self, namespace: str, name: str, *, grace_seconds: int | None = None, uid: str | None = None,
-               resource_version: str | None = None) -> None:
+               resource_version: str | None = None) -> dict[str, Any]:
         self._check("delete", namespace)
         key = (namespace, name)
         pod = self.pods.get(key)
@@ -143,14 +159,15 @@ class FakePodApi:
         grace = grace_seconds if grace_seconds is not None else pod["spec"].get("terminationGracePeriodSeconds", 30)
         bound = bool(pod["spec"].get("nodeName"))
         if grace == 0 or not bound or pod["status"].get("phase") in TERMINAL_PHASES:
-            self.pods.pop(key)
-            self._gone_at.pop(key, None)
-            return
+            self._end(key)
+            gone = key not in self.pods
+            return ({"kind": "Status", "status": "Success"} if gone else json.loads(json.dumps(pod)))
         if "deletionTimestamp" not in pod["metadata"]:
             pod["metadata"]["deletionTimestamp"] = "terminating"
             pod["metadata"]["deletionGracePeriodSeconds"] = grace
             self._gone_at[key] = self.now + grace
             self._written(pod)
+        return json.loads(json.dumps(pod))
 
     def patch(self, namespace: str, name: str, body: Mapping[str, Any]) -> dict[str, Any]:
         self._check("patch", namespace)
@@ -169,8 +186,15 @@ class FakePodApi:
                     (meta.get(part) or {}).pop(k, None)
                 else:
                     meta.setdefault(part, {})[k] = v
+        if "finalizers" in (body.get("metadata") or {}):  # a merge patch replaces the list
+            meta["finalizers"] = list(body["metadata"]["finalizers"] or ())
+            if not meta["finalizers"]:
+                meta.pop("finalizers")
         if json.dumps(meta, sort_keys=True) != before:
             self._written(pod)
+        key = (namespace, name)
+        if meta.get("deletionTimestamp") and not meta.get("finalizers") and key not in self._gone_at:
+            self.pods.pop(key)  # its containers were done: the last finalizer was all that kept it
         return json.loads(json.dumps(pod))
 
     def list(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:

@@ -147,6 +147,12 @@ The worker pods' admission policy without the spec's values (templates/admission
       "reason": "Forbidden"
     },
     {
+      "expression": "!has(object.spec.schedulingGates) || variables.kueuePool && object.spec.schedulingGates.all(g, has(g.name) && g.name in ['kueue.x-k8s.io/admission', 'kueue.x-k8s.io/topology'])",
+      "message": "slurmk8s: the controller may only create worker pods from the pool templates: the pod has scheduling gates, and only Kueue's in a pool under Kueue may",
+      "messageExpression": "'slurmk8s: the controller may only create worker pods from the pool templates: ' + 'the pod has scheduling gates other than Kueue\\'s, or pool ' + variables.pool + ' is under no Kueue queue'",
+      "reason": "Forbidden"
+    },
+    {
       "expression": "size(variables.missingFields) == 0",
       "message": "slurmk8s: the controller may only create worker pods from the pool templates: the pod lacks a field of the template",
       "messageExpression": "'slurmk8s: the controller may only create worker pods from the pool templates: ' + 'the pod lacks ' + variables.missingFields[0] + ', which the template of pool ' + variables.pool + ' sets'",
@@ -299,11 +305,15 @@ The worker pods' admission policy without the spec's values (templates/admission
       "name": "oldAnnotations"
     },
     {
-      "expression": "variables.labels.filter(k, !(k == 'slurmk8s.io/node' ? variables.labels[k] == object.metadata.name : (k in variables.tLabels && variables.labels[k] == variables.tLabels[k])) && !(k in variables.oldLabels && variables.oldLabels[k] == variables.labels[k]))",
+      "expression": "'kueue.x-k8s.io/queue-name' in variables.tLabels",
+      "name": "kueuePool"
+    },
+    {
+      "expression": "variables.labels.filter(k, !(k == 'slurmk8s.io/node' ? variables.labels[k] == object.metadata.name : (k in variables.tLabels && variables.labels[k] == variables.tLabels[k])) && !(variables.kueuePool && (k == 'kueue.x-k8s.io/pod-group-name' || k == 'kueue.x-k8s.io/managed' && variables.labels[k] == 'true')) && !(k in variables.oldLabels && variables.oldLabels[k] == variables.labels[k]))",
       "name": "offLabels"
     },
     {
-      "expression": "variables.annotations.filter(k, !(k in ['slurmk8s.io/spec-hash', 'slurmk8s.io/k8s-node', 'slurmk8s.io/adopted']) && !(k in variables.tAnnotations && variables.annotations[k] == variables.tAnnotations[k]) && !(k in variables.oldAnnotations && variables.oldAnnotations[k] == variables.annotations[k])) + variables.tAnnotations.filter(k, !(k in variables.annotations))",
+      "expression": "variables.annotations.filter(k, !(k in ['slurmk8s.io/spec-hash', 'slurmk8s.io/k8s-node', 'slurmk8s.io/adopted']) && !(variables.kueuePool && k in ['kueue.x-k8s.io/pod-group-total-count', 'kueue.x-k8s.io/role-hash']) && !(k in variables.tAnnotations && variables.annotations[k] == variables.tAnnotations[k]) && !(k in variables.oldAnnotations && variables.oldAnnotations[k] == variables.annotations[k])) + variables.tAnnotations.filter(k, !(k in variables.annotations))",
       "name": "offAnnotations"
     },
     {
@@ -311,7 +321,11 @@ The worker pods' admission policy without the spec's values (templates/admission
       "name": "podDefaults"
     },
     {
-      "expression": "object.spec.filter(k, !(k in ['affinity', 'containers', 'hostname', 'nodeName', 'tolerations', 'volumes'] || (k in variables.tSpec ? object.spec[k] == variables.tSpec[k] : (k in variables.podDefaults && object.spec[k] == variables.podDefaults[k]))))",
+      "expression": "request.operation == 'UPDATE' ? dyn(oldObject.spec) : dyn({})",
+      "name": "oldSpec"
+    },
+    {
+      "expression": "object.spec.filter(k, !(k in ['affinity', 'containers', 'hostname', 'nodeName', 'schedulingGates', 'tolerations', 'volumes'] || (k in variables.tSpec ? object.spec[k] == variables.tSpec[k] : (k in variables.podDefaults && object.spec[k] == variables.podDefaults[k]))) && !(k in variables.oldSpec && object.spec[k] == variables.oldSpec[k]))",
       "name": "offFields"
     },
     {
@@ -323,7 +337,7 @@ The worker pods' admission policy without the spec's values (templates/admission
       "name": "offNamed"
     },
     {
-      "expression": "variables.tSpec.filter(k, !(k in ['affinity', 'containers', 'hostname', 'nodeName', 'tolerations', 'volumes']) && !(k in object.spec))",
+      "expression": "variables.tSpec.filter(k, !(k in ['affinity', 'containers', 'hostname', 'nodeName', 'schedulingGates', 'tolerations', 'volumes']) && !(k in object.spec))",
       "name": "missingFields"
     },
     {
@@ -335,7 +349,11 @@ The worker pods' admission policy without the spec's values (templates/admission
       "name": "tTolerations"
     },
     {
-      "expression": "variables.tolerations.filter(t, !(t in variables.tTolerations) && !(size(t) == 4 && has(t.key) && t.key in ['node.kubernetes.io/not-ready', 'node.kubernetes.io/unreachable'] && has(t.operator) && t.operator == 'Exists' && has(t.effect) && t.effect == 'NoExecute' && has(t.tolerationSeconds))) + variables.tTolerations.filter(t, !(t in variables.tolerations))",
+      "expression": "has(variables.oldSpec.tolerations) ? variables.oldSpec.tolerations : []",
+      "name": "oldTolerations"
+    },
+    {
+      "expression": "variables.tolerations.filter(t, !(t in variables.tTolerations) && !(t in variables.oldTolerations) && !(size(t) == 4 && has(t.key) && t.key in ['node.kubernetes.io/not-ready', 'node.kubernetes.io/unreachable'] && has(t.operator) && t.operator == 'Exists' && has(t.effect) && t.effect == 'NoExecute' && has(t.tolerationSeconds))) + variables.tTolerations.filter(t, !(t in variables.tolerations))",
       "name": "offTolerations"
     },
     {

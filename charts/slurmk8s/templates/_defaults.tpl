@@ -178,6 +178,7 @@ chart's own settings (`chart`). Use: {{- $d := include "slurmk8s.defaults" . | f
     "gpu_type_label": "nvidia.com/gpu.product",
     "gpus": 0,
     "image": null,
+    "kueue": null,
     "max_nodes": null,
     "memory": null,
     "min_cpus": 1,
@@ -200,6 +201,9 @@ chart's own settings (`chart`). Use: {{- $d := include "slurmk8s.defaults" . | f
     "shm_size": null,
     "tolerations": [],
     "weight": 1
+  },
+  "PoolKueue": {
+    "priority_class": null
   },
   "Rest": {
     "enabled": false,

@@ -78,7 +78,7 @@ container's render at start, with the same Python code as `slurmk8s up`.
 {{- if and $p.containers (or (eq (kindOf $p.containers) "bool") $p.containers.enabled) }}{{ fail (printf "pools[%s].containers: container jobs are not supported by the Helm chart yet; deploy this spec with `slurmk8s up` (docs/containers.md)" $p.name) }}{{ end -}}
 {{- $network := dict "host_network" ($net.host_network | default $d.Network.host_network) "multus_networks" ($net.multus_networks | default $d.Network.multus_networks) "nccl_env" ($net.nccl_env | default $d.Network.nccl_env) "memlock_unlimited" (ternary $net.memlock_unlimited $d.Network.memlock_unlimited (hasKey $net "memlock_unlimited")) -}}
 {{- /* Pool.image: unset takes images.worker */ -}}
-{{- $pools = append $pools (dict "name" $p.name "mode" ($p.mode | default $d.Pool.mode) "image" ($p.image | default $images.worker) "node_selector" ($p.node_selector | default $d.Pool.node_selector) "tolerations" ($p.tolerations | default $d.Pool.tolerations) "network" $network) -}}
+{{- $pools = append $pools (dict "name" $p.name "mode" ($p.mode | default $d.Pool.mode) "image" ($p.image | default $images.worker) "node_selector" ($p.node_selector | default $d.Pool.node_selector) "tolerations" ($p.tolerations | default $d.Pool.tolerations) "network" $network "kueue" ($p.kueue | default dict)) -}}
 {{- end -}}
 {{- $site := dict "cluster_domain" ($c.clusterDomain | default $d.chart.clusterDomain) "host_network_sources" ($c.hostNetworkSources | default $d.chart.hostNetworkSources) -}}
 {{- $chart := dict "createSecrets" (ternary $c.createSecrets $d.chart.createSecrets (hasKey $c "createSecrets")) -}}
@@ -238,6 +238,12 @@ app.kubernetes.io/managed-by: {{ .Release.Service | quote }}
 {{- $labels := dict "app.kubernetes.io/name" "slurmk8s" "app.kubernetes.io/instance" $s.name "app.kubernetes.io/part-of" "slurmk8s" "app.kubernetes.io/component" "worker" "slurmk8s.io/cluster" $s.name "slurmk8s.io/pool" $p.name "slurmk8s.io/subdomain" "workers" "app.kubernetes.io/managed-by" "slurmk8s" -}}
 {{- $meta := dict "namespace" $s.namespace "labels" $labels -}}
 {{- if $net.multus_networks }}{{ $_ := set $meta "annotations" (dict "k8s.v1.cni.cncf.io/networks" (join "," $net.multus_networks)) }}{{ end -}}
+{{- /* a pool under Kueue (provisioner/kueue.py): its LocalQueue, priority class, and groups done once none of their pods is active */ -}}
+{{- if $p.kueue.queue -}}
+{{- $_ := set $labels "kueue.x-k8s.io/queue-name" $p.kueue.queue -}}
+{{- if $p.kueue.priority_class }}{{ $_ := set $labels "kueue.x-k8s.io/priority-class" $p.kueue.priority_class }}{{ end -}}
+{{- $_ := set $meta "annotations" (merge (dict "kueue.x-k8s.io/retriable-in-group" "false") ($meta.annotations | default dict)) -}}
+{{- end -}}
 {{- toJson (dict "apiVersion" "v1" "kind" "Pod" "metadata" $meta "spec" $spec) -}}
 {{- end -}}
 

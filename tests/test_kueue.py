@@ -1,0 +1,240 @@
+"""Pools under Kueue (issue 41): the pods of one job's power-up are one Kueue pod group, named anew
+each power-up; the pods carry Kueue's labels; a deleted pod does not wait for its group's end.
+The real Kueue is exercised by e2e/test_e2e_kueue.py."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from factories import node
+from fakes.backend import FakeBackend
+from fakes.kube import FakePodApi
+from fakes.slurm import FakeSlurm
+
+from provisioner import kueue
+from provisioner import manifests as m
+from provisioner.config import parse_spec
+from provisioner.elastic.bootgate import BootGate
+from provisioner.elastic.early import run_early_resume
+from provisioner.elastic.k8s_backend import KubernetesBackend, worker_from_pod
+from provisioner.elastic.programs import Context, Log, run_resume
+from provisioner.errors import SpecError
+from provisioner.generate import generate
+from provisioner.inventory import Inventory, SlurmNode, nodes_from_api
+from provisioner.names import A_ADOPTED
+
+NS = "slurm-t"
+
+
+def _spec(**kueue_cfg):
+    return parse_spec({"name": "t", "pools": [
+        {"name": "gpu", "node_selector": {"p": "g"}, "kueue": {"queue": "team-a", **kueue_cfg}},
+        {"name": "cpu", "node_selector": {"p": "c"}}]})
+
+
+def _inventory(spec):
+    nodes = [node(n, {"p": "g"}) for n in ("g1", "g2", "g3")] + [node("c1", {"p": "c"})]
+    return generate(spec, nodes_from_api(nodes)).inventory
+
+
+# ---------------------------------------------------------------- spec and pods
+
+
+def test_a_kueue_pool_names_a_queue_that_is_a_kubernetes_name():
+    with pytest.raises(SpecError, match="pools\\[0\\].kueue.queue"):
+        parse_spec({"name": "t", "pools": [{"name": "gpu", "kueue": {"queue": "Team_A"}}]})
+    with pytest.raises(SpecError, match="kueue"):
+        parse_spec({"name": "t", "pools": [{"name": "gpu", "kueue": {}}]})
+
+
+def test_the_pods_of_a_kueue_pool_carry_the_queue_and_one_role_per_size():
+    spec = _spec(priority_class="research")
+    inv = _inventory(spec)
+    pods = [m.worker_pod(spec, inv[n]) for n in ("gpu-g1", "gpu-g2")]
+    for pod in pods:
+        labels, annotations = pod["metadata"]["labels"], pod["metadata"]["annotations"]
+        assert labels[kueue.QUEUE_LABEL] == "team-a" and labels[kueue.PRIORITY_LABEL] == "research"
+        assert annotations[kueue.RETRIABLE] == "false"
+        assert kueue.GROUP_LABEL not in labels  # the group is the power-up's, set at create
+    # pinned to different Kubernetes nodes, same size: one pod set in the group
+    assert pods[0]["spec"]["affinity"] != pods[1]["spec"]["affinity"]
+    assert pods[0]["metadata"]["annotations"][kueue.ROLE_HASH] == pods[1]["metadata"]["annotations"][kueue.ROLE_HASH]
+    cpu = m.worker_pod(spec, inv["cpu-c1"])
+    assert not {kueue.QUEUE_LABEL, kueue.PRIORITY_LABEL} & set(cpu["metadata"]["labels"])
+    assert not {kueue.RETRIABLE, kueue.ROLE_HASH} & set(cpu["metadata"].get("annotations", {}))
+
+
+# ---------------------------------------------------------------- groups
+
+
+def test_one_jobs_pods_in_one_queue_are_one_group_named_anew_each_power_up():
+    queue_of = {"g1": "a", "g2": "a", "g3": "b", "c1": ""}
+    groups = kueue.assign_groups([(7, ["g1", "g2", "g3", "c1"])], queue_of, [], "tok")
+    assert groups == {"g1": kueue.PodGroup("slurm-job7-tok-0", 2), "g2": kueue.PodGroup("slurm-job7-tok-0", 2),
+                      "g3": kueue.PodGroup("slurm-job7-tok-1", 1)}
+    assert groups["g1"].job == 7
+    one = kueue.assign_groups([(7, ["g1", "g2"])], queue_of, [], kueue.new_token())
+    again = kueue.assign_groups([(7, ["g1", "g2"])], queue_of, [], kueue.new_token())
+    assert one["g1"].name != again["g1"].name  # a name used again would join an old workload
+
+
+def test_a_forming_group_is_completed_and_an_admitted_one_is_not_replaced():
+    queue_of = {"g1": "a", "g2": "a", "g3": "a"}
+    forming = [kueue.Member("g1", "slurm-job7-old", 3), kueue.Member("g2", "slurm-job7-old", 3)]
+    assert kueue.assign_groups([(7, ["g3"])], queue_of, forming, "new") == {"g3": kueue.PodGroup("slurm-job7-old", 3)}
+    admitted = [kueue.Member("g1", "slurm-job7-old", 3, gated=False), kueue.Member("g2", "slurm-job7-old", 3, gated=False)]
+    assert kueue.assign_groups([(7, ["g3"])], queue_of, admitted, "new") == {"g3": kueue.PodGroup("slurm-job7-new", 1)}
+    other_job = [kueue.Member("g1", "slurm-job8-old", 3)]
+    assert kueue.assign_groups([(7, ["g3"])], queue_of, other_job, "new") == {"g3": kueue.PodGroup("slurm-job7-new", 1)}
+
+
+def _ctx(backend, inv, tmp_path: Path, program: str = "resume") -> Context:
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("ClusterName=t\n")
+    return Context({"SLURMK8S_BUDGET": "5", "SLURM_CONF": str(conf)}, Log(program, str(tmp_path / "elastic.log")),
+                   backend=backend, slurm=FakeSlurm(), inventory=inv)
+
+
+def _inv(*names: str) -> Inventory:
+    return Inventory(tuple(SlurmNode(n, n.split("-")[0], n.split("-")[0], 2, 1024) for n in names))
+
+
+def test_a_resume_makes_each_jobs_pods_one_group_and_a_second_one_joins_the_forming_group(tmp_path: Path):
+    inv = _inv("gpu-0", "gpu-1", "gpu-2", "cpu-0")
+    backend = FakeBackend(pool_queues={"gpu": "team-a"}, fail={"gpu-1": "Kubernetes API error 500"})
+    resume_file = json.dumps({"all_nodes_resume": "gpu-[0-2],cpu-0", "jobs": [
+        {"job_id": 41, "nodes_resume": "gpu-[0-1],cpu-0", "nodes_alloc": "gpu-[0-1],cpu-0"},
+        {"job_id": 42, "nodes_resume": "gpu-2", "nodes_alloc": "gpu-2"}]})
+    run_resume(["gpu-[0-2],cpu-0"], _ctx(backend, inv, tmp_path), resume_file)
+    g41, g42 = backend.groups["gpu-0"], backend.groups["gpu-2"]
+    assert (g41.job, g41.total, g42.job, g42.total) == (41, 2, 42, 1)
+    assert backend.groups["gpu-1"] == g41 and "cpu-0" not in backend.groups  # cpu is under no queue
+    assert backend.workers["gpu-0"].gated and "gpu-1" not in backend.workers
+    # Slurm resumes gpu-1 again (its create failed): it completes job 41's group, still gated
+    backend.fail.clear()
+    backend.groups.clear()
+    run_resume(["gpu-[0-1]"], _ctx(backend, inv, tmp_path), json.dumps({
+        "all_nodes_resume": "gpu-[0-1]", "jobs": [{"job_id": 41, "nodes_resume": "gpu-[0-1]", "nodes_alloc": "gpu-[0-1]"}]}))
+    assert backend.groups == {"gpu-1": g41}
+    assert f"gpu-0 adopt (already-running) jobs=41 group={g41.name}/2" in (tmp_path / "elastic.log").read_text()
+
+
+def test_the_prologs_head_start_makes_the_group_slurms_resume_keeps(tmp_path: Path):
+    inv = _inv("gpu-0", "gpu-1")
+    backend = FakeBackend(pool_queues={"gpu": "team-a"})
+    gate = BootGate()
+    assert run_early_resume(["51", "gpu-[0-1]"], _ctx(backend, inv, tmp_path, "early-resume"), gate).code == 0
+    group = backend.groups["gpu-0"]
+    assert backend.groups == {"gpu-0": group, "gpu-1": group} and (group.job, group.total) == (51, 2)
+    backend.groups.clear()
+    run_resume(["gpu-[0-1]"], _ctx(backend, inv, tmp_path), json.dumps({
+        "all_nodes_resume": "gpu-[0-1]", "jobs": [{"job_id": 51, "nodes_resume": "gpu-[0-1]", "nodes_alloc": "gpu-[0-1]"}]}))
+    assert backend.groups == {} and ("adopt", "gpu-0") in backend.calls  # kept, no new group
+
+
+# ---------------------------------------------------------------- the Kubernetes backend
+
+
+@pytest.fixture
+def world():
+    spec = _spec()
+    api = FakePodApi(namespaces={NS})
+    backend = KubernetesBackend(parse_spec({**spec.model_dump(mode="json", exclude_none=True), "namespace": NS}),
+                                api, sleep=api.sleep, clock=api.clock, poll=0.5)
+    return _inventory(spec), api, backend
+
+
+def test_the_backend_labels_the_group_and_reads_it_back(world):
+    inv, api, backend = world
+    assert backend.queues() == {"gpu": "team-a"}
+    backend.create(inv["gpu-g1"], kueue.PodGroup("slurm-job9-x", 2))
+    pod = api.pods[(NS, "gpu-g1")]
+    assert pod["metadata"]["labels"][kueue.GROUP_LABEL] == "slurm-job9-x"
+    assert pod["metadata"]["annotations"][kueue.GROUP_TOTAL] == "2"
+    pod["spec"]["schedulingGates"] = [{"name": g} for g in kueue.GATES]  # as Kueue's webhook adds them
+    w = worker_from_pod(pod)
+    assert (w.group, w.group_total, w.gated) == ("slurm-job9-x", 2, True)
+    backend.create(inv["cpu-c1"], kueue.PodGroup("slurm-job9-x", 2))  # a pool under no queue: no group
+    assert kueue.GROUP_LABEL not in api.pods[(NS, "cpu-c1")]["metadata"]["labels"]
+
+
+def test_a_deleted_pod_does_not_wait_for_the_rest_of_its_group(world):
+    """Kueue keeps its finalizer on a group's pods until the group is done; a suspended node's
+    pod must go like any other, or the node's next worker (same name) could not be created."""
+    inv, api, backend = world
+    backend.create(inv["gpu-g1"], kueue.PodGroup("slurm-job9-x", 2))
+    pod = api.pods[(NS, "gpu-g1")]
+    pod["metadata"]["finalizers"] = ["other.example/keep", kueue.FINALIZER]
+    api.set_phase(NS, "gpu-g1", "Running")
+    backend.delete("gpu-g1")
+    assert api.pods[(NS, "gpu-g1")]["metadata"]["finalizers"] == ["other.example/keep"]  # another's stays
+    api.pods[(NS, "gpu-g1")]["metadata"]["finalizers"] = [kueue.FINALIZER]
+    api.advance(60)  # grace over: kept by the finalizer alone
+    assert api.pods[(NS, "gpu-g1")]["status"]["phase"] == "Failed"
+    backend.create(inv["gpu-g1"], kueue.PodGroup("slurm-job10-y", 1))  # the next power-up
+    assert api.pods[(NS, "gpu-g1")]["metadata"]["labels"][kueue.GROUP_LABEL] == "slurm-job10-y"
+    assert "deletionTimestamp" not in api.pods[(NS, "gpu-g1")]["metadata"]
+
+
+# ---------------------------------------------------------------- the admission policy
+
+
+def _admitted_by_kueue(spec, inv, name: str, group: kueue.PodGroup | None) -> dict:
+    """The pod as the backend creates it and Kueue's webhook leaves it, before validating admission."""
+    from test_admission import as_admitted
+
+    pod = m.worker_pod(spec, inv[name])
+    if group is not None:
+        pod["metadata"]["labels"][kueue.GROUP_LABEL] = group.name
+        pod["metadata"]["annotations"][kueue.GROUP_TOTAL] = str(group.total)
+    if kueue.QUEUE_LABEL in pod["metadata"]["labels"]:
+        pod["metadata"]["labels"][kueue.MANAGED_LABEL] = "true"
+        pod["metadata"]["finalizers"] = [kueue.FINALIZER]
+        pod["spec"]["schedulingGates"] = [{"name": g} for g in kueue.GATES]
+    return as_admitted(pod)
+
+
+def test_the_policy_admits_a_kueue_pools_pod_as_kueue_leaves_it_and_nothing_more():
+    from test_admission import admit
+
+    spec = _spec(priority_class="research")
+    inv = _inventory(spec)
+    policy, user = m.worker_pod_policy(spec), m.controller_user(spec)
+    pod = _admitted_by_kueue(spec, inv, "gpu-g1", kueue.PodGroup("slurm-job3-t", 2))
+    assert admit(policy, pod, user) == []
+    other_gate = json.loads(json.dumps(pod))
+    other_gate["spec"]["schedulingGates"].append({"name": "example.com/hold"})
+    assert any("scheduling gates other than Kueue" in r for r in admit(policy, other_gate, user))
+    other_queue = json.loads(json.dumps(pod))
+    other_queue["metadata"]["labels"][kueue.QUEUE_LABEL] = "team-b"
+    assert any(f"label {kueue.QUEUE_LABEL}=team-b" in r for r in admit(policy, other_queue, user))
+    # a pool under no queue: neither Kueue's gates nor a group
+    cpu = _admitted_by_kueue(spec, inv, "cpu-c1", None)
+    assert admit(policy, cpu, user) == []
+    gated = json.loads(json.dumps(cpu))
+    gated["spec"]["schedulingGates"] = [{"name": kueue.GATES[0]}]
+    assert any("pool cpu is under no Kueue queue" in r for r in admit(policy, gated, user))
+    grouped = json.loads(json.dumps(cpu))
+    grouped["metadata"]["labels"][kueue.GROUP_LABEL] = "slurm-job3-t"
+    assert any(f"label {kueue.GROUP_LABEL}=slurm-job3-t" in r for r in admit(policy, grouped, user))
+
+
+def test_an_adoption_may_keep_what_kueue_wrote_at_admission():
+    """Kueue writes the flavor's nodeSelector and tolerations into a pod it admits (an update of
+    its own); the resume's adoption mark comes after and keeps them, a create may not bring them."""
+    from test_admission import admit
+
+    spec = _spec()
+    inv = _inventory(spec)
+    policy, user = m.worker_pod_policy(spec), m.controller_user(spec)
+    old = _admitted_by_kueue(spec, inv, "gpu-g1", kueue.PodGroup("slurm-job3-t", 1))
+    old["spec"].pop("schedulingGates")
+    old["spec"]["nodeSelector"] = {**old["spec"].get("nodeSelector", {}), "cloud.example/flavor": "spot"}
+    old["spec"]["tolerations"].append({"key": "spot", "operator": "Exists", "effect": "NoSchedule"})
+    new = json.loads(json.dumps(old))
+    new["metadata"]["annotations"][A_ADOPTED] = "1700000000.000 0a1b2c3d"
+    assert admit(policy, new, user, old) == []
+    refusals = admit(policy, new, user)
+    assert any("the pod sets nodeSelector" in r for r in refusals) and any("tolerates spot" in r for r in refusals)
