@@ -238,3 +238,25 @@ def test_an_adoption_may_keep_what_kueue_wrote_at_admission():
     assert admit(policy, new, user, old) == []
     refusals = admit(policy, new, user)
     assert any("the pod sets nodeSelector" in r for r in refusals) and any("tolerates spot" in r for r in refusals)
+
+
+def test_a_wait_for_quota_that_outlasts_resume_timeout_is_no_failure_of_the_pool(tmp_path: Path):
+    """ResumeTimeout bounds the wait for Kueue: the job is requeued, the node returned to service,
+    and, its worker never admitted, nothing is counted towards the pool's backoff."""
+    from provisioner.elastic.backend import Worker
+    from provisioner.elastic.ledger import FileLedger
+    from provisioner.elastic.programs import run_resume_fail
+
+    ledger = str(tmp_path / "ledger.json")
+    backend = FakeBackend(workers={
+        "gpu-0": Worker("gpu-0", "Pending", reason="SchedulingGated", uid="u0", group="slurm-job5-t", group_total=2,
+                        gated=True),
+        "gpu-1": Worker("gpu-1", "Pending", reason="ErrImagePull: x", uid="u1", group="slurm-job5-t", group_total=2)})
+    slurm = FakeSlurm()
+    log = tmp_path / "elastic.log"
+    c = Context({"SLURMK8S_BUDGET": "5", "SLURMK8S_LEDGER": ledger}, Log("resume-fail", str(log)), backend=backend,
+                slurm=slurm, inventory=_inv("gpu-0", "gpu-1"))
+    assert run_resume_fail(["gpu-[0-1]"], c).code == 0
+    assert backend.workers == {} and slurm.returned == ["gpu-0", "gpu-1"]
+    assert [f.node for f in FileLedger(ledger).load()["gpu"].failures] == ["gpu-1"]  # the admitted one failed
+    assert "gpu-0: still waiting for Kueue's admission (group slurm-job5-t): not a failure" in log.read_text()

@@ -335,6 +335,12 @@ def run_resume_fail(args: Sequence[str], ctx: Context) -> RunResult:
         # nodes the resume program refused or whose create failed (counted then) included; nor
         # does one whose Kubernetes node must not take pods (cordoned, NotReady, leaving)
         had = [n for n in names if n in workers and not (n in inventory and inventory[n].unavailable)]
+        # nor one Kueue never admitted: the queue had no quota for its job within ResumeTimeout,
+        # which bounds that wait (the job is requeued); the pool's pods are fine
+        for n in [n for n in had if workers[n].gated]:
+            ctx.log.write(f"{n}: still waiting for Kueue's admission (group {workers[n].group or 'none'}): "
+                          "not a failure of the pool")
+        had = [n for n in had if not workers[n].gated]
         _record_failures(ctx, {n: "slurmk8s resume-failed: no registration within ResumeTimeout" for n in had},
                          inventory, {n: workers[n].uid for n in had})
     # Slurm left these nodes DOWN+POWERED_DOWN (reason kept, jobs requeued). With no worker left
