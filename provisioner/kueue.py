@@ -30,7 +30,7 @@ import json
 import os
 import time
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 # Kueue's names (sigs.k8s.io/kueue v0.17: pkg/controller/jobs/pod/constants, pkg/constants)
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
@@ -45,6 +45,11 @@ ROLE_HASH = "kueue.x-k8s.io/role-hash"
 GATES = ("kueue.x-k8s.io/admission", "kueue.x-k8s.io/topology")
 
 GROUP_PREFIX = "slurm-job"  # a group is named slurm-job<id>-<token>
+# Kueue's objects: a pod group's Workload is named after the group (v1beta2: Kueue 0.17's storage version)
+API = "kueue.x-k8s.io/v1beta2"
+WORKLOADS = "workloads"
+WAITING = "slurmk8s: waiting for Kueue"  # how a job's comment starts while Kueue holds its pods
+COMMENT_MAX = 400  # the part of the Workload's condition a comment carries
 
 
 def role_hash(pool: str, requests: Mapping[str, str]) -> str:
@@ -133,4 +138,66 @@ def assign_groups(jobs: Sequence[tuple[int, Sequence[str]]], queue_of: Mapping[s
             if todo:  # one group per queue: a job across two queues' pools gets -0, -1
                 name = f"{GROUP_PREFIX}{job}-{token}" + (f"-{i}" if len(by_queue) > 1 else "")
                 out.update((node, PodGroup(name, len(todo))) for node in todo)
+    return out
+
+
+def why_waiting(queue: str, group: str, workload: Mapping[str, Any] | None, present: int, total: int) -> str:
+    """What a job whose pods Kueue still gates waits for, in words for its Slurm comment: the
+    Workload's condition that holds it back (QuotaReserved or Admitted False: the ClusterQueue's
+    missing quota, an oversize group, an inactive queue), or, before the group's last pod exists
+    (Kueue makes no Workload until then), how many of its pods exist."""
+    head = f"{WAITING} (queue {queue or '?'}, pod group {group})"
+    if workload is None:
+        return f"{head}: {present} of {total} pods created, Kueue admits the group once all exist"
+    conditions = {str(c.get("type")): c for c in (workload.get("status") or {}).get("conditions") or ()}
+    for kind in ("QuotaReserved", "Admitted"):
+        cond = conditions.get(kind)
+        if cond is not None and cond.get("status") == "False":
+            text = " ".join(str(cond.get("message") or cond.get("reason") or "not admitted").split())
+            return f"{head}: {text}"[:COMMENT_MAX]
+    return f"{head}: admitted, the pods are starting"
+
+
+@dataclass(frozen=True)
+class Wait:
+    """One job's pods held by Kueue, from the workers listed: the group and how many of its pods exist."""
+
+    job: int
+    group: str
+    queue: str
+    present: int
+    total: int
+
+
+def waits(workers: Iterable[Any], pool_of: Mapping[str, str], queue_of_pool: Mapping[str, str]) -> dict[int, Wait]:
+    """The jobs whose Kueue pod group is not admitted yet (any pod of it still gated), by job id, from
+    the workers (:class:`provisioner.elastic.backend.Worker`: ``name``, ``group``, ``group_total``,
+    ``gated``). A job with groups in two queues is listed with the first of them by name."""
+    present: dict[str, int] = {}
+    held: dict[str, tuple[int, str, int]] = {}
+    for w in workers:
+        if not w.group:
+            continue
+        present[w.group] = present.get(w.group, 0) + 1
+        job = job_of(w.group)
+        if w.gated and job is not None:
+            held[w.group] = (job, queue_of_pool.get(pool_of.get(w.name, ""), ""), w.group_total)
+    out: dict[int, Wait] = {}
+    for group in sorted(held):
+        job, queue, total = held[group]
+        out.setdefault(job, Wait(job, group, queue, present[group], total))
+    return out
+
+
+def comment_updates(comments: Mapping[int, str], why: Mapping[int, str]) -> dict[int, str]:
+    """The Slurm job comments to write (job id -> comment; "" clears): `why` for each waiting job
+    whose comment is empty or an older one of ours, and "" for a job whose comment is ours but that
+    waits no longer. A comment the job's owner set is never touched. `comments`: the queue's jobs."""
+    out: dict[int, str] = {}
+    for job, current in comments.items():
+        ours = current.startswith(WAITING)
+        if job in why and (ours or not current) and current != why[job]:
+            out[job] = why[job]
+        elif job not in why and ours:
+            out[job] = ""
     return out

@@ -260,3 +260,128 @@ def test_a_wait_for_quota_that_outlasts_resume_timeout_is_no_failure_of_the_pool
     assert backend.workers == {} and slurm.returned == ["gpu-0", "gpu-1"]
     assert [f.node for f in FileLedger(ledger).load()["gpu"].failures] == ["gpu-1"]  # the admitted one failed
     assert "gpu-0: still waiting for Kueue's admission (group slurm-job5-t): not a failure" in log.read_text()
+
+
+# ---------------------------------------------------------------- `up` refuses a queue that is not there
+
+def _queues(*names, cluster_queue="cq", active=True):
+    cond = {"type": "Active", "status": "True" if active else "False", "reason": "ClusterQueueIsInactive",
+            "message": "Can't submit new workloads to clusterQueue"}
+    return {n: {"metadata": {"name": n}, "spec": {"clusterQueue": cluster_queue}, "status": {"conditions": [cond]}}
+            for n in names}
+
+
+def test_up_refuses_a_kueue_pool_where_kueue_is_not_installed():
+    from provisioner.deploy import preflight as pf
+
+    (issue,) = pf.kueue_issues(_spec(), pf.ClusterFacts())
+    assert issue.field == "pools[0].kueue" and "serves no kueue.x-k8s.io API" in issue.message
+    assert "install Kueue" in issue.fix
+    with pytest.raises(pf.PreflightError, match="nothing was applied"):
+        pf.check(_spec(), pf.ClusterFacts())
+    # a spec without a Kueue pool needs no Kueue
+    assert pf.kueue_issues(parse_spec({"name": "t", "pools": [{"name": "cpu"}]}), pf.ClusterFacts()) == []
+
+
+def test_up_refuses_a_missing_local_queue_naming_the_queues_that_exist():
+    from provisioner.deploy import preflight as pf
+
+    facts = pf.ClusterFacts(kueue_api="kueue.x-k8s.io/v1beta2", local_queues=_queues("team-b"),
+                            cluster_queues={"cq": {}})
+    (issue,) = pf.kueue_issues(_spec(), facts)
+    assert issue.field == "pools[0].kueue.queue"
+    assert issue.message == "LocalQueue 'team-a' not found in namespace slurm-t (LocalQueues there: team-b)"
+    ok = pf.ClusterFacts(kueue_api="kueue.x-k8s.io/v1beta2", local_queues=_queues("team-a"), cluster_queues={"cq": {}})
+    assert pf.kueue_issues(_spec(), ok) == []
+
+
+def test_up_refuses_a_local_queue_whose_cluster_queue_is_missing_or_inactive_and_an_unknown_priority():
+    from provisioner.deploy import preflight as pf
+
+    api = "kueue.x-k8s.io/v1beta2"
+    (gone,) = pf.kueue_issues(_spec(), pf.ClusterFacts(kueue_api=api, local_queues=_queues("team-a")))
+    assert "points at ClusterQueue 'cq', which does not exist" in gone.message
+    (idle,) = pf.kueue_issues(_spec(), pf.ClusterFacts(kueue_api=api, local_queues=_queues("team-a", active=False),
+                                                       cluster_queues={"cq": {}}))
+    assert "is inactive: ClusterQueueIsInactive" in idle.message and "kubectl describe clusterqueue cq" in idle.fix
+    (prio,) = pf.kueue_issues(_spec(priority_class="urgent"),
+                              pf.ClusterFacts(kueue_api=api, local_queues=_queues("team-a"), cluster_queues={"cq": {}}))
+    assert prio.field == "pools[0].kueue.priority_class" and "'urgent' not found" in prio.message
+    assert pf.kueue_issues(_spec(priority_class="urgent"), pf.ClusterFacts(
+        kueue_api=api, local_queues=_queues("team-a"), cluster_queues={"cq": {}},
+        priority_classes=frozenset({"urgent"}))) == []
+
+
+# ---------------------------------------------------------------- a job held by Kueue says why
+
+QUOTA = ("couldn't assign flavors to pod set 3f2a: insufficient unused quota for cpu in flavor default, "
+         "2 more needed")
+
+
+def _workload(status="False", message=QUOTA):
+    return {"metadata": {"name": "w"}, "status": {"conditions": [
+        {"type": "QuotaReserved", "status": status, "reason": "Pending", "message": message}]}}
+
+
+def _held(tmp_path: Path, *, comment: str = "", gated: bool = True, present: int = 2, workloads=None,
+          state: str = "CONFIGURING"):
+    from fakes.slurm import FakeSlurmClient
+
+    from provisioner.elastic.backend import Worker
+    from provisioner.reconcile.classify import Snapshot
+    from provisioner.reconcile.kueuewait import explain
+    from provisioner.slurm.state import JobStatus
+
+    inv = _inv("gpu-0", "gpu-1", "cpu-0")
+    workers = {n: Worker(n, "Pending", group="slurm-job7-tok", group_total=2, gated=gated)
+               for n in ("gpu-0", "gpu-1")[:present]}
+    workers["cpu-0"] = Worker("cpu-0", "Running")
+    backend = FakeBackend(workers=dict(workers), pool_queues={"gpu": "team-a"},
+                          workloads={"slurm-job7-tok": _workload()} if workloads is None else workloads)
+    slurm = FakeSlurmClient()
+    states = ["PENDING", "CONFIGURING"] if state == "CONFIGURING" else [state]
+    jobs = [JobStatus.from_json({"job_id": 7, "job_state": states, "comment": comment}),
+            JobStatus.from_json({"job_id": 8, "job_state": ["RUNNING"], "comment": "mine"})]
+    errors = explain(slurm, backend, Snapshot({}, workers, inv), jobs, Log("reconcile", str(tmp_path / "r.log")))
+    return slurm.updates, errors, backend
+
+
+def test_a_job_whose_pods_kueue_holds_says_why_in_its_comment_from_the_workloads_condition(tmp_path: Path):
+    updates, errors, backend = _held(tmp_path)
+    assert errors == [] and ("workload", "slurm-job7-tok") in backend.calls
+    assert updates == [["scontrol", "update", "jobid=7", "comment=slurmk8s: waiting for Kueue (queue team-a, "
+                        f"pod group slurm-job7-tok): {QUOTA}"]]
+    # written once: the same comment is not written again; a job of other pools is never touched
+    same = updates[0][3].split("=", 1)[1]
+    assert _held(tmp_path, comment=same)[0] == []
+
+
+def test_a_group_still_forming_has_no_workload_and_says_how_many_pods_exist(tmp_path: Path):
+    updates, errors, backend = _held(tmp_path, present=1)
+    assert ("workload", "slurm-job7-tok") not in backend.calls  # Kueue makes no Workload before the last pod
+    assert updates[0][3].endswith("1 of 2 pods created, Kueue admits the group once all exist")
+
+
+def test_the_comment_is_cleared_once_kueue_admits_and_an_owners_comment_is_never_touched(tmp_path: Path):
+    ours = f"slurmk8s: waiting for Kueue (queue team-a, pod group slurm-job7-tok): {QUOTA}"
+    assert _held(tmp_path, comment=ours, gated=False)[0] == [["scontrol", "update", "jobid=7", "comment="]]
+    assert _held(tmp_path, comment=ours, gated=False, state="RUNNING")[0] == [
+        ["scontrol", "update", "jobid=7", "comment="]]
+    assert _held(tmp_path, comment="my experiment 12")[0] == []  # the owner's own comment stays
+    assert _held(tmp_path, comment=ours, state="COMPLETED")[0] == []  # an ended job's comment is its history
+
+
+def test_a_workload_that_cannot_be_read_leaves_the_comment_and_is_reported(tmp_path: Path):
+    ours = "slurmk8s: waiting for Kueue (queue team-a, pod group slurm-job7-tok): 1 of 2 pods created"
+    updates, errors, _ = _held(tmp_path, comment=ours, workloads={"slurm-job7-tok": "Kubernetes API unreachable"})
+    assert updates == [] and errors == ["cannot read Kueue's Workload slurm-job7-tok: Kubernetes API unreachable"]
+
+
+def test_why_waiting_reads_admitted_false_and_an_admitted_workload():
+    held = {"status": {"conditions": [{"type": "QuotaReserved", "status": "True"},
+                                      {"type": "Admitted", "status": "False", "reason": "AdmissionCheck",
+                                       "message": "waiting for\n  admission checks"}]}}
+    assert kueue.why_waiting("q", "g", held, 2, 2).endswith("): waiting for admission checks")
+    admitted = {"status": {"conditions": [{"type": "Admitted", "status": "True"}]}}
+    assert kueue.why_waiting("q", "g", admitted, 2, 2).endswith("): admitted, the pods are starting")
+    assert len(kueue.why_waiting("q", "g", _workload(message="x" * 2000), 2, 2)) == kueue.COMMENT_MAX

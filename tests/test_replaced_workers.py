@@ -50,6 +50,9 @@ class ResumeRacesTheLoop:
     def queues(self):
         return self.inner.queues()
 
+    def workload(self, group):
+        return self.inner.workload(group)
+
     def delete(self, name, uid=None, force=False, version=None):
         if uid is None:
             return self.inner.delete(name)

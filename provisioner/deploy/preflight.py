@@ -6,7 +6,7 @@ credentials: each would otherwise surface as a pod Pending or crash-looping ten 
 with half the objects applied. Here they become one error naming the spec field and the fix, before
 Pulumi runs.
 
-:func:`storage_issues` and :func:`secret_issues` are pure (lists of API objects in, issues out);
+:func:`storage_issues`, :func:`secret_issues` and :func:`kueue_issues` are pure (lists of API objects in, issues out);
 :func:`read_cluster` gathers those objects; :func:`check_database` runs a short-lived pod that
 tests the external database (only `up` runs it: `preview` creates nothing).
 """
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import base64
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Sequence
 
 from .. import manifests as m
@@ -27,6 +27,7 @@ from ..manifests.admission import API_VERSION as ADMISSION_API
 DEFAULT_CLASS_ANNOTATIONS = ("storageclass.kubernetes.io/is-default-class",
                              "storageclass.beta.kubernetes.io/is-default-class")
 STATIC_PROVISIONER = "kubernetes.io/no-provisioner"
+KUEUE_GROUP = "kueue.x-k8s.io"
 DB_CHECK_TIMEOUT = 120.0
 
 
@@ -47,6 +48,12 @@ class ClusterFacts:
     reclaimable: frozenset[str] = frozenset()  # local volumes `up` gives back before it applies (preview)
     # the API server serves admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy (Kubernetes >= 1.30)
     admission_policies: bool = True
+    # Kueue (read only when a pool names a queue): the kueue.x-k8s.io version served ("" when none),
+    # the namespace's LocalQueues and the cluster's ClusterQueues and WorkloadPriorityClasses by name
+    kueue_api: str = ""
+    local_queues: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    cluster_queues: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    priority_classes: frozenset[str] = frozenset()
 
 
 def volumes_of(spec: ClusterSpec) -> list[tuple[str, str, Volume]]:
@@ -207,6 +214,55 @@ def secret_issues(spec: ClusterSpec, facts: ClusterFacts) -> list[Issue]:
     return []
 
 
+def _condition(obj: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
+    for cond in (obj.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == kind:
+            return cond
+    return None
+
+
+def kueue_issues(spec: ClusterSpec, facts: ClusterFacts) -> list[Issue]:
+    """A pool under a Kueue queue (``pools[].kueue``) needs Kueue's API, the LocalQueue in the cluster's
+    namespace, its ClusterQueue, and the WorkloadPriorityClass it names: without them every worker pod
+    of the pool would be created and wait forever (or be refused by Kueue's webhook)."""
+    pools = [(i, p) for i, p in enumerate(spec.pools) if p.kueue is not None]
+    if not pools:
+        return []
+    if not facts.kueue_api:
+        names = ", ".join(p.name for _, p in pools)
+        return [Issue(f"pools[{pools[0][0]}].kueue", f"pool(s) {names} name a Kueue queue, but the API server serves "
+                      "no kueue.x-k8s.io API (Kueue is not installed)",
+                      "install Kueue (docs/kueue.md), or remove the pools' kueue: to create their pods outside any queue")]
+    issues: list[Issue] = []
+    ns = spec.namespace_name
+    for i, pool in pools:
+        assert pool.kueue is not None
+        where = f"pools[{i}].kueue"
+        lq = facts.local_queues.get(pool.kueue.queue)
+        if lq is None:
+            have = ", ".join(sorted(facts.local_queues)) or "none"
+            issues.append(Issue(f"{where}.queue", f"LocalQueue {pool.kueue.queue!r} not found in namespace {ns} "
+                                f"(LocalQueues there: {have})",
+                                f"create it before `slurmk8s up` (kubectl create namespace {ns}, then a LocalQueue "
+                                f"{pool.kueue.queue} pointing at a ClusterQueue: docs/kueue.md), or fix the name"))
+        else:
+            cq = str((lq.get("spec") or {}).get("clusterQueue") or "")
+            active = _condition(lq, "Active")
+            if cq not in facts.cluster_queues:
+                issues.append(Issue(f"{where}.queue", f"LocalQueue {ns}/{pool.kueue.queue} points at ClusterQueue "
+                                    f"{cq!r}, which does not exist", "create the ClusterQueue, or point the "
+                                    "LocalQueue at one that exists"))
+            elif active is not None and active.get("status") == "False":
+                issues.append(Issue(f"{where}.queue", f"LocalQueue {ns}/{pool.kueue.queue} is inactive: "
+                                    f"{active.get('reason', '')}: {active.get('message', '')}".rstrip(": "),
+                                    f"fix ClusterQueue {cq} (kubectl describe clusterqueue {cq})"))
+        prio = pool.kueue.priority_class
+        if prio is not None and prio not in facts.priority_classes:
+            issues.append(Issue(f"{where}.priority_class", f"WorkloadPriorityClass {prio!r} not found",
+                                "create it (docs/kueue.md), or leave priority_class out for Kueue's default"))
+    return issues
+
+
 # ---------------------------------------------------------------- the live cluster
 
 
@@ -246,7 +302,38 @@ def read_cluster(spec: ClusterSpec, api_client: Any) -> ClusterFacts:
         except ApiException as err:
             if err.status != 404:
                 raise
-    return ClusterFacts(classes, claims, volumes, exists, secrets, admission_policies=policies)
+    facts = ClusterFacts(classes, claims, volumes, exists, secrets, admission_policies=policies)
+    if any(p.kueue is not None for p in spec.pools):
+        facts = _with_kueue(facts, api_client, ns)
+    return facts
+
+
+def _with_kueue(facts: ClusterFacts, api_client: Any, ns: str) -> ClusterFacts:
+    """The Kueue objects :func:`kueue_issues` looks at (the API's preferred version, v1beta2 in 0.17)."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    group = next((g for g in client.ApisApi(api_client).get_api_versions().groups or []
+                  if g.name == KUEUE_GROUP), None)
+    if group is None:
+        return facts
+    version = group.preferred_version.version
+    api = client.CustomObjectsApi(api_client)
+
+    def by_name(resp: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+        return {_name(o): o for o in resp.get("items") or []}
+
+    local = by_name(api.list_namespaced_custom_object(KUEUE_GROUP, version, ns, "localqueues")) \
+        if facts.namespace_exists else {}
+    queues = by_name(api.list_cluster_custom_object(KUEUE_GROUP, version, "clusterqueues"))
+    try:
+        prios = frozenset(by_name(api.list_cluster_custom_object(KUEUE_GROUP, version, "workloadpriorityclasses")))
+    except ApiException as err:
+        if err.status != 404:
+            raise
+        prios = frozenset()
+    return replace(facts, kueue_api=f"{KUEUE_GROUP}/{version}", local_queues=local,
+                               cluster_queues=queues, priority_classes=prios)
 
 
 def admission_issues(facts: ClusterFacts) -> list[Issue]:
@@ -259,7 +346,8 @@ def admission_issues(facts: ClusterFacts) -> list[Issue]:
 
 
 def check(spec: ClusterSpec, facts: ClusterFacts) -> None:
-    issues = admission_issues(facts) + storage_issues(spec, facts) + secret_issues(spec, facts)
+    issues = (admission_issues(facts) + storage_issues(spec, facts) + secret_issues(spec, facts)
+              + kueue_issues(spec, facts))
     if issues:
         raise PreflightError(issues, title="the cluster cannot take this spec (nothing was applied)")
 

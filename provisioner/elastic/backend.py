@@ -11,7 +11,7 @@ DOWN reason, so it must say what went wrong in words an operator can act on.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, Protocol, Sequence
+from typing import Any, Mapping, Protocol, Sequence
 
 from ..errors import SlurmK8sError
 from ..inventory import SlurmNode
@@ -100,6 +100,11 @@ class NodeBackend(Protocol):
 
     def queues(self) -> Mapping[str, str]:
         """The Kueue LocalQueue of each pool under Kueue (pool -> queue); empty without Kueue."""
+        ...
+
+    def workload(self, group: str) -> Mapping[str, Any] | None:
+        """The Kueue Workload of pod group `group` (None: none yet, or a backend without Kueue).
+        Raises BackendError when the API does not answer."""
         ...
 
 

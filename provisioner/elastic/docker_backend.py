@@ -292,6 +292,9 @@ class DockerBackend:
     def queues(self) -> dict[str, str]:
         return {}  # no Kueue on the Docker test bed
 
+    def workload(self, group: str) -> None:
+        return None
+
     def list(self, names: Sequence[str] | None = None) -> dict[str, Worker]:
         filters = json.dumps({"label": [f"{LABEL_CLUSTER}={self.config.cluster}"]})
         wanted = None if names is None else set(names)  # Docker ANDs label filters: picked here

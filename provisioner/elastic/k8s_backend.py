@@ -81,6 +81,8 @@ class PodApi(Protocol):
 
     def get_statefulset(self, namespace: str, name: str) -> dict[str, Any]: ...
 
+    def get_workload(self, namespace: str, name: str) -> dict[str, Any]: ...
+
 
 class ClientPodApi(RawClient):
     """PodApi over the Kubernetes API by REST path (raw JSON, no model objects), with request timeouts."""
@@ -130,6 +132,10 @@ class ClientPodApi(RawClient):
 
     def get_statefulset(self, namespace: str, name: str) -> dict[str, Any]:
         return self.request("GET", api_path("apps/v1", namespace, "statefulsets", name))
+
+    def get_workload(self, namespace: str, name: str) -> dict[str, Any]:
+        """A Kueue Workload (a pod group's is named after the group)."""
+        return self.request("GET", api_path(kueue.API, namespace, kueue.WORKLOADS, name))
 
 
 def _epoch(ts: str | None) -> float | None:
@@ -473,6 +479,14 @@ class KubernetesBackend:
 
     def queues(self) -> dict[str, str]:
         return {p.name: p.kueue.queue for p in self.spec.pools if p.kueue is not None}
+
+    def workload(self, group: str) -> dict[str, Any] | None:
+        try:
+            return self.api.get_workload(self.namespace, group)
+        except ApiError as err:
+            if err.status == 404:
+                return None
+            raise self._error(group, "get workload", err) from None
 
     @property
     def selector(self) -> str:

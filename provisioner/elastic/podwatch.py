@@ -216,6 +216,9 @@ class WatchedBackend:
     def queues(self) -> Mapping[str, str]:
         return self.backend.queues()
 
+    def workload(self, group: str) -> Mapping[str, Any] | None:
+        return self.backend.workload(group)
+
     def list(self, names: Sequence[str] | None = None) -> Mapping[str, Worker]:
         workers = None if names is not None else self.watch.workers()
         if workers is None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..config import ClusterSpec
+from ..kueue import API as KUEUE_API
+from ..kueue import WORKLOADS
 from .common import _meta, login_sleeps, sleeps
 from ..names import base_labels
 from ..names import (CONTROLLER, CONTROLLER_POD, LOGIN, LOGIN_AGENT, MARIADB, REST, REST_FRONT, SLURMDBD, TIER_ROLE,
@@ -26,8 +28,11 @@ def worker_role(spec: ClusterSpec) -> dict[str, Any]:
     update may make of a pod is bounded by the worker pod admission policy, which checks UPDATE as
     CREATE); a get of the slurmctld StatefulSet alone, whose uid every worker pod's ownerReference
     names; and a get of the ConfigMaps and Secrets slurmctld's pod reads at its start instead of
-    mounting them (:func:`.slurmctld.pod_files`), by name."""
+    mounting them (:func:`.slurmctld.pod_files`), by name. With a pool under Kueue: a get of the
+    namespace's Kueue Workloads, whose conditions say why a job's pods wait (reconcile/kueuewait.py)."""
     files = pod_files(spec)
+    kueue_rules = ([{"apiGroups": [KUEUE_API.split("/")[0]], "resources": [WORKLOADS], "verbs": ["get"]}]
+                   if any(p.kueue is not None for p in spec.pools) else [])
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
         "metadata": _meta(spec, WORKER_ROLE, CONTROLLER),
@@ -36,7 +41,8 @@ def worker_role(spec: ClusterSpec) -> dict[str, Any]:
                   {"apiGroups": ["apps"], "resources": ["statefulsets"], "resourceNames": [CONTROLLER],
                    "verbs": ["get"]},
                   *({"apiGroups": [""], "resources": [f"{kind}s"], "verbs": ["get"],
-                     "resourceNames": [name for k, name, _ in files if k == kind]} for kind in ("configmap", "secret"))],
+                     "resourceNames": [name for k, name, _ in files if k == kind]} for kind in ("configmap", "secret")),
+                  *kueue_rules],
     }
 
 

@@ -101,6 +101,7 @@ class JobStatus:
     start_time: float | None = None
     nodes: tuple[str, ...] = ()
     end_time: float | None = None  # a running job's is its time limit's end, not an end
+    comment: str = ""  # the job's comment (--comment, or slurmk8s' note while Kueue holds its pods)
 
     @classmethod
     def from_json(cls, obj: Mapping[str, Any]) -> "JobStatus":
@@ -110,7 +111,7 @@ class JobStatus:
             state = "PENDING"  # allocated, waiting for its nodes to boot: not running yet
         return cls(int(obj.get("job_id", 0)), str(obj.get("partition") or ""), state,
                    _num(obj.get("submit_time")), _num(obj.get("start_time")), _expand(obj.get("nodes")),
-                   _num(obj.get("end_time")))
+                   _num(obj.get("end_time")), str(obj.get("comment") or ""))
 
 
 def _expand(hostlist_expr: Any) -> tuple[str, ...]:

@@ -23,6 +23,7 @@ class FakeBackend:
     lists: list[list[str] | None] = field(default_factory=list)  # the names of each list() (None: all)
     groups: dict = field(default_factory=dict)  # node -> the Kueue PodGroup its last create named
     pool_queues: dict = field(default_factory=dict)  # pool -> its Kueue LocalQueue (queues())
+    workloads: dict = field(default_factory=dict)  # group -> its Kueue Workload (workload()); a str: BackendError
 
     def create(self, node: SlurmNode, group=None) -> None:
         self.calls.append(("create", node.name))
@@ -66,6 +67,13 @@ class FakeBackend:
 
     def queues(self) -> Mapping[str, str]:
         return dict(self.pool_queues)
+
+    def workload(self, group: str):
+        self.calls.append(("workload", group))
+        found = self.workloads.get(group)
+        if isinstance(found, str):
+            raise BackendError(group, found, retryable=True)
+        return found
 
     def list(self, names: Sequence[str] | None = None) -> Mapping[str, Worker]:
         self.lists.append(None if names is None else list(names))

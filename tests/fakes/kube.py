@@ -60,6 +60,7 @@ class FakePodApi:
     _revision: int = 0
     statefulsets: dict[tuple[str, str], dict[str, Any]] | None = None
     statefulset_error: ApiError | None = None
+    workloads: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)  # Kueue's, get_workload
 
     # clock
     def clock(self) -> float:
@@ -235,6 +236,14 @@ class FakePodApi:
         elif (namespace, name) in self.statefulsets:
             return json.loads(json.dumps(self.statefulsets[(namespace, name)]))
         raise _status(404, "NotFound", f'statefulsets.apps "{name}" not found')
+
+    def get_workload(self, namespace: str, name: str) -> dict[str, Any]:
+        """A Kueue Workload from ``workloads`` ((namespace, name) -> object); 404 otherwise."""
+        self.calls.append(("get-workload", name))
+        self._check("get", namespace)
+        if (namespace, name) in self.workloads:
+            return json.loads(json.dumps(self.workloads[(namespace, name)]))
+        raise _status(404, "NotFound", f'workloads.kueue.x-k8s.io "{name}" not found')
 
 
 def _affinity_node(pod: Mapping[str, Any]) -> str | None:

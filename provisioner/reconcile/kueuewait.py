@@ -1,0 +1,66 @@
+"""A job whose worker pods Kueue holds back says why, in its Slurm comment (issue 41).
+
+Kueue gates the pods of a pool under a queue until their pod group fits the ClusterQueue's quota.
+Meanwhile Slurm shows the job CONFIGURING with no reason a researcher could act on. Each pass,
+after the reconcile itself, :func:`explain` finds the jobs with a gated group (from the workers the
+pass listed), reads each group's Workload and writes what holds it back into the job's comment
+(``scontrol show job`` prints ``Comment=``, ``squeue -O comment`` a column):
+
+    slurmk8s: waiting for Kueue (queue team-a, pod group slurm-job7-...): couldn't assign flavors
+    to pod set 3f2a...: insufficient unused quota for cpu in flavor default, 2 more needed
+
+and clears it once Kueue admits the group. A comment the job's owner gave it is left alone. The
+wait itself is not a failure: the nodes stay powering up, the pool is never backed off for it, and
+ResumeTimeout bounds it (Slurm then requeues the job, reason "ResumeTimeout reached").
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Sequence
+
+from .. import kueue
+from ..elastic.backend import BackendError, NodeBackend
+from ..slurm.commands import SlurmClient, SlurmCommandError
+from ..slurm.state import JobStatus
+
+if TYPE_CHECKING:
+    from ..elastic.programs import Log
+    from .classify import Snapshot
+
+LIVE = ("PENDING", "RUNNING", "SUSPENDED")  # a job whose comment may change (an ended one's is history)
+MAX_READS = 32  # Workloads read in one pass: a queue of thousands waiting costs a bounded pass
+
+
+def explain(slurm: SlurmClient, backend: NodeBackend, snapshot: "Snapshot", jobs: Sequence[JobStatus],
+            log: "Log", scontrol: str = "scontrol") -> list[str]:
+    """Write (or clear) the Kueue comment of each job of `jobs` as its pods stand in `snapshot`;
+    returns the errors (logged too). Never raises."""
+    queues = backend.queues()
+    if not queues:
+        return []
+    pool_of = {n.name: n.pool for n in snapshot.inventory.nodes}
+    waits = kueue.waits(snapshot.workers.values(), pool_of, queues)
+    comments = {j.job_id: j.comment for j in jobs if j.state in LIVE}
+    errors: list[str] = []
+    why: dict[int, str] = {}
+    for job, wait in list(waits.items())[:MAX_READS]:
+        if job not in comments:
+            continue
+        try:
+            workload = backend.workload(wait.group) if wait.present >= wait.total else None
+        except BackendError as err:
+            errors.append(f"cannot read Kueue's Workload {wait.group}: {err.reason}")
+            continue
+        why[job] = kueue.why_waiting(wait.queue, wait.group, workload, wait.present, wait.total)
+    for job in waits.keys() - why.keys():  # not read this pass: the comment stays as it is
+        comments.pop(job, None)
+    for job, text in sorted(kueue.comment_updates(comments, why).items()):
+        try:
+            slurm.update([scontrol, "update", f"jobid={job}", f"comment={text}"])
+        except SlurmCommandError as err:
+            errors.append(f"cannot set job {job}'s comment: {err}")
+            continue
+        log.write(f"job {job}: {text}" if text else f"job {job}: Kueue admitted its pods, comment cleared")
+    for err in errors:
+        log.write(err)
+    return errors
