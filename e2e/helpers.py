@@ -325,9 +325,13 @@ def side_spec(public_key: str, name: str) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def side_cluster(name: str, make_spec: Callable[[str], dict[str, Any]], work: Path) -> Iterator[Login]:
+def side_cluster(name: str, make_spec: Callable[[str], dict[str, Any]], work: Path,
+                 prepare: Callable[[str, Path, Path], None] | None = None) -> Iterator[Login]:
     """Deploy `make_spec(alice's public key)` as cluster `name` (namespace slurm-<name>, its own
-    static volumes) with `slurmk8s up`, log alice in; `down --purge` and every trace removed afterwards."""
+    static volumes) with `slurmk8s up`, log alice in; `down --purge` and every trace removed afterwards.
+    `prepare(namespace, spec path, state dir)` runs before the `up`, once any leftover is gone: what
+    the platform makes before a cluster (a namespace with a Kueue LocalQueue); a namespace it makes
+    must carry the label MADE_BY=e2e."""
     namespace, volumes = f"slurm-{name}", f"/var/lib/slurmk8s/volumes/{name}"
     key = asyncssh.generate_private_key("ssh-ed25519")
     spec_path = work / f"{name}.yaml"
@@ -340,6 +344,8 @@ def side_cluster(name: str, make_spec: Callable[[str], dict[str, Any]], work: Pa
     manifest.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": static_volumes(name, namespace)}))
     kubectl("apply", "-f", str(manifest))
     try:
+        if prepare is not None:
+            prepare(namespace, spec_path, state)
         try:
             proc = slurmk8s("up", "--spec", str(spec_path), "--state", str(state), log=log)
         finally:

@@ -385,3 +385,29 @@ def test_why_waiting_reads_admitted_false_and_an_admitted_workload():
     admitted = {"status": {"conditions": [{"type": "Admitted", "status": "True"}]}}
     assert kueue.why_waiting("q", "g", admitted, 2, 2).endswith("): admitted, the pods are starting")
     assert len(kueue.why_waiting("q", "g", _workload(message="x" * 2000), 2, 2)) == kueue.COMMENT_MAX
+
+
+def test_kueue_down_makes_a_create_fail_with_a_reason_naming_kueue(world):
+    from provisioner.elastic.backend import BackendError
+    from provisioner.kubeapi import ApiError
+
+    inv, api, backend = world
+    # the API server's answer while Kueue's webhook Service has no endpoint (as seen on the local cluster)
+    api.fail_next = [ApiError(500, "InternalError", 'Internal error occurred: failed calling webhook '
+                              '"mpod.kb.io": failed to call webhook: Post "https://kueue-webhook-service.kueue-'
+                              'system.svc:443/mutate--v1-pod?timeout=10s": no endpoints available for service '
+                              '"kueue-webhook-service"')]
+    with pytest.raises(BackendError) as err:
+        backend.create(inv["gpu-g1"], kueue.PodGroup("slurm-job9-x", 1))
+    assert err.value.reason.startswith("Kueue does not answer: its admission webhook mpod.kb.io failed")
+    assert err.value.retryable
+
+
+def test_the_spec_in_docs_kueue_md_is_a_valid_pool():
+    """docs/kueue.md's spec snippet is a valid pool (the field names as the docs give them)."""
+    import yaml
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "kueue.md").read_text()
+    snippet = text.split("```yaml\n", 1)[1].split("```", 1)[0]
+    spec = parse_spec({"name": "docs", **yaml.safe_load(snippet)})
+    assert spec.pools[0].kueue is not None and spec.pools[0].kueue.queue == "slurm"

@@ -277,6 +277,14 @@ class KubernetesBackend:
             return BackendError(node, f"invalid worker pod spec ({err.reason}): {msg}")
         if err.status == 429:
             return BackendError(node, f"Kubernetes API throttling (429): {msg}", retryable=True)
+        if err.status >= 500 and "failed calling webhook" in msg:
+            # an admission webhook that does not answer: Kueue's, for a pool under a queue
+            hook = msg.partition('failed calling webhook "')[2].partition('"')[0] or "?"
+            if "kueue" in msg.lower():
+                return BackendError(node, f"Kueue does not answer: its admission webhook {hook} failed, so no pod "
+                                          f"of a pool under Kueue can be created (is Kueue running? kubectl -n "
+                                          f"kueue-system get pods): {msg}", retryable=True)
+            return BackendError(node, f"admission webhook {hook} failed: {msg}", retryable=True)
         if err.status >= 500:
             return BackendError(node, f"Kubernetes API error {err.status} {err.reason}: {msg}", retryable=True)
         return BackendError(node, f"Kubernetes API {verb} failed: {err.status} {err.reason}: {msg}",
