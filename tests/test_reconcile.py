@@ -1273,3 +1273,49 @@ def test_busy_node_seconds_come_from_the_jobs_start_and_end_times():
     jobs[2] = job(3, "COMPLETED", NOW + 7, NOW + 25, ("cpu-1", "cpu-0"))
     m.observe_pass(Report(findings=[]), jobs, NOW + 30, NOW, 0.1, [])  # job 3 ran 10..25 on two nodes
     assert m.usage("d").busy == {"cpu": pytest.approx(11 + 2 * 15)}  # no snapshot: the last pools
+
+
+# ---------------------------------------------------------------- a worker taken away under a running job
+
+
+@pytest.mark.parametrize("taken, said", [
+    ("Kueue: WorkloadEvicted: Preempted to accommodate a workload (UID: 7f) due to prioritization in the "
+     "ClusterQueue", "pod cpu-1 Kueue: WorkloadEvicted: Preempted to accommodate"),
+    ("Kubernetes: EvictionByEvictionAPI: Eviction API: evicting", "pod cpu-1 Kubernetes: EvictionByEvictionAPI"),
+    ("", "pod cpu-1 deleted under job 42"),
+])
+def test_a_worker_taken_away_under_a_running_job_requeues_it_at_once_and_is_no_pool_failure(taken, said):
+    """Kueue's preemption (its TerminationTarget condition, then a delete), a scheduler preemption or
+    an eviction (Kubernetes' DisruptionTarget) or an operator's delete: the pod is Terminating while
+    Slurm still runs the job on it. Before, the loop waited for the pod to be gone (its grace
+    period), and the job ran on a dying node meanwhile; now DOWN requeues it in the same pass, the
+    reason naming who took the pod, and the pool is not backed off for it."""
+    going = Worker("cpu-1", "Terminating", created_at=NOW - 600, uid="u1", taken=taken)
+    slurm = FakeSlurmClient(nodes=[up("cpu-1")], job_list=[_job(42, "cpu-1", NOW - 120)])
+    ledger = MemoryLedger(POLICY)
+    report = run_once(slurm, FakeBackend({"cpu-1": going}), inventory(), ledger, NOW,
+                      Log("reconcile", stream=io.StringIO()), POLICY)
+    [f] = report.of(Kind.WORKER_TAKEN)
+    assert f.ops == (Op.SET_DOWN,)
+    assert [u[3] for u in slurm.updates] == ["state=DOWN"] and said in slurm.updates[0][4]
+    assert not any(h.failures for h in ledger.load().values())
+    # the suspend's own delete (powering down, no job) and a node already DOWN are left as they were
+    assert kinds(snap([node_json("cpu-1", "IDLE", "CLOUD", "POWERING_DOWN")], [going]))["cpu-1"] is Kind.OK
+    idle = FakeSlurmClient(nodes=[up("cpu-1", base="IDLE")])
+    run_once(idle, FakeBackend({"cpu-1": going}), inventory(), ledger, NOW, Log("reconcile", stream=io.StringIO()),
+             POLICY)
+    assert idle.updates == []
+
+
+def test_the_backend_reads_who_takes_a_pod_from_its_conditions():
+    from provisioner.elastic.k8s_backend import taken_by
+
+    kueue_cond = {"type": "TerminationTarget", "status": "True", "reason": "WorkloadEvicted",
+                  "message": "Preempted to accommodate a workload"}
+    assert taken_by({"status": {"conditions": [kueue_cond]}}) == \
+        "Kueue: WorkloadEvicted: Preempted to accommodate a workload"
+    k8s = {"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler",
+           "message": "prod-pod: preempting to accommodate a higher priority pod"}
+    assert taken_by({"status": {"conditions": [k8s]}}).startswith("Kubernetes: PreemptionByScheduler: ")
+    assert taken_by({"status": {"conditions": [{**k8s, "status": "False"}]}}) == ""
+    assert taken_by({}) == ""

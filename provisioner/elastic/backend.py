@@ -68,6 +68,10 @@ class Worker:
     group: str = ""
     group_total: int = 0
     gated: bool = False  # Kueue holds it back (its scheduling gates): not admitted yet
+    # who is taking the worker away and why, where the pod says so (a condition another controller
+    # set before deleting it: Kueue's TerminationTarget on preemption, Kubernetes' DisruptionTarget
+    # on a scheduler preemption, an eviction, a taint or the kubelet); '' when it does not
+    taken: str = ""
 
 
 class NodeBackend(Protocol):

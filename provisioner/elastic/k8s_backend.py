@@ -197,6 +197,21 @@ def host_lost(pod: Mapping[str, Any]) -> bool:
     return pod_phase(pod) == "Running" and conds.get("Ready") == "False" and conds.get("ContainersReady") == "True"
 
 
+# conditions a controller sets on a pod it is about to remove: Kueue's pod integration (a preempted or
+# evicted workload's pods), and Kubernetes' own (scheduler preemption, Eviction API, taint manager, kubelet)
+TAKEN_CONDITIONS = {"TerminationTarget": "Kueue", "DisruptionTarget": "Kubernetes"}
+
+
+def taken_by(pod: Mapping[str, Any]) -> str:
+    """Who is removing the pod and why ('Kueue: WorkloadEvicted: Preempted to accommodate ...',
+    'Kubernetes: EvictionByEvictionAPI: ...'), from the condition set before the delete; ''."""
+    for cond in (pod.get("status") or {}).get("conditions") or ():
+        who = TAKEN_CONDITIONS.get(str(cond.get("type")))
+        if who and cond.get("status") == "True":
+            return _one_line(f"{who}: {cond.get('reason') or 'removed'}: {cond.get('message') or ''}".rstrip(": "))
+    return ""
+
+
 def worker_from_pod(pod: Mapping[str, Any]) -> Worker:
     meta = pod.get("metadata") or {}
     labels = meta.get("labels") or {}
@@ -219,6 +234,7 @@ def worker_from_pod(pod: Mapping[str, Any]) -> Worker:
         group=labels.get(kueue.GROUP_LABEL, ""),
         gated=any(g.get("name") in kueue.GATES for g in (pod.get("spec") or {}).get("schedulingGates") or ()),
         group_total=_count((meta.get("annotations") or {}).get(kueue.GROUP_TOTAL)),
+        taken=taken_by(pod),
     )
 
 
