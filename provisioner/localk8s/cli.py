@@ -445,8 +445,9 @@ def kueue_up(
     """Build the Kueue image (FROM the base image, with the toolchain's binary) when missing, load it
     into every node, apply Kueue and wait until the manager is Ready and its webhooks serve.
     Idempotent: an unchanged, serving Kueue is left alone."""
-    _kueue_call(lambda k, paths, kubectl: k.up(paths, kubectl, lambda tag: cluster_load_image([tag], None),
-                                               _kueue_say, timeout=timeout))
+    _kueue_call(lambda k, paths, kubectl: k.up(
+        paths, kubectl, lambda tag: cluster_load_image([tag], None), _kueue_say, timeout=timeout,
+        base_image=os.environ.get("SLURMK8S_BASE_IMAGE") or k.BASE_IMAGE))
 
 
 @kueue_app.command("down")

@@ -121,8 +121,9 @@ def upstream_objects(paths: LabPaths, kubectl: Kubectl, say: Say) -> list[dict[s
 
 
 # ---- the image ------------------------------------------------------------------------------------
-def docker(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run(["docker", *args], capture_output=True, text=True, check=False)
+def docker(*args: str, check: bool = True, env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(["docker", *args], capture_output=True, text=True, check=False,
+                          env={**os.environ, **(env or {})})
     if check and done.returncode != 0:
         raise KueueLabError(f"docker {' '.join(args[:3])}: {done.stderr.strip()[-800:]}")
     return done
@@ -155,7 +156,9 @@ def ensure_image(paths: LabPaths, base_image: str, say: Say) -> str:
         except OSError:
             shutil.copy2(paths.binary.resolve(), Path(ctx) / "manager")
         (Path(ctx) / "Dockerfile").write_text(text)
-        docker("build", "-q", "-t", tag, "--label", "org.slurmk8s.image=kueue", ctx)
+        # BuildKit where the CLI has buildx, else the classic builder (as images/build.sh does)
+        classic = {} if docker("buildx", "version", check=False).returncode == 0 else {"DOCKER_BUILDKIT": "0"}
+        docker("build", "-q", "-t", tag, "--label", "org.slurmk8s.image=kueue", ctx, env=classic)
     say(f"image {tag}: built in {time.monotonic() - t0:.1f} s")
     return tag
 
