@@ -30,12 +30,14 @@ TIERS = {"integration": "SLURMK8S_INTEGRATION", "e2e": "SLURMK8S_E2E"}
 E2E_DIR = "e2e/"
 # e2e modules that never use the session's cluster; any other e2e module runs in group slurm-local
 SIDE_E2E_MODULES = frozenset(f"{E2E_DIR}test_e2e_{name}.py" for name in
-                             ("helm", "kueue", "mount_retry", "sleep", "sleep_login", "topology",
-                              "zz_quickstart"))
+                             ("helm", "kueue", "kueue_lab", "mount_retry", "sleep", "sleep_login",
+                              "topology", "zz_quickstart"))
 # side modules that must not run side by side: one scheduling unit, in collection order. The two
 # sleep modules deploy into one namespace (slurm-sleepy); helm labels a real Kubernetes node and
 # topology relabels and cordons nodes, and the Slurm configuration of both follows the node labels.
+# The Kueue modules share the one Kueue (kueue_lab's outage stops it), and go one after the other.
 SIDE_SHARED = {f"{E2E_DIR}test_e2e_sleep_login.py": f"{E2E_DIR}test_e2e_sleep.py",
+               f"{E2E_DIR}test_e2e_kueue_lab.py": f"{E2E_DIR}test_e2e_kueue.py",
                f"{E2E_DIR}test_e2e_topology.py": f"{E2E_DIR}test_e2e_helm.py"}
 SESSION_CLUSTER_FIXTURE = "cluster"  # e2e/conftest.py
 # the e2e tests of this machine's pytest sessions and workers share the Kubernetes cluster under this lock

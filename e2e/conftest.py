@@ -8,6 +8,7 @@ On a failure, the pod logs of the cluster's namespace are attached to the report
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import shutil
 import subprocess
@@ -19,6 +20,7 @@ import asyncssh
 import pytest
 import yaml
 
+import kueuelab
 from helpers import (LOCAL_KUBECONFIG, LOCAL_VOLUMES, NAMESPACE, Cluster, NotOurs, apply_storage_class, clear_leftover,
                      e2e_spec, kjson, kubeconfig, kubectl, mark_made_by, programs_log, slurmk8s)
 
@@ -61,6 +63,27 @@ def cluster(cluster_reachable, tmp_path_factory) -> Iterator[Cluster]:
         pytest.fail(f"`slurmk8s up` failed (exit {proc.returncode}):\n{log.read_text()[-6000:]}")
     yield Cluster(spec_path, state, log, key, elapsed)
     slurmk8s("down", "--spec", str(spec_path), "--state", str(state), "--yes", log=log)
+
+
+@pytest.fixture(scope="session")
+def kueue(cluster_reachable) -> kueuelab.Kueue:
+    """Real Kueue on the cluster (`slurmk8s cluster kueue up`, once per session worker; a second `up`
+    finds it unchanged in seconds). Left up when the session ends: it manages only the namespaces
+    labelled slurmk8s.io/kueue=managed, its webhooks too (e2e/kueuelab.py). A test that needs it
+    running takes `kueue_steady`."""
+    with kueuelab.kueue_alone():
+        took = kueuelab.kueue_up()
+    got = kueuelab.running_kueue()
+    if got is None:
+        pytest.fail("`slurmk8s cluster kueue up` succeeded but there is no Kueue manager Deployment")
+    return dataclasses.replace(got, up_seconds=took)
+
+
+@pytest.fixture
+def kueue_steady(kueue) -> Iterator[kueuelab.Kueue]:
+    """Kueue, held shared for the test: no other test stops it meanwhile (kueuelab.kueue_outage)."""
+    with kueuelab.kueue_share():
+        yield kueue
 
 
 @pytest.fixture(scope="session")

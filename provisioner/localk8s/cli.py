@@ -31,7 +31,13 @@ node_app = typer.Typer(
     "(own socket, state, cgroup root, pod CIDR 198.18.<slot>.0/24 and ports), joined to the one control plane.",
     no_args_is_help=True,
 )
+kueue_app = typer.Typer(
+    help="Real Kueue (the toolchain's `kueue` tool) on the local cluster, its webhooks restricted to the "
+    "namespaces labelled slurmk8s.io/kueue=managed, plain Pods only.",
+    no_args_is_help=True,
+)
 cluster_app.add_typer(node_app, name="node")
+cluster_app.add_typer(kueue_app, name="kueue")
 
 
 def _exit(code: int) -> None:
@@ -411,3 +417,49 @@ def node_memory() -> None:
             typer.echo(f"{lay.name}: {sum(rss.values()) / 1024:.0f} MiB ({parts})")
 
     _node_call(show)
+
+
+# ---- Kueue --------------------------------------------------------------------------------------------
+def _kueue_call(action):  # noqa: ANN001, ANN202 - (paths, kubectl) -> result
+    from provisioner.localk8s import kueue
+
+    bin_dir = Path(os.environ.get("SLURMK8S_BIN") or script_output(TOOLCHAIN_SCRIPT, ["path"]))
+    state_dir = Path(os.environ.get("LOCALK8S_ROOT", "/var/lib/slurmk8s/localk8s"))
+    kubeconfig = Path(os.environ.get("KUBECONFIG") or script_output(CLUSTER_SCRIPT, ["kubeconfig"]))
+    paths = kueue.lab_paths(bin_dir, state_dir, kubeconfig)
+    try:
+        return action(kueue, paths, kueue.Kubectl(paths.kubectl, paths.kubeconfig))
+    except (SlurmK8sError, OSError, subprocess.TimeoutExpired) as err:
+        typer.echo(f"[kueue] error: {err}", err=True)
+        raise typer.Exit(1) from None
+
+
+def _kueue_say(line: str) -> None:
+    typer.echo(f"[kueue] {line}")
+
+
+@kueue_app.command("up")
+def kueue_up(
+    timeout: Annotated[int, typer.Option(help="Seconds to wait for the manager Ready.")] = 240,
+) -> None:
+    """Build the Kueue image (FROM the base image, with the toolchain's binary) when missing, load it
+    into every node, apply Kueue and wait until the manager is Ready and its webhooks serve.
+    Idempotent: an unchanged, serving Kueue is left alone."""
+    _kueue_call(lambda k, paths, kubectl: k.up(
+        paths, kubectl, lambda tag: cluster_load_image([tag], None), _kueue_say, timeout=timeout,
+        base_image=os.environ.get("SLURMK8S_BASE_IMAGE") or k.BASE_IMAGE))
+
+
+@kueue_app.command("down")
+def kueue_down() -> None:
+    """Delete Kueue's objects (its pods' Workloads, LocalQueues, ClusterQueues, ResourceFlavors, ...)
+    while the manager still removes their finalizers, then Kueue itself. The namespaces keep their
+    label. Idempotent."""
+    _kueue_call(lambda k, paths, kubectl: k.down(paths, kubectl, _kueue_say))
+
+
+@kueue_app.command("status")
+def kueue_status() -> None:
+    """Say whether Kueue is up, and its version. Exit 0 up, 3 down, 4 partly (e.g. scaled to 0)."""
+    got = _kueue_call(lambda k, paths, kubectl: k.status(paths, kubectl, _kueue_say))
+    _exit(got.state.value)

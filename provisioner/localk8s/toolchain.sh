@@ -12,10 +12,11 @@
 #   $SLURMK8S_TOOLCHAIN_DIR (default /var/cache/slurmk8s/toolchain)
 #     <tool>-<version>/bin/...   one directory per tool and version (the cache key): changing
 #                                a version rebuilds only that tool
-#     <tool>-<version>/share/... data that belongs to a tool (kwok stage files)
+#     <tool>-<version>/share/... data that belongs to a tool (kwok stage files, Kueue's config/
+#                                manifests: rendered at run time with kubectl, no Go needed)
 #     logs/<tool>-<version>.log  full build log of each tool
 #     bin/                       stable symlink farm: put it on PATH
-#     share/                     stable links to tool data (share/kwok-stages)
+#     share/                     stable links to tool data (share/kwok-stages, share/kueue-config)
 #     pulumi-home/               PULUMI_HOME with the kubernetes provider plugin installed
 #     go/                        Go module and build caches (large: ~17 GB)
 # A tool already on PATH at the pinned version is linked instead of built.
@@ -26,6 +27,8 @@ K8S_VERSION=${K8S_VERSION:-v1.34.4}
 ETCD_VERSION=${ETCD_VERSION:-v3.6.16}
 COREDNS_VERSION=${COREDNS_VERSION:-v1.14.7}
 KWOK_VERSION=${KWOK_VERSION:-v0.8.0}
+# the version the Kueue probe verified (../shared notes); the proxy also serves v0.19.1 and v0.19.2
+KUEUE_VERSION=${KUEUE_VERSION:-v0.17.0}
 HELM_VERSION=${HELM_VERSION:-v3.22.0}
 PULUMI_VERSION=${PULUMI_VERSION:-v3.274.1}
 PULUMI_K8S_VERSION=${PULUMI_K8S_VERSION:-v4.25.0}
@@ -41,7 +44,7 @@ SHARE=$CACHE/share
 LOGS=$CACHE/logs
 PULUMI_HOME_DIR=$CACHE/pulumi-home
 
-ALL_TOOLS=(etcd kubernetes coredns kwok helm pulumi pulumi-kubernetes)
+ALL_TOOLS=(etcd kubernetes coredns kwok kueue helm pulumi pulumi-kubernetes)
 K8S_BINS=(kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl)
 
 say() { printf '[toolchain %s] %s\n' "$(date +%T)" "$*"; }
@@ -53,10 +56,17 @@ key_of() {  # cache key of a tool: name and every version that goes into it
     kubernetes) echo "kubernetes-$K8S_VERSION" ;;
     coredns) echo "coredns-$COREDNS_VERSION" ;;
     kwok) echo "kwok-$KWOK_VERSION" ;;
+    kueue) echo "kueue-$KUEUE_VERSION" ;;
     helm) echo "helm-$HELM_VERSION" ;;
     pulumi) echo "pulumi-$PULUMI_VERSION" ;;
     pulumi-kubernetes) echo "pulumi-kubernetes-$PULUMI_K8S_VERSION" ;;
     *) return 1 ;;
+  esac
+}
+share_of() {  # the data directory a tool ships under share/ (none for most)
+  case $1 in
+    kwok) echo kwok-stages ;;
+    kueue) echo kueue-config ;;
   esac
 }
 bins_of() {
@@ -69,7 +79,7 @@ bins_of() {
 version_of() {
   case $1 in
     etcd) echo "$ETCD_VERSION" ;; kubernetes) echo "$K8S_VERSION" ;; coredns) echo "$COREDNS_VERSION" ;;
-    kwok) echo "$KWOK_VERSION" ;; helm) echo "$HELM_VERSION" ;; pulumi) echo "$PULUMI_VERSION" ;;
+    kwok) echo "$KWOK_VERSION" ;; kueue) echo "$KUEUE_VERSION" ;; helm) echo "$HELM_VERSION" ;; pulumi) echo "$PULUMI_VERSION" ;;
     pulumi-kubernetes) echo "$PULUMI_K8S_VERSION" ;;
   esac
 }
@@ -182,6 +192,27 @@ kwok_stages() {  # the stage files kwok needs (it exits "no stages found" withou
   ls "$OUTSHARE/kwok-stages"
 }
 
+build_kueue() {
+  # all of Kueue's integrations are compiled in (the binary is ~125 MB unstripped); the lab turns on
+  # only the plain-Pod one through its configuration
+  wrapper_module "$KEY" || return 1
+  go get "sigs.k8s.io/kueue@$KUEUE_VERSION" || return 1
+  local p=sigs.k8s.io/kueue/pkg/version
+  go build -p "$JOBS" -trimpath \
+    -ldflags "-s -w -X $p.GitVersion=$KUEUE_VERSION -X $p.BuildDate=$(date -u +%Y-%m-%dT%H:%M:%SZ)" \
+    -o "$OUTBIN/kueue" sigs.k8s.io/kueue/cmd/kueue || return 1
+  ls -l "$OUTBIN/kueue"
+}
+
+kueue_config() {  # the module's kustomize tree (config/): `slurmk8s cluster kueue up` renders it with kubectl
+  local dir
+  dir=$(go mod download -json "sigs.k8s.io/kueue@$KUEUE_VERSION" | json 'd["Dir"]') || return 1
+  [ -f "$dir/config/default/kustomization.yaml" ] || { echo "no config/default in $dir"; return 1; }
+  cp -r "$dir/config" "$OUTSHARE/kueue-config" && chmod -R u+w "$OUTSHARE/kueue-config" || return 1
+  echo "$KUEUE_VERSION" >"$OUTSHARE/kueue-config/VERSION"
+  ls "$OUTSHARE/kueue-config"
+}
+
 build_helm() {
   wrapper_module "$KEY" || return 1
   go get "helm.sh/helm/v3@$HELM_VERSION" || return 1
@@ -241,8 +272,9 @@ tool() {
       missing+=("$b")
     fi
   done
-  if [ "$t" = kwok ] && [ ! -d "$keydir/share/kwok-stages" ]; then
-    missing+=(kwok-stages)
+  local share; share=$(share_of "$t")
+  if [ -n "$share" ] && [ ! -d "$keydir/share/$share" ]; then
+    missing+=("$share")
   fi
   if [ ${#missing[@]} -eq 0 ]; then
     say "$t $want: cached ($keydir)"
@@ -256,11 +288,11 @@ tool() {
     rm -rf "$tmp" && mkdir -p "$tmp/bin" "$tmp/share"
     (
       set -o pipefail
-      export OUTBIN=$tmp/bin OUTSHARE=$tmp/share KEY=$key BUILD_BINS="${missing[*]/kwok-stages/}"
+      export OUTBIN=$tmp/bin OUTSHARE=$tmp/share KEY=$key BUILD_BINS="${missing[*]/$share/}"
       echo "# $(date -Is) building $t $want: ${missing[*]} (go: $(go version))"
-      if [ "$t" = kwok ]; then
-        if [[ " ${missing[*]} " == *" kwok "* ]]; then build_kwok || exit 1; fi
-        kwok_stages || exit 1
+      if [ -n "$share" ]; then  # the binary only where it is missing, then the tool's data
+        if [[ " ${missing[*]} " == *" $t "* ]]; then "build_$t" || exit 1; fi
+        "${share//-/_}" || exit 1
       else
         "build_$t" || exit 1
       fi
@@ -269,9 +301,11 @@ tool() {
     if [ $rc -eq 0 ]; then
       # move results into the cache key atomically per file
       for b in "$tmp"/bin/*; do [ -e "$b" ] && mv -f "$b" "$keydir/bin/"; done
-      [ -d "$tmp/share/kwok-stages" ] && { rm -rf "$keydir/share/kwok-stages"; mv "$tmp/share/kwok-stages" "$keydir/share/"; }
+      if [ -n "$share" ] && [ -d "$tmp/share/$share" ]; then
+        rm -rf "${keydir:?}/share/$share"; mv "$tmp/share/$share" "$keydir/share/"
+      fi
       for b in "${missing[@]}"; do
-        [ "$b" = kwok-stages ] && continue
+        [ "$b" = "$share" ] && continue
         [ -x "$keydir/bin/$b" ] || { rc=1; echo "# $b was not produced" >>"$log"; }
         WHERE[$b]=$keydir/bin/$b
       done
@@ -290,7 +324,7 @@ tool() {
     [ "$t" = pulumi-kubernetes ] && continue
     [ -n "${WHERE[$b]:-}" ] && link "$b" "${WHERE[$b]}"
   done
-  [ "$t" = kwok ] && { mkdir -p "$SHARE"; ln -sfn "$keydir/share/kwok-stages" "$SHARE/kwok-stages"; }
+  [ -n "$share" ] && { mkdir -p "$SHARE"; ln -sfn "$keydir/share/$share" "$SHARE/$share"; }
   return 0
 }
 
@@ -323,7 +357,9 @@ check() {
     [ "$t" = pulumi-kubernetes ] && continue
     for b in $(bins_of "$t"); do [ -x "$BIN/$b" ] || missing+=("$b"); done
   done
-  [ -e "$SHARE/kwok-stages" ] || missing+=(kwok-stages)
+  for t in "${ALL_TOOLS[@]}"; do
+    b=$(share_of "$t"); [ -z "$b" ] || [ -e "$SHARE/$b" ] || missing+=("$b")
+  done
   [ -x "$PULUMI_HOME_DIR/plugins/resource-kubernetes-$PULUMI_K8S_VERSION/pulumi-resource-kubernetes" ] \
     || missing+=("pulumi-plugin-kubernetes-$PULUMI_K8S_VERSION")
   if [ ${#missing[@]} -gt 0 ]; then
