@@ -10,6 +10,7 @@ Side cluster `kq` (namespace slurm-kq, labelled for Kueue to manage) with one sl
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
 from pathlib import Path
@@ -52,16 +53,19 @@ def kq(kueue, tmp_path_factory) -> Iterator[Any]:
         apply(resource_flavor(FLAVOR), cluster_queue(CQ, FLAVOR, cpu="100m", memory="256Mi"),
               local_queue(ns, QUEUE, CQ))
 
-    with kueue_share():
-        try:
-            with side_cluster(NAME, kq_spec, tmp_path_factory.mktemp(NAME), prepare=prepare) as login:
-                login.refused = seen["refused"]
-                login.applied = seen["applied"]
-                yield login
-        finally:
-            for kind, name in (("clusterqueue", CQ), ("resourceflavor", FLAVOR)):
-                kubectl("delete", kind, name, "--ignore-not-found", "--wait=true", "--timeout=120s", timeout=150,
-                        check=False)
+    with contextlib.ExitStack() as stack:
+        with kueue_share():  # Kueue runs while the cluster is made (its tests hold it themselves)
+            stack.callback(_remove_queues)
+            login = stack.enter_context(side_cluster(NAME, kq_spec, tmp_path_factory.mktemp(NAME), prepare=prepare))
+        login.refused, login.applied = seen["refused"], seen["applied"]
+        yield login
+        with kueue_share():  # and while it is removed (Kueue finalizes its objects)
+            stack.close()
+
+
+def _remove_queues() -> None:
+    for kind, name in (("clusterqueue", CQ), ("resourceflavor", FLAVOR)):
+        kubectl("delete", kind, name, "--ignore-not-found", "--wait=true", "--timeout=120s", timeout=150, check=False)
 
 
 def test_up_refuses_a_pool_whose_local_queue_is_missing_before_applying_anything(kq):
@@ -87,7 +91,7 @@ def _comment(login, job: str) -> str:
     return "" if out == "(null)" else out
 
 
-def test_two_jobs_on_a_quota_for_one_never_hold_part_and_the_second_says_why_then_runs(kq):
+def test_two_jobs_on_a_quota_for_one_never_hold_part_and_the_second_says_why_then_runs(kq, kueue_steady):
     first = submit(kq, "#!/bin/bash\n#SBATCH -p kq -N 2 -t 5\nsleep 12\n")
     wait_for(f"job {first} running", lambda: "RUNNING" in kq.run(f"squeue -h -j {first} -o %T").stdout, 120)
     second = submit(kq, "#!/bin/bash\n#SBATCH -p kq -N 2 -t 5\nsrun hostname\nsleep 15\n")
