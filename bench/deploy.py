@@ -45,15 +45,17 @@ def from_nothing(name: str, work: Path, made_by: str = MADE_BY) -> None:
     apply_static_volumes(name, namespace_of(name), work / "volumes.json")
 
 
-def up(spec: dict[str, Any], work: Path, made_by: str = MADE_BY) -> float:
+def up(spec: dict[str, Any], work: Path, made_by: str = MADE_BY, *, cleared: bool = False) -> float:
     """Write `spec` to work/spec.yaml and `slurmk8s up` it from nothing (work/slurmk8s.log); the
     namespace is labelled as this run's even when `up` fails. Exits on failure; returns the seconds
-    `up` took."""
+    `up` took. `cleared`: the caller ran :func:`from_nothing` itself, then made what the cluster
+    needs beforehand (a namespace with a Kueue LocalQueue)."""
     name = str(spec["name"])
     work.mkdir(parents=True, exist_ok=True)
     (work / "spec.yaml").write_text(yaml.safe_dump(spec))
     log = work / "slurmk8s.log"
-    from_nothing(name, work, made_by)
+    if not cleared:
+        from_nothing(name, work, made_by)
     t0 = time.monotonic()
     try:
         failed = slurmk8s("up", "--spec", str(work / "spec.yaml"), "--state", str(work / "state"), log=log).returncode

@@ -1,0 +1,214 @@
+"""Pools under Kueue (issue 41), measured on the real cluster with a real Kueue, in one run:
+
+1. P1 from zero, a pool under a Kueue queue beside a pool under none: `sbatch -N1` -> job RUNNING
+   (seen on the login pod, squeue polled every 50 ms), each run on a node of its own that has no
+   worker pod yet, the two pools taking turns. Overhead = p50(kueue) - p50(plain); floor 0.3 s.
+2. Quota freed -> the waiting job RUNNING: a ClusterQueue quota for one worker pod; job A runs, job
+   B waits (Kueue gates its pod); from A's pod gone (Slurm suspended A's idle node, the backend
+   deleted its pod: Kueue's workload done, its quota free) to B RUNNING. p50 of --freed runs; floor 2 s.
+3. Two 2-node jobs on a quota for 2 pods: how many pods of a job ran while another of the same job
+   was gated (must be 0), and both jobs COMPLETED.
+
+Its own cluster `bench-kq` (namespace slurm-bench-kq, labelled for Kueue, with its LocalQueue made
+before `up`, as a platform team would) beside whatever else runs; Kueue from `slurmk8s cluster
+kueue up` (run first; this script runs it, a few seconds when Kueue is up). At the end the cluster
+is removed (`down --purge`), then its ClusterQueue and ResourceFlavor; --keep leaves them.
+
+Usage: KUBECONFIG=... python bench/kueue.py [--runs 5] [--freed 3] [--json OUT] [--keep]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import asyncssh
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "e2e"))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import deploy  # noqa: E402
+from helpers import MADE_BY, kjson, kubectl, login_in, server_version, side_spec  # noqa: E402
+from kueuelab import apply, cluster_queue, kueue_up, local_queue, resource_flavor  # noqa: E402
+
+from provisioner import kueue as names  # noqa: E402
+from provisioner.localk8s import kueue_manifests as km  # noqa: E402
+
+NAME = "bench-kq"
+NAMESPACE = deploy.namespace_of(NAME)
+QUEUE, CQ, FLAVOR = "slurm", "bench-kq", "bench-kq"
+POD_CPU, POD_MEMORY = "50m", "128Mi"
+OVERHEAD_FLOOR, FREED_FLOOR = 0.3, 2.0
+
+# one line per run: `p1 POOL NODE JOB T0_NS RUNNING_NS`
+P1_LOOP = r"""
+set -e
+runs=$1
+for i in $(seq 0 $((runs - 1))); do
+  for p in kq plain; do
+    t0=$(date +%s%N)
+    j=$(sbatch --parsable -p "$p" -w "$p-$i" -N1 -o /dev/null --wrap 'sleep 2'); j=${j%%;*}
+    until [ "$(squeue -h -j "$j" -o %T)" = RUNNING ]; do sleep 0.05; done
+    echo "p1 $p $p-$i $j $t0 $(date +%s%N)"
+  done
+done
+"""
+
+
+def spec(public_key: str, nodes: int) -> dict[str, Any]:
+    out = side_spec(public_key, NAME)
+    small = {"mode": "slots", "cpus": 1, "memory": "1Gi", "pod_cpu_request": POD_CPU,
+             "pod_memory_request": POD_MEMORY, "domains": [{"name": "local", "count": nodes}]}
+    out["pools"] = [{"name": "kq", **small, "kueue": {"queue": QUEUE}}, {"name": "plain", **small}]
+    out["elasticity"] = {"suspend_time": 5, "resume_timeout": 180}
+    return out
+
+
+def quota(pods: int) -> None:
+    """The ClusterQueue's nominal quota: `pods` worker pods' requests."""
+    cpu_m, mem_mi = int(POD_CPU.rstrip("m")) * pods, int(POD_MEMORY.rstrip("Mi")) * pods
+    apply(cluster_queue(CQ, FLAVOR, cpu=f"{cpu_m}m", memory=f"{mem_mi}Mi"))
+
+
+def prepare() -> None:
+    kubectl("create", "namespace", NAMESPACE)
+    kubectl("label", "namespace", NAMESPACE, f"{MADE_BY}={deploy.MADE_BY}",
+            f"{km.MANAGED_KEY}={km.MANAGED_VALUE}", "--overwrite")
+    apply(resource_flavor(FLAVOR), local_queue(NAMESPACE, QUEUE, CQ))
+    quota(64)
+
+
+def job_pods(job: int) -> list[dict[str, Any]]:
+    return [p for p in kjson("get", "pods", "-n", NAMESPACE, "-l", names.GROUP_LABEL)["items"]
+            if names.job_of(p["metadata"]["labels"][names.GROUP_LABEL]) == job]
+
+
+def gated(pod: dict[str, Any]) -> bool:
+    return any(g["name"] in names.GATES for g in pod["spec"].get("schedulingGates") or [])
+
+
+def state(login, job: str) -> str:
+    out = login.run(f"squeue -h -j {job} -o %T", check=False).stdout.strip()
+    return out or login.run(f"sacct -n -X -P -j {job} -o State", check=False).stdout.strip()
+
+
+def sbatch(login, args: str) -> str:
+    return login.run(f"sbatch --parsable -o /dev/null {args}").stdout.strip().split(";")[0]
+
+
+def wait_state(login, job: str, want: tuple[str, ...], timeout: float) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = state(login, job)
+        if got.startswith(want):
+            return got
+        time.sleep(0.2)
+    sys.exit(f"job {job} not {'/'.join(want)} within {timeout:.0f} s (last: {state(login, job)!r})")
+
+
+def freed_to_running(login) -> float:
+    """One sample of 2: A runs on the quota's one pod, B waits; A's pod gone -> B RUNNING."""
+    a = sbatch(login, "-p kq -N1 --wrap 'sleep 3'")
+    wait_state(login, a, ("RUNNING",), 120)
+    b = sbatch(login, "-p kq -N1 --wrap 'sleep 3'")
+    deadline = time.monotonic() + 60
+    while not [p for p in job_pods(int(b)) if gated(p)]:
+        if time.monotonic() > deadline:
+            sys.exit(f"job {b}'s pod never waited for quota")
+        time.sleep(0.2)
+    while job_pods(int(a)):  # A ends, its node is suspended (SuspendTime 5 s), its pod deleted
+        time.sleep(0.05)
+    freed = time.monotonic()
+    while "RUNNING" not in (got := state(login, b)) and not got.startswith("COMPLETED"):
+        time.sleep(0.05)
+    took = time.monotonic() - freed
+    wait_state(login, b, ("COMPLETED",), 120)
+    while job_pods(int(b)):
+        time.sleep(0.2)
+    return took
+
+
+def competing(login) -> dict[str, Any]:
+    quota(2)
+    first = sbatch(login, "-p kq -N2 --wrap 'sleep 6'")
+    second = sbatch(login, "-p kq -N2 --wrap 'sleep 1'")
+    partial = 0
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        for job in (first, second):
+            mine = job_pods(int(job))
+            if any(gated(p) for p in mine):
+                partial = max(partial, sum(p["status"].get("phase") == "Running" for p in mine))
+        if all(state(login, j).startswith(("COMPLETED", "FAILED", "CANCELLED", "NODE_FAIL")) for j in (first, second)):
+            break
+        time.sleep(0.3)
+    return {"jobs": [first, second], "states": [state(login, first), state(login, second)],
+            "partial_pods_running": partial}
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--runs", type=int, default=5, help="P1 runs per pool (each on a node of its own)")
+    ap.add_argument("--freed", type=int, default=3, help="quota freed -> RUNNING samples")
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--keep", action="store_true")
+    args = ap.parse_args()
+    work = Path("/tmp/slurmk8s-bench-kueue")
+    print(f"kueue up: {kueue_up():.1f} s")
+    key = asyncssh.generate_private_key("ssh-ed25519")
+    deploy.from_nothing(NAME, work)
+    for kind, name in (("clusterqueue", CQ), ("resourceflavor", FLAVOR)):
+        kubectl("delete", kind, name, "--ignore-not-found", "--wait=true", timeout=150)
+    prepare()
+    took_up = deploy.up(spec(key.export_public_key().decode().strip() + " bench-kq", args.runs), work,
+                        cleared=True)
+    print(f"slurmk8s up: {took_up:.1f} s")
+    out: dict[str, Any] = {"kubernetes": server_version()}
+    try:
+        login = login_in(NAMESPACE, "alice", key)
+        lines = login.run(f"cat > p1.sh <<'EOF'\n{P1_LOOP}\nEOF\nbash p1.sh {args.runs}", timeout=60 * args.runs + 120)
+        p1: dict[str, list[float]] = {"kq": [], "plain": []}
+        for line in lines.stdout.splitlines():
+            if line.startswith("p1 "):
+                _, pool, _node, _job, t0, t1 = line.split()
+                p1[pool].append((int(t1) - int(t0)) / 1e9)
+        overhead = statistics.median(p1["kq"]) - statistics.median(p1["plain"])
+        for pool in ("plain", "kq"):
+            print(f"P1 from zero, {pool:5} pool: p50 {statistics.median(p1[pool]):.2f} s, max {max(p1[pool]):.2f} s "
+                  f"({' '.join(f'{s:.2f}' for s in p1[pool])})")
+        print(f"P1 overhead of a Kueue pool: p50 {overhead:+.2f} s (floor <= {OVERHEAD_FLOOR} s)")
+        quota(1)
+        freed = [freed_to_running(login) for _ in range(args.freed)]
+        print(f"quota freed -> waiting job RUNNING: p50 {statistics.median(freed):.2f} s, max {max(freed):.2f} s "
+              f"({' '.join(f'{s:.2f}' for s in freed)}) (floor <= {FREED_FLOOR} s)")
+        race = competing(login)
+        print(f"two 2-node jobs on a quota for one: {race['states']}, pods of a job running while another was "
+              f"gated: {race['partial_pods_running']} (must be 0)")
+        out.update({"p1": p1, "overhead_p50": overhead, "overhead_floor": OVERHEAD_FLOOR, "freed": freed,
+                    "freed_p50": statistics.median(freed), "freed_floor": FREED_FLOOR, "competing": race})
+    finally:
+        if not args.keep:
+            deploy.down(NAME, work)
+            for kind, name in (("clusterqueue", CQ), ("resourceflavor", FLAVOR)):
+                kubectl("delete", kind, name, "--ignore-not-found", "--wait=true", timeout=150, check=False)
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=2))
+    ok = (out.get("overhead_p50", 9) <= OVERHEAD_FLOOR and out.get("freed_p50", 9) <= FREED_FLOOR
+          and out.get("competing", {}).get("partial_pods_running", 1) == 0
+          and all(s.startswith("COMPLETED") for s in out.get("competing", {}).get("states", [""])))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
