@@ -30,6 +30,9 @@ NAME = "kq"
 NS = f"slurm-{NAME}"
 QUEUE, CQ, FLAVOR = "slurm", "e2e-kq", "e2e-kq"
 POD = {"pod_cpu_request": "50m", "pod_memory_request": "128Mi"}
+HIGH_NAME = "e2e-kq-high"  # a WorkloadPriorityClass above the Slurm pool's (Kueue's default, 0)
+HIGH = {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "WorkloadPriorityClass", "metadata": {"name": HIGH_NAME},
+        "value": 1000, "description": "e2e: another tenant's urgent workload"}
 
 
 def kq_spec(public_key: str) -> dict[str, Any]:
@@ -50,8 +53,8 @@ def kq(kueue, tmp_path_factory) -> Iterator[Any]:
         refused = slurmk8s("up", "--spec", str(spec_path), "--state", str(state), log=spec_path.with_suffix(".refused"))
         seen["refused"] = (refused.returncode, spec_path.with_suffix(".refused").read_text())
         seen["applied"] = kjson("get", "statefulsets,deployments,configmaps", "-n", ns)["items"]
-        apply(resource_flavor(FLAVOR), cluster_queue(CQ, FLAVOR, cpu="100m", memory="256Mi"),
-              local_queue(ns, QUEUE, CQ))
+        apply(resource_flavor(FLAVOR), local_queue(ns, QUEUE, CQ), HIGH,
+              cluster_queue(CQ, FLAVOR, cpu="100m", memory="256Mi", preemption={"withinClusterQueue": "LowerPriority"}))
 
     with contextlib.ExitStack() as stack:
         with kueue_share():  # Kueue runs while the cluster is made (its tests hold it themselves)
@@ -64,7 +67,7 @@ def kq(kueue, tmp_path_factory) -> Iterator[Any]:
 
 
 def _remove_queues() -> None:
-    for kind, name in (("clusterqueue", CQ), ("resourceflavor", FLAVOR)):
+    for kind, name in (("clusterqueue", CQ), ("resourceflavor", FLAVOR), ("workloadpriorityclass", HIGH_NAME)):
         kubectl("delete", kind, name, "--ignore-not-found", "--wait=true", "--timeout=120s", timeout=150, check=False)
 
 
@@ -142,3 +145,48 @@ def test_with_kueue_down_the_nodes_go_down_naming_kueue_and_the_job_completes_on
     # Kueue back: the job requeued by the failed resume runs on a node of the pool
     assert wait_job(kq, job, 240)["job_state"] == ["COMPLETED"]
 
+
+
+PREEMPTED = r"""#!/bin/bash
+#SBATCH -p kq -N 2 -t 5
+# first run: wait to be preempted, and say whether SIGTERM came before the kill; a run after the
+# requeue ends at once
+if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ]; then echo "run ${SLURM_RESTART_COUNT}"; exit 0; fi
+trap 'echo "SIGTERM at $(date +%s)" > ~/kq-term-$SLURM_JOB_ID; exit 143' TERM
+sleep 300 & wait
+"""
+
+
+def test_a_job_kueue_preempts_is_requeued_after_sigterm_and_completes_later(kq, kueue_steady):
+    """Another tenant's higher-priority workload needs the ClusterQueue's quota: Kueue preempts the
+    job's pod group (condition TerminationTarget, then a delete). The worker's preStop hook requeues
+    the job while slurmd still runs: the job gets SIGTERM, is requeued (not FAILED), the pool is not
+    backed off, and the job completes once the quota is back."""
+    job = submit(kq, PREEMPTED)
+    wait_for(f"job {job} running", lambda: "RUNNING" in kq.run(f"squeue -h -j {job} -o %T").stdout, 120)
+    urgent = {"apiVersion": "v1", "kind": "Pod",
+              "metadata": {"name": "urgent", "namespace": NS,
+                           "labels": {names.QUEUE_LABEL: QUEUE, names.PRIORITY_LABEL: HIGH_NAME}},
+              "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 0,
+                       "containers": [{"name": "main", "image": "slurmk8s/slurmd:dev", "imagePullPolicy": "Never",
+                                       "command": ["sleep", "600"],
+                                       "resources": {"requests": {"cpu": "100m", "memory": "16Mi"},
+                                                     "limits": {"memory": "16Mi"}}}]}}
+    t0 = time.monotonic()
+    apply(urgent)
+    try:
+        requeued = wait_for(f"job {job} requeued", lambda: (
+            s if (s := kq.run(f"squeue -h -j {job} -o %T", check=False).stdout.strip()) in
+            ("PENDING", "REQUEUED", "REQUEUE_HOLD") else None), 60,
+            show=lambda _: kq.run(f"scontrol show job {job}; sinfo -R", check=False).stdout)
+        print(f"kueue preemption -> job {job} {requeued} after {time.monotonic() - t0:.1f} s")
+        term = kq.run(f"cat ~/kq-term-{job}", check=False).stdout
+        assert term.startswith("SIGTERM at"), f"the job got no SIGTERM before its pod went: {term!r}"
+        wait_for("the urgent pod running", lambda: kjson("get", "pod", "urgent", "-n", NS)["status"].get("phase")
+                 == "Running", 60)
+    finally:
+        kubectl("delete", "pod", "urgent", "-n", NS, "--ignore-not-found", "--wait=true", timeout=90)
+    done = wait_job(kq, job, 240)
+    assert done["job_state"] == ["COMPLETED"] and done["restart_cnt"] >= 1, done
+    reasons = kq.run("sinfo -h -R -o '%E'", check=False).stdout
+    assert "backoff" not in reasons, reasons

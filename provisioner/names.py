@@ -124,6 +124,7 @@ BASE_CAPS = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETGID", "SET
 LOGIN_CAPS = BASE_CAPS + ("SYS_CHROOT", "NET_BIND_SERVICE", "AUDIT_WRITE")
 
 WORKER_GRACE_SECONDS = 15
+WORKER_STOP = "/usr/local/lib/slurmk8s/worker-stop"  # the worker's preStop hook (images/slurmd/worker-stop)
 MYSQL_UID = 64031  # the mysql user of the mariadb image (images/Dockerfile)
 MUNGE_SOCKET_DIR = "/run/munge"
 SLURMK8S_LOG_DIR = "/var/log/slurmk8s"

@@ -13,7 +13,7 @@ from .common import (K8sSite, _config_volume, _container_security, _meta, _pod_s
                      _secret_volume, content_hash, controller_address, dns_searches, home_on_one_node)
 from ..names import (A_IMAGE_INTERFACE, A_K8S_NODE, A_MULTUS, A_SPEC_HASH, AUTH_SECRET, BASE_CAPS, HOME_PVC,
                     IMAGE_INTERFACE, L_CLUSTER, L_MANAGED_BY, L_NODE, L_POOL, L_SUBDOMAIN, LOGIN, MUNGE_DIR,
-                    SLURMD_PORT, TEMPLATE_PREFIX, USERS_CONFIG, USERS_DIR, WORKER_GRACE_SECONDS, WORKERS,
+                    SLURMD_PORT, TEMPLATE_PREFIX, USERS_CONFIG, USERS_DIR, WORKER_GRACE_SECONDS, WORKER_STOP, WORKERS,
                     base_labels, selector)
 
 
@@ -102,6 +102,9 @@ def worker_pod_template(spec: ClusterSpec, pool: Pool, site: K8sSite = K8sSite()
         # no probe: slurmd logs an error for every bare TCP connection, and nothing waits for a
         # worker pod's readiness (Slurm tracks the node's registration itself)
         "securityContext": worker_container_security(pool),
+        # the pod is being deleted: its running jobs are requeued while slurmd still runs, so their
+        # steps get SIGTERM and time to end (images/slurmd/worker-stop), not SIGKILL with slurmd's exit
+        "lifecycle": {"preStop": {"exec": {"command": [WORKER_STOP]}}},
         "volumeMounts": [
             {"name": "munge-key", "mountPath": MUNGE_DIR, "readOnly": True},
             {"name": "users", "mountPath": USERS_DIR, "readOnly": True},

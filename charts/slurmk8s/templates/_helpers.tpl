@@ -212,6 +212,7 @@ app.kubernetes.io/managed-by: {{ .Release.Service | quote }}
     "env" $env
     "ports" (list (dict "name" "slurmd" "containerPort" 6818 "protocol" "TCP"))
     "securityContext" (include "slurmk8s.containerSecurity" (include "slurmk8s.baseCaps" . | fromJsonArray) | fromJson)
+    "lifecycle" (dict "preStop" (dict "exec" (dict "command" (list "/usr/local/lib/slurmk8s/worker-stop"))))
     "volumeMounts" (list
       (dict "name" "munge-key" "mountPath" "/etc/slurmk8s/secret" "readOnly" true)
       (dict "name" "users" "mountPath" "/etc/slurmk8s/users" "readOnly" true)
