@@ -1280,31 +1280,30 @@ def test_busy_node_seconds_come_from_the_jobs_start_and_end_times():
 
 @pytest.mark.parametrize("taken, said", [
     ("Kueue: WorkloadEvicted: Preempted to accommodate a workload (UID: 7f) due to prioritization in the "
-     "ClusterQueue", "pod cpu-1 Kueue: WorkloadEvicted: Preempted to accommodate"),
-    ("Kubernetes: EvictionByEvictionAPI: Eviction API: evicting", "pod cpu-1 Kubernetes: EvictionByEvictionAPI"),
-    ("", "pod cpu-1 deleted under job 42"),
+     "ClusterQueue", "worker-taken: pod cpu-1 taken away under job 42: Kueue: WorkloadEvicted: Preempted to"),
+    ("Kubernetes: EvictionByEvictionAPI: Eviction API: evicting",
+     "worker-taken: pod cpu-1 taken away under job 42: Kubernetes: EvictionByEvictionAPI"),
+    ("", ""),  # no condition (kubectl delete): judged once the pod is gone (missing-worker), as before
 ])
-def test_a_worker_taken_away_under_a_running_job_requeues_it_at_once_and_is_no_pool_failure(taken, said):
+def test_a_worker_taken_away_sets_its_node_down_naming_who_took_it_and_is_no_pool_failure(taken, said):
     """Kueue's preemption (its TerminationTarget condition, then a delete), a scheduler preemption or
-    an eviction (Kubernetes' DisruptionTarget) or an operator's delete: the pod is Terminating while
-    Slurm still runs the job on it. Before, the loop waited for the pod to be gone (its grace
-    period), and the job ran on a dying node meanwhile; now DOWN requeues it in the same pass, the
-    reason naming who took the pod, and the pool is not backed off for it."""
+    an eviction (Kubernetes' DisruptionTarget): the node goes DOWN (any job still on it requeued) with
+    a reason naming who took the pod, not the bare `pod is gone` of a delete nobody explained; the
+    pool is not backed off for it."""
     going = Worker("cpu-1", "Terminating", created_at=NOW - 600, uid="u1", taken=taken)
     slurm = FakeSlurmClient(nodes=[up("cpu-1")], job_list=[_job(42, "cpu-1", NOW - 120)])
     ledger = MemoryLedger(POLICY)
     report = run_once(slurm, FakeBackend({"cpu-1": going}), inventory(), ledger, NOW,
                       Log("reconcile", stream=io.StringIO()), POLICY)
-    [f] = report.of(Kind.WORKER_TAKEN)
-    assert f.ops == (Op.SET_DOWN,)
-    assert [u[3] for u in slurm.updates] == ["state=DOWN"] and said in slurm.updates[0][4]
+    assert bool(report.of(Kind.WORKER_TAKEN)) is bool(taken)
+    if not taken:
+        assert slurm.updates == []
+        return
+    assert [u[3] for u in slurm.updates] == ["state=DOWN", "state=POWER_DOWN_FORCE"]
+    assert said in slurm.updates[0][4]
     assert not any(h.failures for h in ledger.load().values())
-    # the suspend's own delete (powering down, no job) and a node already DOWN are left as they were
+    # the suspend's own delete (powering down) is left to it
     assert kinds(snap([node_json("cpu-1", "IDLE", "CLOUD", "POWERING_DOWN")], [going]))["cpu-1"] is Kind.OK
-    idle = FakeSlurmClient(nodes=[up("cpu-1", base="IDLE")])
-    run_once(idle, FakeBackend({"cpu-1": going}), inventory(), ledger, NOW, Log("reconcile", stream=io.StringIO()),
-             POLICY)
-    assert idle.updates == []
 
 
 def test_the_backend_reads_who_takes_a_pod_from_its_conditions():

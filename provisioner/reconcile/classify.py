@@ -44,7 +44,7 @@ class Kind(str, Enum):
     WORKER_RESTARTED = "worker-restarted"  # the worker's container died under a running job (restarted in place)
     HOST_LOST = "host-lost"  # the worker's Kubernetes node stopped answering (kubelet or node lost)
     NODE_UNAVAILABLE = "node-unavailable"  # Pending for a node the inventory says must not run (cordoned / NotReady)
-    WORKER_TAKEN = "worker-taken"  # another actor removes the worker under a running job (preempted, evicted, deleted)
+    WORKER_TAKEN = "worker-taken"  # another actor removes the worker and says why (preempted, evicted)
 
 
 class Op(str, Enum):
@@ -81,12 +81,11 @@ ACTIONS: dict[Kind, tuple[Op, ...]] = {
     # operator acts, so waiting out the Unschedulable bound only holds the job; DOWN requeues it now.
     # Not a failure of the pool: counting it would back off the pool's healthy nodes too
     Kind.NODE_UNAVAILABLE: (Op.DELETE_WORKER, Op.SET_DOWN),
-    # Kueue preempted the job's pod group, the scheduler preempted the pod, an eviction or an
-    # operator deleted it: the job's processes end with the pod's grace period. DOWN requeues the
-    # job now (slurmd, still running, gives its steps SIGTERM and KillWait before SIGKILL), instead
-    # of once the pod is gone; the node returns after it as any node slurmk8s set DOWN. Not a
+    # as MISSING_WORKER, for a pod whose condition says who is removing it (Kueue preempted the job's
+    # pod group, the scheduler preempted the pod, an eviction): the DOWN reason names the cause; the
+    # worker's preStop hook has requeued the node's jobs already, DOWN requeues any left. Not a
     # failure of the pool
-    Kind.WORKER_TAKEN: (Op.SET_DOWN,),
+    Kind.WORKER_TAKEN: (Op.SET_DOWN, Op.POWER_DOWN),
 }
 
 
@@ -297,10 +296,6 @@ def classify_pair(name: str, node: NodeStatus | None, worker: Worker | None, sna
                 and worker.created_at is not None and worker.created_at > max(f.at for f in history.failures)):
             return Finding(name, Kind.POOL_RECOVERED, f"pod {name} created after the pool's last failure is up", pool)
         return Finding(name, Kind.OK, "", pool)
-    if (worker is not None and node is not None and name in snapshot.running and not node.down
-            and "POWERING_DOWN" not in node.state):  # on its way out under a running job: not by us
-        return Finding(name, Kind.WORKER_TAKEN, f"pod {name} {worker.taken or 'deleted'} under job "
-                                                f"{snapshot.running[name][1]}", pool)
     # no worker (or one on its way out)
     if node is None:
         return Finding(name, Kind.OK, "worker terminating", pool)
@@ -327,6 +322,9 @@ def classify_pair(name: str, node: NodeStatus | None, worker: Worker | None, sna
         return Finding(name, Kind.OK, "FAIL set by an operator, no job: left alone", pool)
     if _age(node.booted_at, now) < policy.grace:
         return Finding(name, Kind.OK, "just booted: the worker list may predate it", pool)
+    if worker is not None and worker.taken:  # on its way out, and the pod says who took it
+        job = f" under job {snapshot.running[name][1]}" if name in snapshot.running else ""
+        return Finding(name, Kind.WORKER_TAKEN, f"pod {name} taken away{job}: {worker.taken}", pool)
     gone = f"pod {name} is gone" + (f" ({worker.phase})" if worker is not None else "")
     return Finding(name, Kind.MISSING_WORKER,
                    f"{gone} while Slurm has the node {'+'.join(sorted(node.state - {'CLOUD'}))}", pool)
