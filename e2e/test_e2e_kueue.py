@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import contextlib
 import re
+import subprocess
 import time
 from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
 
-from helpers import MADE_BY, kjson, kubectl, side_cluster, side_spec, slurmk8s, submit, wait_for, wait_job
+from helpers import (MADE_BY, ROOT, TOOLCHAIN_BIN, kjson, kubeconfig, kubectl, side_cluster, side_spec, slurmk8s, submit,
+                     wait_for, wait_job)
 from kueuelab import apply, cluster_queue, kueue_outage, kueue_share, local_queue, resource_flavor
 
 from provisioner import kueue as names
@@ -29,6 +31,7 @@ pytestmark = pytest.mark.e2e
 NAME = "kq"
 NS = f"slurm-{NAME}"
 QUEUE, CQ, FLAVOR = "slurm", "e2e-kq", "e2e-kq"
+CHART = ROOT / "charts" / "slurmk8s"
 POD = {"pod_cpu_request": "50m", "pod_memory_request": "128Mi"}
 HIGH_NAME = "e2e-kq-high"  # a WorkloadPriorityClass above the Slurm pool's (Kueue's default, 0)
 HIGH = {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "WorkloadPriorityClass", "metadata": {"name": HIGH_NAME},
@@ -53,6 +56,10 @@ def kq(kueue, tmp_path_factory) -> Iterator[Any]:
         refused = slurmk8s("up", "--spec", str(spec_path), "--state", str(state), log=spec_path.with_suffix(".refused"))
         seen["refused"] = (refused.returncode, spec_path.with_suffix(".refused").read_text())
         seen["applied"] = kjson("get", "statefulsets,deployments,configmaps", "-n", ns)["items"]
+        # the chart's own check, against the live cluster (lookup runs under --dry-run=server)
+        seen["helm"] = subprocess.run([str(Path(TOOLCHAIN_BIN) / "helm"), "install", "kq-check", str(CHART), "-n", ns,
+                                       "--dry-run=server", "--values", str(spec_path), "--kubeconfig", kubeconfig()],
+                                      capture_output=True, text=True, timeout=120)
         apply(resource_flavor(FLAVOR), local_queue(ns, QUEUE, CQ), HIGH,
               cluster_queue(CQ, FLAVOR, cpu="100m", memory="256Mi", preemption={"withinClusterQueue": "LowerPriority"}))
 
@@ -60,7 +67,7 @@ def kq(kueue, tmp_path_factory) -> Iterator[Any]:
         with kueue_share():  # Kueue runs while the cluster is made (its tests hold it themselves)
             stack.callback(_remove_queues)
             login = stack.enter_context(side_cluster(NAME, kq_spec, tmp_path_factory.mktemp(NAME), prepare=prepare))
-        login.refused, login.applied = seen["refused"], seen["applied"]
+        login.refused, login.applied, login.helm = seen["refused"], seen["applied"], seen["helm"]
         yield login
         with kueue_share():  # and while it is removed (Kueue finalizes its objects)
             stack.close()
@@ -78,6 +85,12 @@ def test_up_refuses_a_pool_whose_local_queue_is_missing_before_applying_anything
     assert "nothing was applied" in log
     # the owner record may be on the namespace; no object of the cluster is
     assert [o["metadata"]["name"] for o in kq.applied if o["metadata"]["name"] != "kube-root-ca.crt"] == []
+
+
+def test_the_chart_refuses_a_pool_whose_local_queue_is_missing(kq):
+    done = kq.helm
+    assert done.returncode != 0, done.stdout[-2000:]
+    assert f'pools[0].kueue.queue: LocalQueue "{QUEUE}" not found in namespace {NS}' in done.stderr, done.stderr
 
 
 def _pods(job: str) -> list[dict[str, Any]]:
