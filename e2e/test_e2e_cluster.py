@@ -18,6 +18,8 @@ from faultkit import controller_log
 from helpers import (NAMESPACE, NCCL_ENV, SUSPEND_TIME, Cluster, accounting_log, job_state, kjson, kubectl, sacct_jobs,
                      slurmk8s, submit, wait_for, wait_job, worker_pods)
 from provisioner.accounting import parse_known_associations
+from provisioner.names import A_DO_NOT_DISRUPT as DO_NOT_DISRUPT
+from provisioner.names import A_SAFE_TO_EVICT as SAFE_TO_EVICT
 
 pytestmark = pytest.mark.e2e
 
@@ -198,14 +200,27 @@ def test_busy_node_is_never_removed_while_its_job_runs(cluster: Cluster):
     running = wait_for("job running", lambda: (s := job_state(login, job)) and "RUNNING" in s["job_state"] and s, 120)
     node = running["nodes"]
     uid = worker_pods()[node]["metadata"]["uid"]
-    deadline = time.monotonic() + hold - 3
+    t0 = time.monotonic()
+    deadline = t0 + hold - 3
+    marked = None  # when the autoscalers' annotations appeared on the busy worker (issue 42)
     while time.monotonic() < deadline:
         pod = worker_pods().get(node)
         assert pod is not None and pod["metadata"]["uid"] == uid, f"pod of busy node {node} was removed"
-        time.sleep(2)
+        ann = pod["metadata"].get("annotations") or {}
+        if marked is None and ann.get(DO_NOT_DISRUPT) == "true" and ann.get(SAFE_TO_EVICT) == "false":
+            marked = time.monotonic() - t0
+        time.sleep(1)
+    assert marked is not None, f"busy worker {node} never carried {DO_NOT_DISRUPT} and {SAFE_TO_EVICT}"
     final = wait_job(login, job, 60)
     assert final["job_state"] == ["COMPLETED"]
     assert login.run(f"tail -n1 ~/busy-{job}.out").stdout.strip() == "done"
+    ended = time.monotonic()
+    # idle again: the annotations go (removed, not "false": Karpenter reads presence) before the suspend
+    wait_for(f"idle worker {node} without the autoscalers' annotations", lambda: (p := worker_pods().get(node)) is None
+             or not {DO_NOT_DISRUPT, SAFE_TO_EVICT} & set(p["metadata"].get("annotations") or {}), SUSPEND_TIME)
+    print(f"busy annotations on {node} {marked:.1f} s after RUNNING was seen; gone {time.monotonic() - ended:.1f} s "
+          "after the job ended")
+    assert node in worker_pods(), f"the pod of {node} was suspended before its annotations were removed"
 
 
 def test_a_job_for_a_node_powering_down_starts_once_its_pod_is_gone(cluster: Cluster):

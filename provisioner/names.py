@@ -34,6 +34,11 @@ A_SPEC_HASH = "slurmk8s.io/spec-hash"
 # write, which changes the pod's resourceVersion: elastic.k8s_backend.KubernetesBackend.adopt)
 A_ADOPTED = "slurmk8s.io/adopted"
 A_K8S_NODE = "slurmk8s.io/k8s-node"
+# on a worker pod while a job runs on it (the reconcile loop writes and removes them): Karpenter
+# and cluster-autoscaler do not consolidate its node away; an idle worker carries neither
+A_DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"
+A_SAFE_TO_EVICT = "cluster-autoscaler.kubernetes.io/safe-to-evict"
+BUSY_ANNOTATIONS = {A_DO_NOT_DISRUPT: "true", A_SAFE_TO_EVICT: "false"}
 A_CONFIG_HASH = "slurmk8s.io/config-hash"
 A_USERS_HASH = "slurmk8s.io/users-hash"
 # The entrypoint contract's version (images/entrypoint/identify.sh INTERFACE, the Dockerfile's

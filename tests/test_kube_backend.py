@@ -560,7 +560,7 @@ def test_tls_verification_failure_is_named_and_not_retried(world):
 
 
 def test_worker_from_pod_reports_the_containers_last_death():
-    from provisioner.elastic.k8s_backend import worker_from_pod
+    from provisioner.elastic.pods import worker_from_pod
 
     pod = {"metadata": {"name": "cpu-0", "labels": {"slurmk8s.io/node": "cpu-0"},
                         "creationTimestamp": "2026-01-01T00:00:00Z"},

@@ -18,7 +18,8 @@ from provisioner import manifests as m
 from provisioner.config import parse_spec
 from provisioner.elastic.bootgate import BootGate
 from provisioner.elastic.early import run_early_resume
-from provisioner.elastic.k8s_backend import KubernetesBackend, worker_from_pod
+from provisioner.elastic.k8s_backend import KubernetesBackend
+from provisioner.elastic.pods import worker_from_pod
 from provisioner.elastic.programs import Context, Log, run_resume
 from provisioner.errors import SpecError
 from provisioner.generate import generate

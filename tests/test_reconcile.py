@@ -774,7 +774,7 @@ def test_deployment_id_is_the_owning_statefulset_uid():
 
 
 def test_kube_worker_ready_at_comes_from_the_ready_condition():
-    from provisioner.elastic.k8s_backend import worker_from_pod
+    from provisioner.elastic.pods import worker_from_pod
 
     pod = {"metadata": {"name": "cpu-0", "creationTimestamp": "2027-01-15T08:00:00Z"},
            "status": {"phase": "Running", "conditions": [
@@ -1077,7 +1077,7 @@ def test_an_api_outage_restarts_the_lost_clock():
 
 
 def test_host_lost_is_read_from_the_pods_conditions():
-    from provisioner.elastic.k8s_backend import worker_from_pod
+    from provisioner.elastic.pods import worker_from_pod
 
     def pod(ready: str, containers: str, phase: str = "Running") -> dict:
         return {"metadata": {"name": "cpu-1", "uid": "u"}, "spec": {"nodeName": "n7"},
@@ -1307,7 +1307,7 @@ def test_a_worker_taken_away_sets_its_node_down_naming_who_took_it_and_is_no_poo
 
 
 def test_the_backend_reads_who_takes_a_pod_from_its_conditions():
-    from provisioner.elastic.k8s_backend import taken_by
+    from provisioner.elastic.pods import taken_by
 
     kueue_cond = {"type": "TerminationTarget", "status": "True", "reason": "WorkloadEvicted",
                   "message": "Preempted to accommodate a workload"}
@@ -1318,3 +1318,45 @@ def test_the_backend_reads_who_takes_a_pod_from_its_conditions():
     assert taken_by({"status": {"conditions": [k8s]}}).startswith("Kubernetes: PreemptionByScheduler: ")
     assert taken_by({"status": {"conditions": [{**k8s, "status": "False"}]}}) == ""
     assert taken_by({}) == ""
+
+
+# ---------------------------------------------------------------- autoscalers see busy workers
+
+
+def test_busy_workers_carry_the_autoscalers_annotations_and_idle_ones_lose_them():
+    from provisioner.reconcile import busy
+
+    workers = [Worker("cpu-0", "Running", uid="a"), Worker("cpu-1", "Running", uid="b", busy_marked=True),
+               Worker("cpu-2", "Running", uid="c", busy_marked=True), Worker("cpu-3", "Pending", uid="d")]
+    s = Snapshot(parse_nodes({"nodes": [up("cpu-0"), up("cpu-1"), up("cpu-2", base="IDLE")]}),
+                 {w.name: w for w in workers}, inventory(), {}, {"cpu-0": (NOW, 7), "cpu-1": (NOW, 8)})
+    assert busy.changes(s) == {"cpu-0": True, "cpu-2": False}  # cpu-1 already marked; a Pending pod is not
+    backend = FakeBackend({w.name: w for w in workers})
+    assert busy.mark(backend, s, Log("reconcile", stream=io.StringIO())) == []
+    assert ("mark-busy", "cpu-0") in backend.calls and ("mark-idle", "cpu-2") in backend.calls
+    assert backend.workers["cpu-0"].busy_marked and not backend.workers["cpu-2"].busy_marked
+
+
+def test_the_backend_writes_and_removes_the_annotations_with_the_pods_uid(tmp_path):
+    from fakes.kube import FakePodApi
+
+    from provisioner.elastic.k8s_backend import KubernetesBackend
+    from provisioner.elastic.pods import worker_from_pod
+    from provisioner.names import A_DO_NOT_DISRUPT, A_SAFE_TO_EVICT
+
+    spec = parse_spec({"name": "t", "pools": [{"name": "cpu", "mode": "slots", "cpus": 2, "memory": "1Gi",
+                                                "domains": [{"name": "d", "count": 1}]}]})
+    api = FakePodApi(namespaces={"slurm-t"})
+    backend = KubernetesBackend(spec, api, "slurm-t")
+    from provisioner.generate import generate
+
+    backend.create(generate(spec, []).inventory["cpu-0"])
+    pod = api.pods[("slurm-t", "cpu-0")]
+    uid = pod["metadata"]["uid"]
+    assert backend.mark_busy("cpu-0", uid, True)
+    ann = api.pods[("slurm-t", "cpu-0")]["metadata"]["annotations"]
+    assert ann[A_DO_NOT_DISRUPT] == "true" and ann[A_SAFE_TO_EVICT] == "false"
+    assert worker_from_pod(api.pods[("slurm-t", "cpu-0")]).busy_marked
+    assert backend.mark_busy("cpu-0", uid, False)
+    ann = api.pods[("slurm-t", "cpu-0")]["metadata"].get("annotations") or {}
+    assert A_DO_NOT_DISRUPT not in ann and A_SAFE_TO_EVICT not in ann  # removed, not "false"

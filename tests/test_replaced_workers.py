@@ -53,6 +53,9 @@ class ResumeRacesTheLoop:
     def workload(self, group):
         return self.inner.workload(group)
 
+    def mark_busy(self, name, uid, busy):
+        return self.inner.mark_busy(name, uid, busy)
+
     def delete(self, name, uid=None, force=False, version=None):
         if uid is None:
             return self.inner.delete(name)

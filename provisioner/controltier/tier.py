@@ -179,7 +179,7 @@ class Tier:
 
     def _why_not_ready(self, w: Workload) -> str:
         """The pod's own reason (image pull, crash, unschedulable), for a timeout message."""
-        from ..elastic.k8s_backend import pod_phase, pod_reason
+        from ..elastic.pods import pod_phase, pod_reason
         from ..kubeapi import ApiError
 
         try:

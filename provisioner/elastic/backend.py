@@ -72,6 +72,8 @@ class Worker:
     # set before deleting it: Kueue's TerminationTarget on preemption, Kubernetes' DisruptionTarget
     # on a scheduler preemption, an eviction, a taint or the kubelet); '' when it does not
     taken: str = ""
+    # the worker carries the busy annotations (names.BUSY_ANNOTATIONS: autoscalers leave its node alone)
+    busy_marked: bool = False
 
 
 class NodeBackend(Protocol):
@@ -104,6 +106,12 @@ class NodeBackend(Protocol):
 
     def queues(self) -> Mapping[str, str]:
         """The Kueue LocalQueue of each pool under Kueue (pool -> queue); empty without Kueue."""
+        ...
+
+    def mark_busy(self, name: str, uid: str, busy: bool) -> bool:
+        """Write (busy) or remove the busy annotations on the node's worker `uid` (Karpenter's
+        do-not-disrupt, cluster-autoscaler's safe-to-evict). False when that worker is gone or
+        replaced; a backend without autoscalers does nothing. Raises BackendError."""
         ...
 
     def workload(self, group: str) -> Mapping[str, Any] | None:

@@ -295,6 +295,9 @@ class DockerBackend:
     def workload(self, group: str) -> None:
         return None
 
+    def mark_busy(self, name: str, uid: str, busy: bool) -> bool:
+        return True  # no autoscaler on the Docker test bed
+
     def list(self, names: Sequence[str] | None = None) -> dict[str, Worker]:
         filters = json.dumps({"label": [f"{LABEL_CLUSTER}={self.config.cluster}"]})
         wanted = None if names is None else set(names)  # Docker ANDs label filters: picked here

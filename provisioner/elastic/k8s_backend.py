@@ -22,11 +22,9 @@ in-memory fake with the API server's semantics (tests/fakes/kube.py).
 from __future__ import annotations
 
 import json
-import re
 import time
 import uuid
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Protocol, Sequence
 
@@ -36,10 +34,11 @@ from ..config import ClusterSpec, parse_spec
 from ..errors import SlurmK8sError
 from ..inventory import SlurmNode
 from ..kueue import PodGroup
-from ..kubeapi import MAX_REASON, MERGE_PATCH, ApiError, KubeConfigError, RawClient, api_client, api_path
+from ..kubeapi import MERGE_PATCH, ApiError, KubeConfigError, RawClient, api_client, api_path
 from ..manifests.admission import PREFIX as ADMISSION_PREFIX
-from ..names import A_ADOPTED
+from ..names import A_ADOPTED, BUSY_ANNOTATIONS
 from .backend import BackendError, Worker, WorkerGone, WorkerReplaced
+from .pods import _one_line, pod_phase, worker_from_pod
 
 DEFAULT_SPEC = f"{m.SPEC_DIR}/spec.json"
 DEFAULT_SITE = f"{m.SPEC_DIR}/site.json"
@@ -136,110 +135,6 @@ class ClientPodApi(RawClient):
     def get_workload(self, namespace: str, name: str) -> dict[str, Any]:
         """A Kueue Workload (a pod group's is named after the group)."""
         return self.request("GET", api_path(kueue.API, namespace, kueue.WORKLOADS, name))
-
-
-def _epoch(ts: str | None) -> float | None:
-    if not ts:
-        return None
-    try:
-        return datetime.strptime(ts, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc).timestamp()
-    except ValueError:
-        return None
-
-
-def _one_line(text: str) -> str:
-    return re.sub(r"\s+", " ", text).strip()[:MAX_REASON]
-
-
-def pod_phase(pod: Mapping[str, Any]) -> str:
-    if (pod.get("metadata") or {}).get("deletionTimestamp"):
-        return "Terminating"
-    return (pod.get("status") or {}).get("phase") or "Pending"
-
-
-def pod_reason(pod: Mapping[str, Any]) -> str:
-    """Why a pod is not (or no longer) running, in a few words; '' when nothing is wrong."""
-    status = pod.get("status") or {}
-    for cs in status.get("containerStatuses") or []:
-        state = cs.get("state") or {}
-        if "waiting" in state and (state["waiting"] or {}).get("reason") not in (None, "ContainerCreating"):
-            w = state["waiting"]
-            return _one_line(f"{w.get('reason')}: {w.get('message', '')}".rstrip(": "))
-        if "terminated" in state and (state["terminated"] or {}).get("reason"):
-            t = state["terminated"]
-            return _one_line(f"{t.get('reason')} (exit {t.get('exitCode')})")
-    for cond in status.get("conditions") or []:
-        if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
-            return _one_line(f"{cond.get('reason', 'Unschedulable')}: {cond.get('message', '')}")
-    if status.get("reason"):
-        return _one_line(f"{status['reason']}: {status.get('message', '')}")
-    return ""
-
-
-def last_death(pod: Mapping[str, Any]) -> tuple[float | None, str]:
-    """When the pod's container last died and was restarted in place (lastState.terminated), and how."""
-    latest: tuple[float | None, str] = (None, "")
-    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
-        term = ((cs.get("lastState") or {}).get("terminated")) or {}
-        at = _epoch(term.get("finishedAt"))
-        if at is not None and (latest[0] is None or at > latest[0]):
-            how = f"{cs.get('name')} {term.get('reason') or 'terminated'} (exit {term.get('exitCode')})"
-            latest = (at, _one_line(f"{how}, {cs.get('restartCount', 0)} restarts"))
-    return latest
-
-
-def host_lost(pod: Mapping[str, Any]) -> bool:
-    """The pod's node stopped answering: the node controller marks every pod of a node whose kubelet
-    stopped posting status not ready (condition Ready False) and leaves ContainersReady as the
-    kubelet last reported it (True); a failing readiness probe turns both False."""
-    status = pod.get("status") or {}
-    conds = {c.get("type"): c.get("status") for c in status.get("conditions") or ()}
-    return pod_phase(pod) == "Running" and conds.get("Ready") == "False" and conds.get("ContainersReady") == "True"
-
-
-# conditions a controller sets on a pod it is about to remove: Kueue's pod integration (a preempted or
-# evicted workload's pods), and Kubernetes' own (scheduler preemption, Eviction API, taint manager, kubelet)
-TAKEN_CONDITIONS = {"TerminationTarget": "Kueue", "DisruptionTarget": "Kubernetes"}
-
-
-def taken_by(pod: Mapping[str, Any]) -> str:
-    """Who is removing the pod and why ('Kueue: WorkloadEvicted: Preempted to accommodate ...',
-    'Kubernetes: EvictionByEvictionAPI: ...'), from the condition set before the delete; ''."""
-    for cond in (pod.get("status") or {}).get("conditions") or ():
-        who = TAKEN_CONDITIONS.get(str(cond.get("type")))
-        if who and cond.get("status") == "True":
-            return _one_line(f"{who}: {cond.get('reason') or 'removed'}: {cond.get('message') or ''}".rstrip(": "))
-    return ""
-
-
-def worker_from_pod(pod: Mapping[str, Any]) -> Worker:
-    meta = pod.get("metadata") or {}
-    labels = meta.get("labels") or {}
-    died_at, died_how = last_death(pod)
-    return Worker(
-        name=labels.get(m.L_NODE) or meta.get("name", ""),
-        phase=pod_phase(pod),
-        reason=pod_reason(pod),
-        created_at=_epoch(meta.get("creationTimestamp")),
-        host=(pod.get("spec") or {}).get("nodeName"),
-        ready_at=next((_epoch(c.get("lastTransitionTime")) for c in (pod.get("status") or {}).get("conditions") or ()
-                       if c.get("type") == "Ready" and c.get("status") == "True"), None),
-        died_at=died_at,
-        died_how=died_how,
-        restarts=sum(int(cs.get("restartCount") or 0)
-                     for cs in (pod.get("status") or {}).get("containerStatuses") or ()),
-        uid=str(meta.get("uid") or ""),
-        host_lost=host_lost(pod),
-        version=str(meta.get("resourceVersion") or ""),
-        group=labels.get(kueue.GROUP_LABEL, ""),
-        gated=any(g.get("name") in kueue.GATES for g in (pod.get("spec") or {}).get("schedulingGates") or ()),
-        group_total=_count((meta.get("annotations") or {}).get(kueue.GROUP_TOTAL)),
-        taken=taken_by(pod),
-    )
-
-
-def _count(text: str | None) -> int:
-    return int(text) if text and text.isdigit() else 0
 
 
 @dataclass
@@ -503,6 +398,17 @@ class KubernetesBackend:
 
     def queues(self) -> dict[str, str]:
         return {p.name: p.kueue.queue for p in self.spec.pools if p.kueue is not None}
+
+    def mark_busy(self, name: str, uid: str, busy: bool) -> bool:
+        """A merge patch of the annotations, with the uid as precondition (409: another pod by the name)."""
+        value = {k: (v if busy else None) for k, v in BUSY_ANNOTATIONS.items()}
+        try:
+            self.api.patch(self.namespace, name, {"metadata": {"uid": uid, "annotations": value}})
+        except ApiError as err:
+            if err.status in (404, 409):
+                return False
+            raise self._error(name, "patch", err) from None
+        return True
 
     def workload(self, group: str) -> dict[str, Any] | None:
         try:

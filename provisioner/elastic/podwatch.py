@@ -27,7 +27,8 @@ from typing import TYPE_CHECKING, Any, Iterator, Mapping, Protocol, Sequence
 
 from ..kubeapi import ApiError
 from .backend import Worker
-from .k8s_backend import KubernetesBackend, list_all, worker_from_pod
+from .k8s_backend import KubernetesBackend, list_all
+from .pods import worker_from_pod
 
 if TYPE_CHECKING:
     from ..kueue import PodGroup
@@ -218,6 +219,9 @@ class WatchedBackend:
 
     def workload(self, group: str) -> Mapping[str, Any] | None:
         return self.backend.workload(group)
+
+    def mark_busy(self, name: str, uid: str, busy: bool) -> bool:
+        return self.backend.mark_busy(name, uid, busy)
 
     def list(self, names: Sequence[str] | None = None) -> Mapping[str, Worker]:
         workers = None if names is not None else self.watch.workers()

@@ -39,7 +39,8 @@ from typing import Any
 from .. import kueue
 from ..config import ClusterSpec
 from .common import K8sSite
-from ..names import A_ADOPTED, A_K8S_NODE, A_SPEC_HASH, CONTROLLER, L_NODE, L_POOL, base_labels
+from ..names import (A_ADOPTED, A_DO_NOT_DISRUPT, A_K8S_NODE, A_SAFE_TO_EVICT, A_SPEC_HASH, CONTROLLER, L_NODE, L_POOL,
+                     base_labels)
 from .workers import worker_pod_template
 
 API_VERSION = "admissionregistration.k8s.io/v1"
@@ -233,7 +234,7 @@ POD_PER_NODE = ["affinity", "containers", "hostname", "nodeName", "schedulingGat
 CONTAINER_PER_NODE = ["env", "ports", "resources"]
 NODE_ENV = ["SLURMK8S_GPUS", "SLURMK8S_GPU_TYPE"]
 # Of the metadata: the node label (the pod's name) and these annotations (any value).
-ANNOTATIONS_PER_NODE = [A_SPEC_HASH, A_K8S_NODE, A_ADOPTED]
+ANNOTATIONS_PER_NODE = [A_SPEC_HASH, A_K8S_NODE, A_ADOPTED, A_DO_NOT_DISRUPT, A_SAFE_TO_EVICT]
 # A pool under Kueue (its template has the queue label): the power-up's pod group (label, total),
 # the pod's role in it, and what Kueue's webhook adds before this policy runs: the managed label
 # and Kueue's scheduling gates (checked by their own rule: only Kueue's, only in such a pool).

@@ -17,7 +17,7 @@ from ..elastic.events import DEFAULT_EVENTS, EventTail
 from ..elastic.ledger import DEFAULT_LEDGER, FileLedger, LedgerError, Policy
 from ..slurm.commands import SlurmCli, SlurmCommandError
 from ..slurm.state import JobStatus, parse_jobs
-from . import kueuewait
+from . import busy, kueuewait
 from .act import Report, run_once
 from .classify import Kind, RestartWatch
 from .idle import idle_watch_from_env
@@ -242,6 +242,7 @@ class Loop:
         if report.snapshot is not None and report.jobs is not None and self.backend is not None:
             report.errors += kueuewait.explain(self.slurm, self.backend, report.snapshot, report.jobs, log,
                                                self.slurm.scontrol)
+            report.errors += busy.mark(self.backend, report.snapshot, log)
         if live is not None and report.snapshot is not None:  # cordoned / NotReady / leaving: drained
             live_errors += live.drain(report.snapshot.inventory, report.snapshot.nodes.values())
         if self.cache is not None:

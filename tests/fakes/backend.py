@@ -68,6 +68,14 @@ class FakeBackend:
     def queues(self) -> Mapping[str, str]:
         return dict(self.pool_queues)
 
+    def mark_busy(self, name: str, uid: str, busy: bool) -> bool:
+        self.calls.append(("mark-busy" if busy else "mark-idle", name))
+        w = self.workers.get(name)
+        if w is None or (uid and w.uid != uid):
+            return False
+        self.workers[name] = replace(w, busy_marked=busy)
+        return True
+
     def workload(self, group: str):
         self.calls.append(("workload", group))
         found = self.workloads.get(group)

@@ -313,7 +313,7 @@ The worker pods' admission policy without the spec's values (templates/admission
       "name": "offLabels"
     },
     {
-      "expression": "variables.annotations.filter(k, !(k in ['slurmk8s.io/spec-hash', 'slurmk8s.io/k8s-node', 'slurmk8s.io/adopted']) && !(variables.kueuePool && k in ['kueue.x-k8s.io/pod-group-total-count', 'kueue.x-k8s.io/role-hash']) && !(k in variables.tAnnotations && variables.annotations[k] == variables.tAnnotations[k]) && !(k in variables.oldAnnotations && variables.oldAnnotations[k] == variables.annotations[k])) + variables.tAnnotations.filter(k, !(k in variables.annotations))",
+      "expression": "variables.annotations.filter(k, !(k in ['slurmk8s.io/spec-hash', 'slurmk8s.io/k8s-node', 'slurmk8s.io/adopted', 'karpenter.sh/do-not-disrupt', 'cluster-autoscaler.kubernetes.io/safe-to-evict']) && !(variables.kueuePool && k in ['kueue.x-k8s.io/pod-group-total-count', 'kueue.x-k8s.io/role-hash']) && !(k in variables.tAnnotations && variables.annotations[k] == variables.tAnnotations[k]) && !(k in variables.oldAnnotations && variables.oldAnnotations[k] == variables.annotations[k])) + variables.tAnnotations.filter(k, !(k in variables.annotations))",
       "name": "offAnnotations"
     },
     {
