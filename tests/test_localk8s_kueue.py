@@ -403,3 +403,58 @@ def test_toolchain_builds_only_the_missing_manifests_of_a_cached_kueue(tmp_path)
     calls = (tmp_path / "go-calls").read_text()
     assert "mod download -json sigs.k8s.io/kueue@v0.17.0" in calls and "build" not in calls
     assert (cache / "kueue-v0.17.0" / "bin" / "kueue").exists()  # a failed data fetch keeps the binary
+
+
+# ---- up, against a fake kubectl ----------------------------------------------------------------------
+class FakeCluster:
+    """Keeps what `apply` sends; the manager is Ready and the CA injected as soon as they are applied."""
+
+    def __init__(self):
+        self.objects: dict[tuple[str, str], dict] = {}
+        self.calls: list[tuple[str, ...]] = []
+
+    def run(self, *args, input=None, check=True, timeout=120):
+        self.calls.append(args)
+        if args[0] == "apply":
+            for doc in json.loads(input)["items"]:
+                self.objects[(doc["kind"].lower(), doc["metadata"]["name"])] = doc
+        return subprocess.CompletedProcess(args, 0, "", "")
+
+    def get(self, kind, name=None, *rest):
+        self.calls.append(("get", kind, *(x for x in (name, *rest) if x)))
+        if kind == "pods":
+            return {"items": []}
+        doc = copy.deepcopy(self.objects.get((kind, name)))
+        if doc is None:
+            return None
+        if kind == "deployment":
+            doc["metadata"]["generation"] = 1
+            doc["status"] = {"observedGeneration": 1, "replicas": 1, "readyReplicas": 1, "updatedReplicas": 1}
+        for h in doc.get("webhooks") or []:
+            h["clientConfig"]["caBundle"] = "LS0t"
+        return doc
+
+    def items(self, *args):
+        return list((self.get(*args) or {}).get("items") or [])
+
+
+def test_up_applies_namespace_and_crds_first_then_waits_and_a_second_up_changes_nothing(paths, monkeypatch):
+    monkeypatch.setattr(lab, "ensure_image", lambda p, base, say: SETTINGS.image)
+    loaded: list[str] = []
+    cluster = FakeCluster()
+    lines: list[str] = []
+    lab.up(paths, cluster, loaded.append, lines.append, timeout=5)
+    assert loaded == [SETTINGS.image]
+    applies = [c for c in cluster.calls if c[0] == "apply"]
+    assert len(applies) == 2 and all("--server-side" in c and "--force-conflicts" in c for c in applies)
+    kinds = [k for k, _ in cluster.objects]
+    assert kinds.index("customresourcedefinition") < kinds.index("deployment")
+    assert any(c[0] == "wait" and "--for=condition=Established" in c for c in cluster.calls)
+    assert any(c[:2] == ("create", "--dry-run=server") for c in cluster.calls)  # the webhooks were tried
+    assert "apiservice" not in kinds
+    assert any("Kueue v0.17.0 is up in" in line for line in lines)
+
+    cluster.calls.clear()
+    lab.up(paths, cluster, loaded.append, lines.append, timeout=5)
+    assert not [c for c in cluster.calls if c[0] == "apply"]
+    assert "unchanged" in lines[-1]
