@@ -136,6 +136,7 @@ def test_the_configuration_manages_pods_in_managed_namespaces_only(manifests):
     assert config["integrations"]["frameworks"] == ["pod"]
     assert config["managedJobsNamespaceSelector"] == {"matchLabels": {"slurmk8s.io/kueue": "managed"}}
     assert config["leaderElection"] == {"leaderElect": False, "resourceName": "c1f6bfd2.kueue.x-k8s.io"}
+    assert config["featureGates"] == {"VisibilityOnDemand": False}  # no server for the API left out
     assert config["webhook"] == {"port": 9443} and config["health"] == {"healthProbeBindAddress": ":8081"}
 
 
