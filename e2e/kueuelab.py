@@ -205,8 +205,17 @@ class LabQueues:
         """The namespace first (its pods, Workloads and LocalQueue, finalized by Kueue), then the
         ClusterQueue and the flavor: each waits until it is gone."""
         for resource, name, _ in self.made:
+            if resource == "namespace":
+                release_groups(name)
             kubectl("delete", resource, name, "--ignore-not-found", "--wait=true", "--timeout=120s", timeout=150)
         self.made = []
+
+
+def release_groups(ns: str) -> None:
+    """Trap 4: a deleted member of a pod group turns Failed, keeps Kueue's finalizer, and its Workload
+    (made again by Kueue if deleted) waits for a replacement; a namespace delete then never ends.
+    `retriable-in-group: "false"` tells Kueue the group is done once no member is active."""
+    kubectl("annotate", "pods", "--all", "-n", ns, f"{names.RETRIABLE}=false", "--overwrite", check=False)
 
 
 def condition(obj: Mapping[str, Any], kind: str) -> dict[str, Any]:
@@ -237,9 +246,10 @@ def queued_pod(ns: str, name: str, queue: str, image: str, cpu: str, *, group: s
     wait for /tmp/done, then exit 0) and goes at once when deleted."""
     labels = {names.QUEUE_LABEL: queue}
     annotations: dict[str, str] = {}
-    if group:
+    if group:  # as a pool's workers are (provisioner/kueue.py): the group ends with its last active pod
         labels[names.GROUP_LABEL] = group
         annotations[names.GROUP_TOTAL] = str(total)
+        annotations[names.RETRIABLE] = "false"
     return {"apiVersion": "v1", "kind": "Pod",
             "metadata": {"namespace": ns, "name": name, "labels": labels, "annotations": annotations},
             "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 0,

@@ -339,6 +339,10 @@ def test_down_deletes_kueue_objects_before_kueue(paths):
     assert targets[:2] == ["workloads.kueue.x-k8s.io", "clusterqueues.kueue.x-k8s.io"] and targets[-1] == "pods"
     assert [c[1] for c in deletes[first_kueue + 1:]] == ["crd", "namespace"]
     assert not any(c[0] == "patch" for c in fake.calls)  # Kueue removed its finalizers itself
+    # trap 4: the pods' groups are told to end with their pods before the pods are deleted
+    annotate = next(i for i, c in enumerate(fake.calls) if c[0] == "annotate")
+    assert "kueue.x-k8s.io/retriable-in-group=false" in fake.calls[annotate]
+    assert annotate < fake.calls.index(next(c for c in fake.calls if c[:2] == ("delete", "pods")))
     assert any("Kueue is down (removed)" in line for line in lines)
 
 
