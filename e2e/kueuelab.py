@@ -189,14 +189,19 @@ class LabQueues:
     def queue(self) -> str:
         return "lab-queue"
 
+    def objects(self) -> list[tuple[str, str, str | None]]:
+        """In the order they go: the namespace (its LocalQueue and Workloads), then the ClusterQueue,
+        then the flavor (its finalizer stays while a ClusterQueue names it)."""
+        return [("namespace", self.namespace, None), ("clusterqueues.kueue.x-k8s.io", self.cluster_queue, None),
+                ("resourceflavors.kueue.x-k8s.io", self.flavor, None)]
+
     def create(self) -> LabQueues:
         managed_namespace(self.namespace)
         apply(resource_flavor(self.flavor),
               cluster_queue(self.cluster_queue, self.flavor, self.cpu, self.memory, cohort=self.cohort,
                             preemption=self.preemption),
               local_queue(self.namespace, self.queue, self.cluster_queue))
-        self.made = [("namespace", self.namespace, None), ("resourceflavors.kueue.x-k8s.io", self.flavor, None),
-                     ("clusterqueues.kueue.x-k8s.io", self.cluster_queue, None)]
+        self.made = self.objects()
         wait_for(f"ClusterQueue {self.cluster_queue} Active", lambda: condition(
             kjson("get", "clusterqueue", self.cluster_queue), "Active").get("status") == "True", 30)
         return self

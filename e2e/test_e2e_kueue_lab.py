@@ -43,8 +43,7 @@ def fresh(ns: str) -> None:
 def lab(kueue_steady):
     fresh(NAMESPACE)
     queues = LabQueues(prefix=NAMESPACE, cpu="50m")  # five pods of 10m
-    queues.made = [("namespace", NAMESPACE, None), ("resourceflavors.kueue.x-k8s.io", queues.flavor, None),
-                   ("clusterqueues.kueue.x-k8s.io", queues.cluster_queue, None)]
+    queues.made = queues.objects()
     queues.cleanup()  # a ClusterQueue or flavor an interrupted run left
     yield queues.create()
     queues.cleanup()
