@@ -189,14 +189,19 @@ class LabQueues:
     def queue(self) -> str:
         return "lab-queue"
 
+    def objects(self) -> list[tuple[str, str, str | None]]:
+        """In the order they go: the namespace (its LocalQueue and Workloads), then the ClusterQueue,
+        then the flavor (its finalizer stays while a ClusterQueue names it)."""
+        return [("namespace", self.namespace, None), ("clusterqueues.kueue.x-k8s.io", self.cluster_queue, None),
+                ("resourceflavors.kueue.x-k8s.io", self.flavor, None)]
+
     def create(self) -> LabQueues:
         managed_namespace(self.namespace)
         apply(resource_flavor(self.flavor),
               cluster_queue(self.cluster_queue, self.flavor, self.cpu, self.memory, cohort=self.cohort,
                             preemption=self.preemption),
               local_queue(self.namespace, self.queue, self.cluster_queue))
-        self.made = [("namespace", self.namespace, None), ("resourceflavors.kueue.x-k8s.io", self.flavor, None),
-                     ("clusterqueues.kueue.x-k8s.io", self.cluster_queue, None)]
+        self.made = self.objects()
         wait_for(f"ClusterQueue {self.cluster_queue} Active", lambda: condition(
             kjson("get", "clusterqueue", self.cluster_queue), "Active").get("status") == "True", 30)
         return self
@@ -205,8 +210,17 @@ class LabQueues:
         """The namespace first (its pods, Workloads and LocalQueue, finalized by Kueue), then the
         ClusterQueue and the flavor: each waits until it is gone."""
         for resource, name, _ in self.made:
+            if resource == "namespace":
+                release_groups(name)
             kubectl("delete", resource, name, "--ignore-not-found", "--wait=true", "--timeout=120s", timeout=150)
         self.made = []
+
+
+def release_groups(ns: str) -> None:
+    """Trap 4: a deleted member of a pod group turns Failed, keeps Kueue's finalizer, and its Workload
+    (made again by Kueue if deleted) waits for a replacement; a namespace delete then never ends.
+    `retriable-in-group: "false"` tells Kueue the group is done once no member is active."""
+    kubectl("annotate", "pods", "--all", "-n", ns, f"{names.RETRIABLE}=false", "--overwrite", check=False)
 
 
 def condition(obj: Mapping[str, Any], kind: str) -> dict[str, Any]:
@@ -237,9 +251,10 @@ def queued_pod(ns: str, name: str, queue: str, image: str, cpu: str, *, group: s
     wait for /tmp/done, then exit 0) and goes at once when deleted."""
     labels = {names.QUEUE_LABEL: queue}
     annotations: dict[str, str] = {}
-    if group:
+    if group:  # as a pool's workers are (provisioner/kueue.py): the group ends with its last active pod
         labels[names.GROUP_LABEL] = group
         annotations[names.GROUP_TOTAL] = str(total)
+        annotations[names.RETRIABLE] = "false"
     return {"apiVersion": "v1", "kind": "Pod",
             "metadata": {"namespace": ns, "name": name, "labels": labels, "annotations": annotations},
             "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 0,

@@ -43,8 +43,7 @@ def fresh(ns: str) -> None:
 def lab(kueue_steady):
     fresh(NAMESPACE)
     queues = LabQueues(prefix=NAMESPACE, cpu="50m")  # five pods of 10m
-    queues.made = [("namespace", NAMESPACE, None), ("resourceflavors.kueue.x-k8s.io", queues.flavor, None),
-                   ("clusterqueues.kueue.x-k8s.io", queues.cluster_queue, None)]
+    queues.made = queues.objects()
     queues.cleanup()  # a ClusterQueue or flavor an interrupted run left
     yield queues.create()
     queues.cleanup()
@@ -87,10 +86,14 @@ def test_a_group_waits_whole_for_quota_and_goes_at_once_when_it_frees(lab, kueue
     kubectl("exec", "-n", ns, "holder", "--", "touch", "/tmp/done")
     t_exec = time.monotonic() - t_free
     running_while_gated = 0
-    ungated_at = None
+    ungated_at = holder_done = None
     deadline = t_free + 60
     while time.monotonic() < deadline:
-        now = pods(ns, selector)
+        every = kjson("get", "pods", "-n", ns)["items"]
+        now = [p for p in every if (p["metadata"].get("labels") or {}).get(names.GROUP_LABEL) == group]
+        if holder_done is None and any(p["metadata"]["name"] == "holder" and p["status"].get("phase") == "Succeeded"
+                                       for p in every):
+            holder_done = time.monotonic()
         gated = [p for p in now if gates(p)]
         running = [p for p in now if p["status"].get("phase") == "Running"]
         if gated:
@@ -104,8 +107,9 @@ def test_a_group_waits_whole_for_quota_and_goes_at_once_when_it_frees(lab, kueue
     t_running = time.monotonic()
     assert len(running) == 3, f"ungated, but not all Running: {[p['status'].get('phase') for p in now]}"
     assert running_while_gated == 0, "a member ran while others of its group were still gated"
-    print(f"quota freed (holder told to exit; the exec took {t_exec:.2f} s) -> all 3 ungated in "
-          f"{ungated_at - t_free:.2f} s, all 3 Running in {t_running - t_free:.2f} s "
+    seen_done = f"{holder_done - t_free:.2f} s" if holder_done else "not seen"
+    print(f"quota freed (holder told to exit; the exec took {t_exec:.2f} s; holder seen Succeeded at {seen_done}) "
+          f"-> all 3 ungated at {ungated_at - t_free:.2f} s, all 3 Running at {t_running - t_free:.2f} s "
           f"(group created {t_free - t_create:.1f} s before)")
     admitted = workload_conditions(ns, group).get("Admitted", {})
     assert admitted.get("status") == "True", admitted

@@ -136,6 +136,7 @@ def test_the_configuration_manages_pods_in_managed_namespaces_only(manifests):
     assert config["integrations"]["frameworks"] == ["pod"]
     assert config["managedJobsNamespaceSelector"] == {"matchLabels": {"slurmk8s.io/kueue": "managed"}}
     assert config["leaderElection"] == {"leaderElect": False, "resourceName": "c1f6bfd2.kueue.x-k8s.io"}
+    assert config["featureGates"] == {"VisibilityOnDemand": False}  # no server for the API left out
     assert config["webhook"] == {"port": 9443} and config["health"] == {"healthProbeBindAddress": ":8081"}
 
 
@@ -338,6 +339,10 @@ def test_down_deletes_kueue_objects_before_kueue(paths):
     assert targets[:2] == ["workloads.kueue.x-k8s.io", "clusterqueues.kueue.x-k8s.io"] and targets[-1] == "pods"
     assert [c[1] for c in deletes[first_kueue + 1:]] == ["crd", "namespace"]
     assert not any(c[0] == "patch" for c in fake.calls)  # Kueue removed its finalizers itself
+    # trap 4: the pods' groups are told to end with their pods before the pods are deleted
+    annotate = next(i for i, c in enumerate(fake.calls) if c[0] == "annotate")
+    assert "kueue.x-k8s.io/retriable-in-group=false" in fake.calls[annotate]
+    assert annotate < fake.calls.index(next(c for c in fake.calls if c[:2] == ("delete", "pods")))
     assert any("Kueue is down (removed)" in line for line in lines)
 
 
@@ -403,3 +408,58 @@ def test_toolchain_builds_only_the_missing_manifests_of_a_cached_kueue(tmp_path)
     calls = (tmp_path / "go-calls").read_text()
     assert "mod download -json sigs.k8s.io/kueue@v0.17.0" in calls and "build" not in calls
     assert (cache / "kueue-v0.17.0" / "bin" / "kueue").exists()  # a failed data fetch keeps the binary
+
+
+# ---- up, against a fake kubectl ----------------------------------------------------------------------
+class FakeCluster:
+    """Keeps what `apply` sends; the manager is Ready and the CA injected as soon as they are applied."""
+
+    def __init__(self):
+        self.objects: dict[tuple[str, str], dict] = {}
+        self.calls: list[tuple[str, ...]] = []
+
+    def run(self, *args, input=None, check=True, timeout=120):
+        self.calls.append(args)
+        if args[0] == "apply":
+            for doc in json.loads(input)["items"]:
+                self.objects[(doc["kind"].lower(), doc["metadata"]["name"])] = doc
+        return subprocess.CompletedProcess(args, 0, "", "")
+
+    def get(self, kind, name=None, *rest):
+        self.calls.append(("get", kind, *(x for x in (name, *rest) if x)))
+        if kind == "pods":
+            return {"items": []}
+        doc = copy.deepcopy(self.objects.get((kind, name)))
+        if doc is None:
+            return None
+        if kind == "deployment":
+            doc["metadata"]["generation"] = 1
+            doc["status"] = {"observedGeneration": 1, "replicas": 1, "readyReplicas": 1, "updatedReplicas": 1}
+        for h in doc.get("webhooks") or []:
+            h["clientConfig"]["caBundle"] = "LS0t"
+        return doc
+
+    def items(self, *args):
+        return list((self.get(*args) or {}).get("items") or [])
+
+
+def test_up_applies_namespace_and_crds_first_then_waits_and_a_second_up_changes_nothing(paths, monkeypatch):
+    monkeypatch.setattr(lab, "ensure_image", lambda p, base, say: SETTINGS.image)
+    loaded: list[str] = []
+    cluster = FakeCluster()
+    lines: list[str] = []
+    lab.up(paths, cluster, loaded.append, lines.append, timeout=5)
+    assert loaded == [SETTINGS.image]
+    applies = [c for c in cluster.calls if c[0] == "apply"]
+    assert len(applies) == 2 and all("--server-side" in c and "--force-conflicts" in c for c in applies)
+    kinds = [k for k, _ in cluster.objects]
+    assert kinds.index("customresourcedefinition") < kinds.index("deployment")
+    assert any(c[0] == "wait" and "--for=condition=Established" in c for c in cluster.calls)
+    assert any(c[:2] == ("create", "--dry-run=server") for c in cluster.calls)  # the webhooks were tried
+    assert "apiservice" not in kinds
+    assert any("Kueue v0.17.0 is up in" in line for line in lines)
+
+    cluster.calls.clear()
+    lab.up(paths, cluster, loaded.append, lines.append, timeout=5)
+    assert not [c for c in cluster.calls if c[0] == "apply"]
+    assert "unchanged" in lines[-1]

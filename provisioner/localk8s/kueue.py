@@ -324,11 +324,22 @@ def down(paths: LabPaths, kubectl: Kubectl, say: Say, *, timeout: float = 90) ->
             if crd.resource in found:
                 kubectl.run("delete", crd.resource, "--all", *(["-A"] if crd.namespaced else []), "--wait=false")
         if "pods" in found:
+            # trap 4: a deleted member of a pod group keeps its finalizer while its Workload (which
+            # Kueue makes again) waits for a replacement; this says the group ends with its pods
+            kubectl.run("annotate", "pods", "-A", "-l", f"{names.MANAGED_LABEL}=true", f"{names.RETRIABLE}=false",
+                        "--overwrite", check=False)
             kubectl.run("delete", "pods", "-A", "-l", f"{names.MANAGED_LABEL}=true", "--wait=false")
         deadline = time.monotonic() + (timeout if manager_up else 5)
+        again = time.monotonic() + 5
         while found and time.monotonic() < deadline:
             time.sleep(0.5)
             found = leftovers(kueue_objects(kubectl, crds))
+            if found and time.monotonic() > again:  # e.g. a Workload Kueue made again for pods still there
+                again = time.monotonic() + 5
+                for crd in crds:
+                    if crd.resource in found:
+                        kubectl.run("delete", crd.resource, "--all", *(["-A"] if crd.namespaced else []),
+                                    "--wait=false", check=False)
         if found:
             say(f"WARNING: still there after {time.monotonic() - t0:.0f} s"
                 f"{'' if manager_up else ' (no Kueue manager to finalize them)'}: removing Kueue's finalizers "

@@ -12,7 +12,8 @@ applies, changed in four ways (the traps of the Kueue probe, ../shared notes kue
    object, e.g. a ClusterQueue, still needs Kueue: a namespaceSelector does not apply to it);
 3. Kueue's configuration manages plain Pods only (``integrations.frameworks: [pod]``), in those
    same namespaces only (``managedJobsNamespaceSelector``), without leader election (one replica:
-   a restarted manager serves at once instead of waiting out the old lease);
+   a restarted manager serves at once instead of waiting out the old lease) and without the
+   visibility server (feature gate ``VisibilityOnDemand``: nothing would call it);
 4. the manager runs the image built here (``imagePullPolicy: Never``: there is no registry), with
    requests that fit a 2-CPU node and probes that report Ready within seconds.
 """
@@ -164,6 +165,9 @@ def lab_configuration(text: str, settings: LabSettings) -> str:
     config["integrations"] = {**(config.get("integrations") or {}), "frameworks": ["pod"]}
     config["managedJobsNamespaceSelector"] = settings.managed_selector
     config["leaderElection"] = {**(config.get("leaderElection") or {}), "leaderElect": False}
+    # the visibility API is not registered (1.): its server would only retry, logging an error each
+    # time, for the front-proxy CA that a cluster without aggregation never publishes
+    config["featureGates"] = {**(config.get("featureGates") or {}), "VisibilityOnDemand": False}
     return yaml.safe_dump(config, sort_keys=True)
 
 
