@@ -342,6 +342,7 @@ def side_cluster(name: str, make_spec: Callable[[str], dict[str, Any]], work: Pa
     shutil.rmtree(volumes, ignore_errors=True)
     manifest = work / "volumes.json"
     manifest.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": static_volumes(name, namespace)}))
+    apply_storage_class()  # the session cluster's fixture applies it too; a side module may run alone
     kubectl("apply", "-f", str(manifest))
     try:
         if prepare is not None:
