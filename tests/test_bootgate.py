@@ -220,6 +220,10 @@ def test_one_peer_holds_at_most_its_share_of_the_slots(tmp_path: Path):
     port = server.server_address[1]
     try:
         t, first = _waiting(port)
+        # the first question holds its slot before the second comes (0.2 s was not always enough under CI load)
+        deadline = time.monotonic() + 10
+        while server._peers.get("127.0.0.1", 0) < 1 and time.monotonic() < deadline:
+            time.sleep(0.02)
         started = time.monotonic()
         assert ask("127.0.0.1", port, "cpu-0", timeout=3) == ""
         assert time.monotonic() - started < 1
