@@ -38,7 +38,7 @@ def jwt(claims: dict | None = None, *, key: bytes = KEY, alg: str = "HS256", lif
     return f"{signed}.{_b64(sig)}"
 
 
-ALICE = jwt()
+ALICE = jwt(lifetime=86400)  # made at collection: a long suite reaches this module many minutes later
 TOKEN = f"X-SLURM-USER-NAME: alice\r\nX-SLURM-USER-TOKEN: {ALICE}\r\n"
 
 
