@@ -46,7 +46,8 @@ GATES = ("kueue.x-k8s.io/admission", "kueue.x-k8s.io/topology")
 
 GROUP_PREFIX = "slurm-job"  # a group is named slurm-job<id>-<token>
 # Kueue's objects: a pod group's Workload is named after the group (v1beta2: Kueue 0.17's storage version)
-API = "kueue.x-k8s.io/v1beta2"
+GROUP = "kueue.x-k8s.io"
+API = f"{GROUP}/v1beta2"
 WORKLOADS = "workloads"
 WAITING = "slurmk8s: waiting for Kueue"  # how a job's comment starts while Kueue holds its pods
 COMMENT_MAX = 400  # the part of the Workload's condition a comment carries

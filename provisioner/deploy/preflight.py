@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Sequence
 
+from .. import kueue
 from .. import manifests as m
 from .. import volumes
 from ..config import ClusterSpec, Volume, parse_quantity
@@ -27,7 +28,6 @@ from ..manifests.admission import API_VERSION as ADMISSION_API
 DEFAULT_CLASS_ANNOTATIONS = ("storageclass.kubernetes.io/is-default-class",
                              "storageclass.beta.kubernetes.io/is-default-class")
 STATIC_PROVISIONER = "kubernetes.io/no-provisioner"
-KUEUE_GROUP = "kueue.x-k8s.io"
 DB_CHECK_TIMEOUT = 120.0
 
 
@@ -314,7 +314,7 @@ def _with_kueue(facts: ClusterFacts, api_client: Any, ns: str) -> ClusterFacts:
     from kubernetes.client.exceptions import ApiException
 
     group = next((g for g in client.ApisApi(api_client).get_api_versions().groups or []
-                  if g.name == KUEUE_GROUP), None)
+                  if g.name == kueue.GROUP), None)
     if group is None:
         return facts
     version = group.preferred_version.version
@@ -323,17 +323,17 @@ def _with_kueue(facts: ClusterFacts, api_client: Any, ns: str) -> ClusterFacts:
     def by_name(resp: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
         return {_name(o): o for o in resp.get("items") or []}
 
-    local = by_name(api.list_namespaced_custom_object(KUEUE_GROUP, version, ns, "localqueues")) \
+    local = by_name(api.list_namespaced_custom_object(kueue.GROUP, version, ns, "localqueues")) \
         if facts.namespace_exists else {}
-    queues = by_name(api.list_cluster_custom_object(KUEUE_GROUP, version, "clusterqueues"))
+    queues = by_name(api.list_cluster_custom_object(kueue.GROUP, version, "clusterqueues"))
     try:
-        prios = frozenset(by_name(api.list_cluster_custom_object(KUEUE_GROUP, version, "workloadpriorityclasses")))
+        prios = frozenset(by_name(api.list_cluster_custom_object(kueue.GROUP, version, "workloadpriorityclasses")))
     except ApiException as err:
         if err.status != 404:
             raise
         prios = frozenset()
-    return replace(facts, kueue_api=f"{KUEUE_GROUP}/{version}", local_queues=local,
-                               cluster_queues=queues, priority_classes=prios)
+    return replace(facts, kueue_api=f"{kueue.GROUP}/{version}", local_queues=local, cluster_queues=queues,
+                   priority_classes=prios)
 
 
 def admission_issues(facts: ClusterFacts) -> list[Issue]:

@@ -30,6 +30,7 @@ from typing import Any
 
 import yaml
 
+from provisioner import kueue
 from provisioner.errors import SlurmK8sError
 
 NAMESPACE = "kueue-system"
@@ -45,7 +46,7 @@ DIGEST_ANNOTATION = "slurmk8s.io/kueue-lab-digest"  # on the Deployment and its 
 IMAGE_REPOSITORY = "slurmk8s/kueue"
 VISIBILITY_GROUP = "visibility.kueue.x-k8s.io"
 WEBHOOK_KINDS = ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")
-KUEUE_GROUP = "kueue.x-k8s.io"
+KUEUE_GROUP = kueue.GROUP
 
 Doc = dict[str, Any]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..config import ClusterSpec
-from ..kueue import API as KUEUE_API
+from ..kueue import GROUP as KUEUE_GROUP
 from ..kueue import WORKLOADS
 from .common import _meta, login_sleeps, sleeps
 from ..names import base_labels
@@ -31,7 +31,7 @@ def worker_role(spec: ClusterSpec) -> dict[str, Any]:
     mounting them (:func:`.slurmctld.pod_files`), by name. With a pool under Kueue: a get of the
     namespace's Kueue Workloads, whose conditions say why a job's pods wait (reconcile/kueuewait.py)."""
     files = pod_files(spec)
-    kueue_rules = ([{"apiGroups": [KUEUE_API.split("/")[0]], "resources": [WORKLOADS], "verbs": ["get"]}]
+    kueue_rules = ([{"apiGroups": [KUEUE_GROUP], "resources": [WORKLOADS], "verbs": ["get"]}]
                    if any(p.kueue is not None for p in spec.pools) else [])
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
