@@ -30,13 +30,16 @@ KUBELET_BACKOFF_MIN = 10.0  # the kubelet syncs a skipped pod again after 10-15 
 
 
 def _node() -> str:
-    """A Ready node with a kubelet (not a kwok node), for the pod's nodeName."""
-    for node in sorted(kjson("get", "nodes")["items"], key=lambda n: n["metadata"]["name"]):
+    """A Ready, untainted node with a kubelet (not a kwok node) for the pod's nodeName: the oldest,
+    which is the lab's own. Nodes other modules add and remove while this one runs (the topology
+    module's, tainted) would take the pod with them."""
+    for node in sorted(kjson("get", "nodes")["items"], key=lambda n: n["metadata"]["creationTimestamp"]):
         meta = node["metadata"]
         ready = any(c["type"] == "Ready" and c["status"] == "True" for c in node["status"].get("conditions", []))
-        if ready and "kwok.x-k8s.io/node" not in (meta.get("annotations") or {}):
+        kwok = "kwok.x-k8s.io/node" in (meta.get("annotations") or {})
+        if ready and not kwok and not node["spec"].get("taints") and not meta.get("deletionTimestamp"):
             return meta["name"]
-    pytest.fail("no Ready node with a kubelet")
+    pytest.fail("no Ready, untainted node with a kubelet")
 
 
 def _apply(doc: str) -> None:
