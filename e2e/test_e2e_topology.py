@@ -26,7 +26,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from helpers import (FINAL, LOCAL_KUBECONFIG, SLURMK8S, TOOLCHAIN_BIN, Login, kjson, kubeconfig,
+from helpers import (FINAL, LOCAL_KUBECONFIG, SLURMK8S, TOOLCHAIN_BIN, Login, kjson, kubeconfig, kubectl_exe,
                      job_story, kubectl, side_cluster, side_spec, submit, wait_for, wait_job)
 from test_e2e_cluster import ALLREDUCE_C
 
@@ -334,6 +334,92 @@ def test_a_cordon_drains_the_slurm_node_live_and_is_never_a_pool_failure(topo: L
     print(f"cordon: kubectl uncordon -> Slurm node back in service {time.monotonic() - t1:.1f}s")
     # no restart and no reconfigure: slurmctld's boot time is the one it had before the cordon
     assert _boot_time() == boot
+    assert not _pool_failures()
+
+
+# ---------------------------------------------------------------- drains (issue 42 item 2)
+
+BUSY = "slurmk8s.io/busy"  # names.L_BUSY: the label the workers' PodDisruptionBudget selects
+PDB_REFUSAL = "would violate the pod's disruption budget"  # kubectl drain's line for a refused eviction
+DRAIN_JOB = "#!/bin/bash\n#SBATCH -p topo -w {node} -o drain-%j.out\nsleep {seconds}; echo done\n"
+
+
+def _worker(name: str) -> dict[str, Any] | None:
+    """The Slurm node's worker pod, unless it is on its way out."""
+    proc = kubectl("get", "pod", "-n", NAMESPACE, name, "-o", "json", check=False)
+    pod = json.loads(proc.stdout) if proc.returncode == 0 else None
+    return pod if pod and not pod["metadata"].get("deletionTimestamp") else None
+
+
+def _busy_label(name: str) -> str | None:
+    pod = _worker(name)
+    return None if pod is None else (pod["metadata"].get("labels") or {}).get(BUSY, "")
+
+
+def _drain(k8s_node: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([kubectl_exe(), "--kubeconfig", kubeconfig(), "drain", k8s_node, "--ignore-daemonsets",
+                             "--delete-emptydir-data", "--timeout=180s"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_a_drain_evicts_idle_workers_at_once_and_waits_for_a_busy_workers_job(topo: Login, topo_nodes):
+    """`kubectl drain` of a Kubernetes node. Its idle worker is evicted at once (the workers'
+    PodDisruptionBudget covers busy workers only) and its Slurm node powered down, never DOWN. A busy
+    worker's eviction is refused while its job runs: the cordon drains the Slurm node, the job
+    completes where it runs (no requeue), the worker is then idle and evicted, and the drain ends."""
+    idle_k8s, busy_k8s = "e2e-topo-a1", "e2e-topo-a2"
+    idle, busy = _slurm(idle_k8s), _slurm(busy_k8s)
+    try:
+        # an idle worker: a job brings it up; drained once the loop has seen it idle
+        job = submit(topo, DRAIN_JOB.format(node=idle, seconds=0))
+        assert wait_job(topo, job, 180)["job_state"] == ["COMPLETED"], job_story(topo, job)
+        wait_for(f"worker {idle} up and idle (no busy label)", lambda: _busy_label(idle) == "", 30, interval=0.5)
+        t0 = time.monotonic()
+        drain = _drain(idle_k8s)
+        out, err = drain.communicate(timeout=200)
+        took = time.monotonic() - t0
+        assert drain.returncode == 0, out + err
+        assert PDB_REFUSAL not in err, f"the idle worker's eviction was refused:\n{err}"
+        print(f"drain: kubectl drain of a node with only an idle worker done in {took:.1f}s (goal <= 10s)")
+        assert took <= 10, f"kubectl drain took {took:.1f}s with only an idle worker:\n{out}{err}"
+
+        def powered_down() -> dict[str, Any] | None:
+            node = _node(topo, idle) or {}
+            assert "DOWN" not in node.get("state", []), f"the evicted idle worker's node was set DOWN: {node}"
+            return node if "POWERED_DOWN" in node.get("state", []) else None
+        wait_for(f"Slurm node {idle} powered down", powered_down, 60, interval=0.5)
+        assert not _pool_failures()
+
+        # a busy worker: its job runs out its time on the cordoned (drained) node
+        job = submit(topo, DRAIN_JOB.format(node=busy, seconds=20))
+        wait_for(f"job {job} running with its worker labelled busy", lambda: "RUNNING" in _job(topo, job)["job_state"]
+                 and "CONFIGURING" not in _job(topo, job)["job_state"] and _busy_label(busy) == "true", 120,
+                 interval=0.5, show=lambda _: job_story(topo, job))
+        t0 = time.monotonic()
+        drain = _drain(busy_k8s)
+        wait_for(f"Slurm node {busy} drained for the cordon", lambda: "DRAIN" in (_node(topo, busy) or {}).get(
+            "state", []) and "cordoned" in (_node(topo, busy) or {}).get("reason", ""), 30, interval=0.5)
+        drained = time.monotonic() - t0
+        time.sleep(6)  # kubectl drain has tried the eviction at least once
+        assert _worker(busy) is not None, "the busy worker was evicted under its job"
+        assert drain.poll() is None, "kubectl drain ended while the job ran"
+        final = wait_job(topo, job, 120)
+        ended = time.monotonic()
+        assert final["job_state"] == ["COMPLETED"] and not final.get("restart_cnt"), \
+            (final["job_state"], final.get("restart_cnt"), job_story(topo, job))
+        out, err = drain.communicate(timeout=120)
+        done = time.monotonic()
+        assert drain.returncode == 0, out + err
+        assert PDB_REFUSAL in err, f"no eviction was refused while the job ran:\n{err}"
+        print(f"drain: busy worker: Slurm node drained {drained:.1f}s after kubectl drain; the job COMPLETED "
+              f"in place; drain done {done - ended:.1f}s after the job ended ({done - t0:.1f}s in all)")
+        assert topo.run(f"cat ~/drain-{job}.out").stdout.strip() == "done"
+    finally:
+        for k8s_node in (idle_k8s, busy_k8s):
+            kubectl("uncordon", k8s_node, check=False)
+    for name in (idle, busy):
+        wait_for(f"Slurm node {name} back in service after the uncordon", lambda name=name: not (
+            {"DOWN", "DRAIN", "FAIL"} & set((_node(topo, name) or {"state": ["DOWN"]})["state"])), 120, interval=1)
     assert not _pool_failures()
 
 

@@ -39,6 +39,9 @@ A_K8S_NODE = "slurmk8s.io/k8s-node"
 A_DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"
 A_SAFE_TO_EVICT = "cluster-autoscaler.kubernetes.io/safe-to-evict"
 BUSY_ANNOTATIONS = {A_DO_NOT_DISRUPT: "true", A_SAFE_TO_EVICT: "false"}
+# and this label, which the workers' PodDisruptionBudget selects: a busy worker is never evicted
+# (a drain waits for its job), an idle one may be at any time
+L_BUSY = "slurmk8s.io/busy"
 A_CONFIG_HASH = "slurmk8s.io/config-hash"
 A_USERS_HASH = "slurmk8s.io/users-hash"
 # The entrypoint contract's version (images/entrypoint/identify.sh INTERFACE, the Dockerfile's

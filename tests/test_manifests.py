@@ -16,6 +16,7 @@ from provisioner.deploy.keys import generate, secrets_from_values
 from provisioner.errors import Problem
 from provisioner.generate import generate as run_pipeline
 from provisioner.inventory import nodes_from_api
+from provisioner.names import L_BUSY
 
 ROOT = Path(__file__).resolve().parents[1]
 # Kubernetes releases to validate against: the local cluster's (1.34) and an older supported one.
@@ -380,11 +381,14 @@ def test_services_storage_and_disruption(fabric, local):
     assert "storageClassName" not in m.controller_state_pvc(spec)["spec"]  # cluster default class
     pdb = m.workers_pdb(spec)
     assert pdb["spec"]["maxUnavailable"] == 0
-    assert pdb["spec"]["selector"]["matchLabels"] == {m.L_CLUSTER: "fab", m.L_COMPONENT: "worker"}
-    # the PDB and the headless Service select worker pods as the backend creates them
+    # busy workers only (the loop labels them while a job runs): an idle one is evicted at once
+    assert pdb["spec"]["selector"]["matchLabels"] == {m.L_CLUSTER: "fab", m.L_COMPONENT: "worker", L_BUSY: "true"}
+    # the PDB (once the loop labels it busy) and the headless Service select worker pods as the
+    # backend creates them
     pod = m.worker_pod(spec, gen.inventory.nodes[0])
     labels = pod["metadata"]["labels"]
-    assert all(labels.get(k) == v for k, v in pdb["spec"]["selector"]["matchLabels"].items())
+    assert L_BUSY not in labels
+    assert all({**labels, L_BUSY: "true"}.get(k) == v for k, v in pdb["spec"]["selector"]["matchLabels"].items())
     assert all(labels.get(k) == v for k, v in workers["spec"]["selector"].items())
 
 

@@ -1306,6 +1306,21 @@ def test_a_worker_taken_away_sets_its_node_down_naming_who_took_it_and_is_no_poo
     assert kinds(snap([node_json("cpu-1", "IDLE", "CLOUD", "POWERING_DOWN")], [going]))["cpu-1"] is Kind.OK
 
 
+def test_an_idle_worker_evicted_powers_its_node_down_without_setting_it_down():
+    """A drain or a consolidation evicts an idle worker (the PodDisruptionBudget covers busy ones
+    only): no job to requeue, so its node is suspended at once (POWER_DOWN_FORCE), never DOWN (no
+    `down~` state for users to see, no RESUME pass after), and the pool is no failure."""
+    going = Worker("cpu-1", "Terminating", created_at=NOW - 600, uid="u1",
+                   taken="Kubernetes: EvictionByEvictionAPI: Eviction API: evicting")
+    slurm = FakeSlurmClient(nodes=[up("cpu-1", base="IDLE")], job_list=[])
+    ledger = MemoryLedger(POLICY)
+    report = run_once(slurm, FakeBackend({"cpu-1": going}), inventory(), ledger, NOW,
+                      Log("reconcile", stream=io.StringIO()), POLICY)
+    assert report.of(Kind.IDLE_WORKER_TAKEN) and not report.of(Kind.WORKER_TAKEN)
+    assert [u[3] for u in slurm.updates] == ["state=POWER_DOWN_FORCE"]
+    assert not any(h.failures for h in ledger.load().values())
+
+
 def test_the_backend_reads_who_takes_a_pod_from_its_conditions():
     from provisioner.elastic.pods import taken_by
 
@@ -1337,12 +1352,30 @@ def test_busy_workers_carry_the_autoscalers_annotations_and_idle_ones_lose_them(
     assert backend.workers["cpu-0"].busy_marked and not backend.workers["cpu-2"].busy_marked
 
 
+def test_a_worker_with_only_some_busy_marks_is_written_again_either_way():
+    """An older release's marks (the annotations without the label), or a write cut short: the
+    pass writes the whole set, busy or idle."""
+    from provisioner.elastic.pods import busy_marks
+    from provisioner.names import A_DO_NOT_DISRUPT, A_SAFE_TO_EVICT, L_BUSY
+    from provisioner.reconcile import busy
+
+    old = {"annotations": {A_DO_NOT_DISRUPT: "true", A_SAFE_TO_EVICT: "false"}, "labels": {"app": "x"}}
+    assert busy_marks(old) is None
+    assert busy_marks({**old, "labels": {L_BUSY: "true"}}) is True
+    assert busy_marks({"labels": {"app": "x"}}) is False
+    assert busy_marks({"labels": {L_BUSY: "true"}}) is None
+    workers = [Worker("cpu-0", "Running", uid="a", busy_marked=None), Worker("cpu-1", "Running", uid="b", busy_marked=None)]
+    s = Snapshot(parse_nodes({"nodes": [up("cpu-0"), up("cpu-1", base="IDLE")]}),
+                 {w.name: w for w in workers}, inventory(), {}, {"cpu-0": (NOW, 7)})
+    assert busy.changes(s) == {"cpu-0": True, "cpu-1": False}
+
+
 def test_the_backend_writes_and_removes_the_annotations_with_the_pods_uid(tmp_path):
     from fakes.kube import FakePodApi
 
     from provisioner.elastic.k8s_backend import KubernetesBackend
     from provisioner.elastic.pods import worker_from_pod
-    from provisioner.names import A_DO_NOT_DISRUPT, A_SAFE_TO_EVICT
+    from provisioner.names import A_DO_NOT_DISRUPT, A_SAFE_TO_EVICT, L_BUSY
 
     spec = parse_spec({"name": "t", "pools": [{"name": "cpu", "mode": "slots", "cpus": 2, "memory": "1Gi",
                                                 "domains": [{"name": "d", "count": 1}]}]})
@@ -1356,7 +1389,12 @@ def test_the_backend_writes_and_removes_the_annotations_with_the_pods_uid(tmp_pa
     assert backend.mark_busy("cpu-0", uid, True)
     ann = api.pods[("slurm-t", "cpu-0")]["metadata"]["annotations"]
     assert ann[A_DO_NOT_DISRUPT] == "true" and ann[A_SAFE_TO_EVICT] == "false"
-    assert worker_from_pod(api.pods[("slurm-t", "cpu-0")]).busy_marked
+    # and the label the workers' PodDisruptionBudget selects: a busy worker's eviction is refused
+    assert api.pods[("slurm-t", "cpu-0")]["metadata"]["labels"][L_BUSY] == "true"
+    assert worker_from_pod(api.pods[("slurm-t", "cpu-0")]).busy_marked is True
     assert backend.mark_busy("cpu-0", uid, False)
-    ann = api.pods[("slurm-t", "cpu-0")]["metadata"].get("annotations") or {}
+    meta = api.pods[("slurm-t", "cpu-0")]["metadata"]
+    ann = meta.get("annotations") or {}
     assert A_DO_NOT_DISRUPT not in ann and A_SAFE_TO_EVICT not in ann  # removed, not "false"
+    assert L_BUSY not in meta["labels"]  # an idle worker may be evicted (a drain goes on at once)
+    assert worker_from_pod(api.pods[("slurm-t", "cpu-0")]).busy_marked is False

@@ -72,8 +72,9 @@ class Worker:
     # set before deleting it: Kueue's TerminationTarget on preemption, Kubernetes' DisruptionTarget
     # on a scheduler preemption, an eviction, a taint or the kubelet); '' when it does not
     taken: str = ""
-    # the worker carries the busy annotations (names.BUSY_ANNOTATIONS: autoscalers leave its node alone)
-    busy_marked: bool = False
+    # the worker carries the busy marks (names.BUSY_ANNOTATIONS: autoscalers leave its node alone;
+    # names.L_BUSY: the PodDisruptionBudget refuses its eviction); None: only some of them
+    busy_marked: bool | None = False
 
 
 class NodeBackend(Protocol):
@@ -109,9 +110,10 @@ class NodeBackend(Protocol):
         ...
 
     def mark_busy(self, name: str, uid: str, busy: bool) -> bool:
-        """Write (busy) or remove the busy annotations on the node's worker `uid` (Karpenter's
-        do-not-disrupt, cluster-autoscaler's safe-to-evict). False when that worker is gone or
-        replaced; a backend without autoscalers does nothing. Raises BackendError."""
+        """Write (busy) or remove the busy marks on the node's worker `uid` (Karpenter's
+        do-not-disrupt, cluster-autoscaler's safe-to-evict, the label the workers' PodDisruptionBudget
+        selects). False when that worker is gone or replaced; a backend without autoscalers does
+        nothing. Raises BackendError."""
         ...
 
     def workload(self, group: str) -> Mapping[str, Any] | None:

@@ -36,7 +36,7 @@ from ..inventory import SlurmNode
 from ..kueue import PodGroup
 from ..kubeapi import MERGE_PATCH, ApiError, KubeConfigError, RawClient, api_client, api_path
 from ..manifests.admission import PREFIX as ADMISSION_PREFIX
-from ..names import A_ADOPTED, BUSY_ANNOTATIONS
+from ..names import A_ADOPTED, BUSY_ANNOTATIONS, L_BUSY
 from .backend import BackendError, Worker, WorkerGone, WorkerReplaced
 from .pods import _one_line, pod_phase, worker_from_pod
 
@@ -402,8 +402,9 @@ class KubernetesBackend:
     def mark_busy(self, name: str, uid: str, busy: bool) -> bool:
         """A merge patch of the annotations, with the uid as precondition (409: another pod by the name)."""
         value = {k: (v if busy else None) for k, v in BUSY_ANNOTATIONS.items()}
+        label = {L_BUSY: "true" if busy else None}
         try:
-            self.api.patch(self.namespace, name, {"metadata": {"uid": uid, "annotations": value}})
+            self.api.patch(self.namespace, name, {"metadata": {"uid": uid, "annotations": value, "labels": label}})
         except ApiError as err:
             if err.status in (404, 409):
                 return False

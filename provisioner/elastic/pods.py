@@ -14,7 +14,7 @@ from typing import Any, Mapping
 from .. import kueue
 from .. import manifests as m
 from ..kubeapi import MAX_REASON
-from ..names import A_DO_NOT_DISRUPT
+from ..names import BUSY_ANNOTATIONS, L_BUSY
 from .backend import Worker
 
 
@@ -115,8 +115,17 @@ def worker_from_pod(pod: Mapping[str, Any]) -> Worker:
         gated=any(g.get("name") in kueue.GATES for g in (pod.get("spec") or {}).get("schedulingGates") or ()),
         group_total=_count((meta.get("annotations") or {}).get(kueue.GROUP_TOTAL)),
         taken=taken_by(pod),
-        busy_marked=(meta.get("annotations") or {}).get(A_DO_NOT_DISRUPT) == "true",
+        busy_marked=busy_marks(meta),
     )
+
+
+def busy_marks(meta: dict[str, Any]) -> bool | None:
+    """True: the pod carries every busy mark (names.BUSY_ANNOTATIONS and the L_BUSY label); False:
+    none of them; None: some (an older release's marks, a write cut short): written again."""
+    annotations, labels = meta.get("annotations") or {}, meta.get("labels") or {}
+    marks = [annotations.get(k) == v for k, v in BUSY_ANNOTATIONS.items()] + [labels.get(L_BUSY) == "true"]
+    present = [k in annotations for k in BUSY_ANNOTATIONS] + [L_BUSY in labels]
+    return True if all(marks) else False if not any(present) else None
 
 
 def _count(text: str | None) -> int:

@@ -39,7 +39,7 @@ from typing import Any
 from .. import kueue
 from ..config import ClusterSpec
 from .common import K8sSite
-from ..names import (A_ADOPTED, A_DO_NOT_DISRUPT, A_K8S_NODE, A_SAFE_TO_EVICT, A_SPEC_HASH, CONTROLLER, L_NODE, L_POOL,
+from ..names import (A_ADOPTED, A_DO_NOT_DISRUPT, A_K8S_NODE, A_SAFE_TO_EVICT, A_SPEC_HASH, CONTROLLER, L_BUSY, L_NODE, L_POOL,
                      base_labels)
 from .workers import worker_pod_template
 
@@ -233,7 +233,8 @@ POD_PER_NODE = ["affinity", "containers", "hostname", "nodeName", "schedulingGat
 # hostNetwork, the API server's default).
 CONTAINER_PER_NODE = ["env", "ports", "resources"]
 NODE_ENV = ["SLURMK8S_GPUS", "SLURMK8S_GPU_TYPE"]
-# Of the metadata: the node label (the pod's name) and these annotations (any value).
+# Of the metadata: the node label (the pod's name), the busy label ("true": reconcile/busy.py) and
+# these annotations (any value).
 ANNOTATIONS_PER_NODE = [A_SPEC_HASH, A_K8S_NODE, A_ADOPTED, A_DO_NOT_DISRUPT, A_SAFE_TO_EVICT]
 # A pool under Kueue (its template has the queue label): the power-up's pod group (label, total),
 # the pod's role in it, and what Kueue's webhook adds before this policy runs: the managed label
@@ -306,6 +307,7 @@ TEMPLATE_VARIABLES: list[dict[str, str]] = [
     _var("kueuePool", f"'{kueue.QUEUE_LABEL}' in variables.tLabels"),
     _var("offLabels", f"variables.labels.filter(k, !(k == '{L_NODE}' ? variables.labels[k] == object.metadata.name : "
                       "(k in variables.tLabels && variables.labels[k] == variables.tLabels[k])) && "
+                      f"!(k == '{L_BUSY}' && variables.labels[k] == 'true') && "
                       f"!(variables.kueuePool && (k == '{kueue.GROUP_LABEL}' || k == '{kueue.MANAGED_LABEL}' && "
                       "variables.labels[k] == 'true')) && "
                       "!(k in variables.oldLabels && variables.oldLabels[k] == variables.labels[k]))"),

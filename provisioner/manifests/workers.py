@@ -12,7 +12,7 @@ from ..inventory import SlurmNode
 from .common import (K8sSite, _config_volume, _container_security, _meta, _pod_security, _pvc_volume,
                      _secret_volume, content_hash, controller_address, dns_searches, home_on_one_node)
 from ..names import (A_IMAGE_INTERFACE, A_K8S_NODE, A_MULTUS, A_SPEC_HASH, AUTH_SECRET, BASE_CAPS, HOME_PVC,
-                    IMAGE_INTERFACE, L_CLUSTER, L_MANAGED_BY, L_NODE, L_POOL, L_SUBDOMAIN, LOGIN, MUNGE_DIR,
+                    IMAGE_INTERFACE, L_BUSY, L_CLUSTER, L_MANAGED_BY, L_NODE, L_POOL, L_SUBDOMAIN, LOGIN, MUNGE_DIR,
                     SLURMD_PORT, TEMPLATE_PREFIX, USERS_CONFIG, USERS_DIR, WORKER_GRACE_SECONDS, WORKER_STOP, WORKERS,
                     base_labels, selector)
 
@@ -33,15 +33,16 @@ def workers_service(spec: ClusterSpec) -> dict[str, Any]:
 
 
 def workers_pdb(spec: ClusterSpec) -> dict[str, Any]:
-    """No voluntary eviction of a worker pod: a worker exists only while Slurm keeps its node
-    powered up (busy, or idle for less than SuspendTime), so a drain waits for Slurm to suspend it.
-    Unhealthy (not Ready) workers may always be evicted."""
+    """No voluntary eviction of a busy worker pod: the reconcile loop labels a worker busy while a
+    job runs on its node (reconcile/busy.py), so a drain waits for the job and then goes on. An idle
+    worker is not covered: a drain or a consolidation evicts it at once (its node is powered down;
+    the next job gets a fresh pod). Unhealthy (not Ready) workers may always be evicted."""
     return {
         "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
         "metadata": _meta(spec, WORKERS, "worker"),
         "spec": {
             "maxUnavailable": 0,
-            "selector": {"matchLabels": selector(spec, "worker")},
+            "selector": {"matchLabels": {**selector(spec, "worker"), L_BUSY: "true"}},
             "unhealthyPodEvictionPolicy": "AlwaysAllow",
         },
     }

@@ -45,6 +45,7 @@ class Kind(str, Enum):
     HOST_LOST = "host-lost"  # the worker's Kubernetes node stopped answering (kubelet or node lost)
     NODE_UNAVAILABLE = "node-unavailable"  # Pending for a node the inventory says must not run (cordoned / NotReady)
     WORKER_TAKEN = "worker-taken"  # another actor removes the worker and says why (preempted, evicted)
+    IDLE_WORKER_TAKEN = "idle-worker-taken"  # the same for a worker with no job (a drain, a consolidation)
 
 
 class Op(str, Enum):
@@ -86,6 +87,9 @@ ACTIONS: dict[Kind, tuple[Op, ...]] = {
     # worker's preStop hook has requeued the node's jobs already, DOWN requeues any left. Not a
     # failure of the pool
     Kind.WORKER_TAKEN: (Op.SET_DOWN, Op.POWER_DOWN),
+    # the same with no job on the node (the PodDisruptionBudget lets a drain or a consolidation
+    # evict idle workers): nothing to requeue, so it is suspended at once, never set DOWN
+    Kind.IDLE_WORKER_TAKEN: (Op.POWER_DOWN,),
 }
 
 
@@ -323,6 +327,8 @@ def classify_pair(name: str, node: NodeStatus | None, worker: Worker | None, sna
     if _age(node.booted_at, now) < policy.grace:
         return Finding(name, Kind.OK, "just booted: the worker list may predate it", pool)
     if worker is not None and worker.taken:  # on its way out, and the pod says who took it
+        if name not in snapshot.running and not node.busy:
+            return Finding(name, Kind.IDLE_WORKER_TAKEN, f"idle pod {name} taken away: {worker.taken}", pool)
         job = f" under job {snapshot.running[name][1]}" if name in snapshot.running else ""
         return Finding(name, Kind.WORKER_TAKEN, f"pod {name} taken away{job}: {worker.taken}", pool)
     gone = f"pod {name} is gone" + (f" ({worker.phase})" if worker is not None else "")

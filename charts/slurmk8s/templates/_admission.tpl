@@ -309,7 +309,7 @@ The worker pods' admission policy without the spec's values (templates/admission
       "name": "kueuePool"
     },
     {
-      "expression": "variables.labels.filter(k, !(k == 'slurmk8s.io/node' ? variables.labels[k] == object.metadata.name : (k in variables.tLabels && variables.labels[k] == variables.tLabels[k])) && !(variables.kueuePool && (k == 'kueue.x-k8s.io/pod-group-name' || k == 'kueue.x-k8s.io/managed' && variables.labels[k] == 'true')) && !(k in variables.oldLabels && variables.oldLabels[k] == variables.labels[k]))",
+      "expression": "variables.labels.filter(k, !(k == 'slurmk8s.io/node' ? variables.labels[k] == object.metadata.name : (k in variables.tLabels && variables.labels[k] == variables.tLabels[k])) && !(k == 'slurmk8s.io/busy' && variables.labels[k] == 'true') && !(variables.kueuePool && (k == 'kueue.x-k8s.io/pod-group-name' || k == 'kueue.x-k8s.io/managed' && variables.labels[k] == 'true')) && !(k in variables.oldLabels && variables.oldLabels[k] == variables.labels[k]))",
       "name": "offLabels"
     },
     {
