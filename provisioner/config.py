@@ -336,6 +336,21 @@ class Rest(Model):
 # ---------------------------------------------------------------- elasticity and Slurm
 
 
+# Taints that announce the node's end: Karpenter v1's disruption taint (consolidation, drift,
+# expiry, spot interruption) and its v0 name, AWS Node Termination Handler's (spot interruption,
+# scheduled maintenance, an ASG's termination), GKE's for a Spot VM's preemption, and
+# cluster-autoscaler's scale-down taint.
+INTERRUPTION_TAINTS = (
+    "karpenter.sh/disrupted",
+    "karpenter.sh/disruption",
+    "aws-node-termination-handler/spot-itn",
+    "aws-node-termination-handler/scheduled-maintenance",
+    "aws-node-termination-handler/asg-lifecycle-termination",
+    "cloud.google.com/impending-node-termination",
+    "ToBeDeletedByClusterAutoscaler",
+)
+
+
 class Elasticity(Model):
     suspend_time: Duration = Field(
         default=300, description="Idle time after which Slurm suspends a node (its pod is deleted)."
@@ -361,6 +376,25 @@ class Elasticity(Model):
         "submitted to a controller that just started or woke), and a no-op Epilog so that a job's end frees its nodes "
         "for the next job at once, not on slurmctld's next whole second; false keeps Slurm's defaults.",
     )
+    interruption_taints: list[str] = Field(
+        default_factory=lambda: list(INTERRUPTION_TAINTS),
+        description="Taint keys that announce a Kubernetes node is about to go (spot reclaim, "
+        "consolidation, maintenance). At the next reconcile pass the Slurm node of a worker on such a node "
+        "is set DOWN with a reason naming the notice: its jobs get SIGTERM and KillWait and are requeued "
+        "at once, and start again elsewhere; an idle worker's node is powered down. A pinned pool's node "
+        "with such a taint stays in Slurm, drained. [] (and no interruption_conditions) turns this off, "
+        "and with no pinned pool the slurmctld account then needs no read access to the nodes.",
+    )
+    interruption_conditions: list[str] = Field(
+        default_factory=list,
+        description="Node condition types whose status True announces the same (e.g. a node problem "
+        "detector's scheduled-event condition); none by default.",
+    )
+
+    @property
+    def follows_notices(self) -> bool:
+        """The reconcile loop reads the nodes' interruption notices (so it may list the nodes)."""
+        return bool(self.interruption_taints or self.interruption_conditions)
 
     @model_validator(mode="after")
     def _bounds(self) -> "Elasticity":

@@ -243,10 +243,13 @@ def _pinned(spec: ClusterSpec, index: int, pool: Pool, members: list[K8sNode]) -
     for k8s in sorted(members, key=lambda n: n.name):
         untolerated = [t for t in k8s.taints if t.get("effect") in ("NoSchedule", "NoExecute")
                        and not _tolerated(t, pool.tolerations)]
-        # Kubernetes' own taints (cordon, not-ready, unreachable, memory-pressure, ...) say the node
-        # is unavailable for now: its Slurm node keeps its place and is drained; any other taint
+        # Kubernetes' own taints (cordon, not-ready, unreachable, memory-pressure, ...) and the
+        # interruption notices (spec.elasticity.interruption_taints: the node is about to go) say the
+        # node is unavailable for now: its Slurm node keeps its place and is drained; any other taint
         # the pool does not tolerate keeps the node out of the pool
-        transient = [t for t in untolerated if str(t.get("key", "")).startswith(KUBERNETES_TAINTS)]
+        notices = spec.elasticity.interruption_taints
+        transient = [t for t in untolerated if str(t.get("key", "")).startswith(KUBERNETES_TAINTS)
+                     or t.get("key") in notices]
         blocking = [t for t in untolerated if t not in transient]
         if blocking:
             t = blocking[0]
@@ -280,7 +283,8 @@ def _pinned(spec: ClusterSpec, index: int, pool: Pool, members: list[K8sNode]) -
             unavailable = f"kubernetes node {k8s.name} is NotReady"
         elif transient:
             t = transient[0]
-            unavailable = f"kubernetes node {k8s.name} has taint {t.get('key')}:{t.get('effect')}"
+            what = "interruption notice" if t.get("key") in notices else "taint"
+            unavailable = f"kubernetes node {k8s.name} has {what} {t.get('key')}:{t.get('effect')}"
         nodes.append(SlurmNode(
             name=pool.node_prefix + sanitize_name(base),
             pool=pool.name,

@@ -223,10 +223,12 @@ def _expected_differences(spec, chart: dict[str, dict], pulumi: dict[str, dict],
     psts = pulumi[f"StatefulSet {ns}/slurmctld"]["spec"]["template"]
     assert sts["metadata"]["annotations"].pop(m.A_SPEC_HASH) and psts["metadata"]["annotations"].pop(m.A_SPEC_HASH)
     #    read access to the nodes for that render and the reconcile loop (cluster-scoped), only when
-    #    a pool is pinned: compared with the Pulumi program's below, like every other object.
+    #    a pool is pinned or the loop follows interruption notices: compared with the Pulumi
+    #    program's below, like every other object.
     nodes_rbac = [k for k in chart if k.startswith(("ClusterRole ", "ClusterRoleBinding "))]
     name = f"slurmk8s-{ns}-read-nodes"
-    assert sorted(nodes_rbac) == ([f"ClusterRole -/{name}", f"ClusterRoleBinding -/{name}"] if m.pinned(spec) else [])
+    assert sorted(nodes_rbac) == ([f"ClusterRole -/{name}", f"ClusterRoleBinding -/{name}"] if m.reads_nodes(spec)
+                                  else [])
 
     #    worker pods are not Helm's: a pre-delete hook deletes those left, as `down` does after destroy.
     hook = chart.pop(f"Job {ns}/slurmk8s-delete-workers")
@@ -333,6 +335,20 @@ def test_a_builder_change_the_chart_does_not_follow_fails_naming_object_and_fiel
     assert any(p.startswith("StatefulSet slurm-local/slurmctld: spec.template.spec.containers[0].env: 7 items in "
                             "the chart, 8 in pulumi") for p in problems), problems
     assert "Service slurm-local/login: spec.ports[0].name: chart \"ssh\", pulumi \"sshd\"" in problems, problems
+
+
+@pytest.mark.chart
+def test_the_chart_reads_no_node_with_no_pinned_pool_and_interruption_notices_off(tmp_path):
+    """The minimal spec (a slots pool) follows the default interruption taints, so its loop may list
+    the nodes; with both lists empty the chart, like the Pulumi program, grants nothing cluster-wide."""
+    spec_path = tmp_path / "quiet.yaml"
+    doc = yaml.safe_load((ROOT / "tests/chart/minimal.yaml").read_text())
+    doc["elasticity"] = {**(doc.get("elasticity") or {}), "interruption_taints": [], "interruption_conditions": []}
+    spec_path.write_text(yaml.safe_dump(doc))
+    spec = load_spec(spec_path)
+    assert not m.reads_nodes(spec) and m.reads_nodes(load_spec(ROOT / "tests/chart/minimal.yaml"))
+    chart = helm_objects(spec_path, spec.namespace_name, {"clusterDomain": "cluster.local", "hostNetworkSources": []})
+    assert not [k for k in chart if k.startswith(("ClusterRole ", "ClusterRoleBinding "))]
 
 
 def test_values_schema_is_the_spec_schema():

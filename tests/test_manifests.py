@@ -136,7 +136,10 @@ def test_rbac_is_pods_only_in_the_own_namespace_and_reading_nodes(fabric, secret
     assert cluster[0]["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list"]}]
     assert cluster[1]["subjects"] == [{"kind": "ServiceAccount", "name": "slurmctld", "namespace": "slurm-fab"}]
     slots_only = spec.model_copy(update={"pools": [p for p in spec.pools if p.mode == "slots"]})
-    assert not m.read_nodes_objects(slots_only)
+    # slots pools alone: the loop still lists the nodes for their interruption notices, unless off
+    assert m.read_nodes_objects(slots_only)
+    quiet = slots_only.elasticity.model_copy(update={"interruption_taints": [], "interruption_conditions": []})
+    assert not m.read_nodes_objects(slots_only.model_copy(update={"elasticity": quiet}))
     roles = [o for o in objs if o["kind"] == "Role"]
     assert len(roles) == 1
     assert roles[0]["metadata"]["namespace"] == "slurm-fab"

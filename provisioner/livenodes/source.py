@@ -28,11 +28,14 @@ def read_domain(env: Mapping[str, str]) -> tuple[str, str]:
         return domain, f"cannot read {path} ({err}): assuming cluster domain {domain}"
 
 
-def read_nodes(env: Mapping[str, str]) -> list[dict[str, Any]]:
+def read_nodes(env: Mapping[str, str], cached: bool = False) -> list[dict[str, Any]]:
     """The Node objects as the API returns them (in-cluster credentials, else KUBECONFIG), by the
     raw seam: slurmctld's start (and so a wake) reads them, and the generated CoreV1Api's import
-    alone costs 0.6 s there. Raises ApiError (or KubeConfigError) when they cannot be read."""
+    alone costs 0.6 s there. `cached`: from the API server's watch cache (``resourceVersion=0``: no
+    etcd read, for a caller that lists every pass). Raises ApiError (or KubeConfigError) when they
+    cannot be read."""
     from ..kubeapi import RawClient, api_client, quick_client
 
     client = quick_client(env=env) or api_client(env=env)
-    return RawClient(client, timeout=(5.0, 60.0)).request("GET", "/api/v1/nodes").get("items") or []
+    query = {"resourceVersion": "0"} if cached else None
+    return RawClient(client, timeout=(5.0, 60.0)).request("GET", "/api/v1/nodes", query).get("items") or []

@@ -41,7 +41,7 @@ from .network import network_policies
 from .rest import (jwt_objects, jwt_secret, rest_conf, rest_config_map, rest_deployment, rest_objects, rest_openapi_plugins,
                    rest_service)
 from .rbac import (control_tier_role, control_tier_role_binding, control_tier_workloads, controller_service_account,
-                   login_agent_role, login_agent_role_binding, login_agent_service_account, pinned,
+                   login_agent_role, login_agent_role_binding, login_agent_service_account, pinned, reads_nodes,
                    read_nodes_cluster_role, read_nodes_cluster_role_binding, read_nodes_objects, rest_front_role,
                    rest_front_role_binding, rest_front_service_account, tier_state_config_map, worker_role,
                    worker_role_binding)
@@ -68,7 +68,7 @@ __all__ = [
     "control_tier_workloads", "controller_address", "controller_user", "controller_service", "controller_service_account",
     "controller_state_pvc", "controller_statefulset", "db_check_pod", "db_endpoint", "dns_searches", "home_pvc",
     "kept_claims", "login_agent_role", "login_agent_role_binding", "login_agent_service_account", "login_deployment",
-    "pinned", "pod_files", "read_nodes_cluster_role", "read_nodes_cluster_role_binding", "read_nodes_objects",
+    "pinned", "pod_files", "reads_nodes", "read_nodes_cluster_role", "read_nodes_cluster_role_binding", "read_nodes_objects",
     "rest_front_role", "rest_front_role_binding", "rest_front_service_account", "tier_state_config_map",
     "login_service", "login_sleeps", "namespace", "network_policies", "policy_name", "service_fqdn", "sleeps", "slurm_config_map",
     "slurmdbd_conf", "slurmdbd_host", "spec_config_map", "ssh_host_keys_secret", "task_prolog_env", "users_config_map",

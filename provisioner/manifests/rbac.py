@@ -55,7 +55,7 @@ def worker_role_binding(spec: ClusterSpec) -> dict[str, Any]:
     }
 
 
-# ---------------------------------------------------------------- read access to the nodes (pinned pools)
+# ---------------------------------------------------------------- read access to the nodes (pinned pools, notices)
 
 
 def pinned(spec: ClusterSpec) -> bool:
@@ -70,7 +70,7 @@ def read_nodes_name(spec: ClusterSpec) -> str:
 def read_nodes_cluster_role(spec: ClusterSpec) -> dict[str, Any]:
     """get / list of the Kubernetes nodes (cluster-scoped, named per namespace): the slurmctld pod
     renders pinned pools from the nodes at start (the slurmctld container, before slurmctld) and the
-    reconcile loop follows them."""
+    reconcile loop follows them and their interruption notices."""
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
         "metadata": {"name": read_nodes_name(spec), "labels": base_labels(spec, CONTROLLER)},
@@ -88,7 +88,12 @@ def read_nodes_cluster_role_binding(spec: ClusterSpec) -> dict[str, Any]:
 
 
 def read_nodes_objects(spec: ClusterSpec) -> list[dict[str, Any]]:
-    return [read_nodes_cluster_role(spec), read_nodes_cluster_role_binding(spec)] if pinned(spec) else []
+    return [read_nodes_cluster_role(spec), read_nodes_cluster_role_binding(spec)] if reads_nodes(spec) else []
+
+
+def reads_nodes(spec: ClusterSpec) -> bool:
+    """slurmctld's pod reads the nodes: to render a pinned pool, or for interruption notices."""
+    return pinned(spec) or spec.elasticity.follows_notices
 
 
 # ---------------------------------------------------------------- RBAC for the idle teardown

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Mapping
 
 from ..elastic.backend import BackendError, NodeBackend, WorkerReplaced
 from ..elastic.ledger import FailureLedger, LedgerError, Policy
@@ -89,14 +89,15 @@ def _do(op: Op, finding: Finding, slurm: SlurmClient, backend: NodeBackend, ledg
 def run_once(slurm: SlurmClient, backend: NodeBackend, inventory: "Inventory", ledger: FailureLedger, now: float,
              log: "Log", policy: Policy = Policy(), scontrol: str = "scontrol",
              restart_watch: dict[str, RestartWatch] | None = None,
-             lost_watch: dict[str, tuple[str, float]] | None = None) -> Report:
+             lost_watch: dict[str, tuple[str, float]] | None = None,
+             interrupted: Mapping[str, str] | None = None) -> Report:
     """Fetch, classify, act, log. Never raises for a failing backend, Slurm or ledger: the
     errors are in the report and the log, and the next pass tries again.
 
     `restart_watch`: the loop's memory of each worker's restart count across passes (see
     :func:`~provisioner.reconcile.classify.restarted_under_job`); updated in place. `lost_watch`: since
     when each worker's host has not answered (:func:`~provisioner.reconcile.classify.watch_lost`);
-    updated in place.
+    updated in place. `interrupted`: the Kubernetes nodes with an interruption notice (notices.py).
     A pass that cannot read the queue leaves it as it was."""
     report = Report()
     try:
@@ -139,7 +140,7 @@ def run_once(slurm: SlurmClient, backend: NodeBackend, inventory: "Inventory", l
     if lost_watch is not None:
         lost_watch.clear()
         lost_watch.update(lost)
-    snapshot = Snapshot(nodes, workers, inventory, history, running, watched, lost)
+    snapshot = Snapshot(nodes, workers, inventory, history, running, watched, lost, dict(interrupted or {}))
     report.snapshot = snapshot
     report.findings = classify(snapshot, now, policy)
     todo = report.acted

@@ -46,6 +46,8 @@ class Kind(str, Enum):
     NODE_UNAVAILABLE = "node-unavailable"  # Pending for a node the inventory says must not run (cordoned / NotReady)
     WORKER_TAKEN = "worker-taken"  # another actor removes the worker and says why (preempted, evicted)
     IDLE_WORKER_TAKEN = "idle-worker-taken"  # the same for a worker with no job (a drain, a consolidation)
+    HOST_INTERRUPTED = "host-interrupted"  # the worker's Kubernetes node has an interruption notice
+    IDLE_HOST_INTERRUPTED = "idle-host-interrupted"  # the same, no job on the node
 
 
 class Op(str, Enum):
@@ -90,6 +92,13 @@ ACTIONS: dict[Kind, tuple[Op, ...]] = {
     # the same with no job on the node (the PodDisruptionBudget lets a drain or a consolidation
     # evict idle workers): nothing to requeue, so it is suspended at once, never set DOWN
     Kind.IDLE_WORKER_TAKEN: (Op.POWER_DOWN,),
+    # the worker's host announced its end (a spot reclaim, a consolidation: notices.py): DOWN
+    # requeues the node's jobs now, with SIGTERM and KillWait while the host still runs them, rather
+    # than NODE_FAIL once it is gone; the suspend then deletes the pod, and the next resume places
+    # the node's pod on another host. Not a failure of the pool
+    Kind.HOST_INTERRUPTED: (Op.SET_DOWN, Op.POWER_DOWN),
+    # the same with no job: suspended at once, so that no job starts there meanwhile
+    Kind.IDLE_HOST_INTERRUPTED: (Op.POWER_DOWN,),
 }
 
 
@@ -131,6 +140,8 @@ class Snapshot:
     watched: Mapping[str, RestartWatch] = field(default_factory=dict)
     # node -> (worker uid, when the loop first saw that worker's host not answering): :func:`watch_lost`
     lost: Mapping[str, tuple[str, float]] = field(default_factory=dict)
+    # Kubernetes node -> its interruption notice (notices.py), for the hosts that have one
+    interrupted: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,6 +267,13 @@ def classify_pair(name: str, node: NodeStatus | None, worker: Worker | None, sna
         return Finding(name, Kind.HOST_LOST, f"Kubernetes node {worker.host or '?'} stopped answering "
                                              f"(pod {name} marked not ready by the node controller "
                                              f"{lost_for:.0f}s ago)", pool)
+    if (worker is not None and worker.phase == "Running" and worker.host in snapshot.interrupted and node is not None
+            and not (node.down or node.powering or node.powered_down)):
+        notice = snapshot.interrupted[worker.host]
+        if name in snapshot.running or node.busy:
+            job = f" job {snapshot.running[name][1]} requeued:" if name in snapshot.running else ""
+            return Finding(name, Kind.HOST_INTERRUPTED, f"{notice}:{job} pod {name} goes with it", pool)
+        return Finding(name, Kind.IDLE_HOST_INTERRUPTED, f"{notice}: idle pod {name} goes with it", pool)
     if worker is not None and worker.phase != "Terminating":
         age = _age(worker.created_at, now)
         if name not in inv or node is None:

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from ..inventory import Inventory
     from ..livenodes.cache import ConfigCache
     from ..livenodes.live import LiveNodes
+    from .notices import NoticeReader
     from ..logs import Log
 
 
@@ -67,6 +68,25 @@ def _live_nodes(env: Mapping[str, str], inventory_path: str, slurm: SlurmCli, lo
     return LiveNodes(spec, os.path.dirname(inventory_path), lambda: read_nodes(env), slurm, log,
                      cluster_domain=domain, scontrol=slurm.scontrol, programs_running=programs_running,
                      hold=Hold.of(env))
+
+
+def _notices(env: Mapping[str, str], log: "Log") -> "NoticeReader | None":
+    """The reader of the Kubernetes nodes' interruption notices (None when the spec lists none, or
+    cannot be read: _live_nodes says so)."""
+    from ..errors import SlurmK8sError
+    from ..livenodes.source import read_nodes, read_spec
+    from .notices import NoticeReader
+
+    try:
+        spec = read_spec(env)
+    except (OSError, ValueError, SlurmK8sError):
+        return None
+    if not spec.elasticity.follows_notices:
+        return None
+    log.write("following the Kubernetes nodes' interruption notices (taints: "
+              f"{', '.join(spec.elasticity.interruption_taints) or 'none'}; conditions: "
+              f"{', '.join(spec.elasticity.interruption_conditions) or 'none'})")
+    return NoticeReader(spec, lambda: read_nodes(env, cached=True), log.write)
 
 
 def _drop_config(cache: "ConfigCache", log: "Log") -> None:
@@ -199,6 +219,7 @@ class Loop:
         self.lost_watch: dict[str, tuple[str, float]] = {}  # see classify.watch_lost
         self.idle: Any = None
         self.live: "LiveNodes | None" = None
+        self.notices: "NoticeReader | None" = None
         self.cache: "ConfigCache | None" = None
         self.cache_error = ""
 
@@ -237,8 +258,9 @@ class Loop:
                 errors.append(f"backend unavailable: {err.reason}")
         self._restore_usage(now)
         if inventory is not None and self.backend is not None:
+            interrupted = self.notices.read() if self.notices is not None else {}
             report = run_once(self.slurm, self.backend, inventory, self.ledger, now, log, self.policy,
-                              self.slurm.scontrol, self.restart_watch, self.lost_watch)
+                              self.slurm.scontrol, self.restart_watch, self.lost_watch, interrupted)
         if report.snapshot is not None and report.jobs is not None and self.backend is not None:
             report.errors += kueuewait.explain(self.slurm, self.backend, report.snapshot, report.jobs, log,
                                                self.slurm.scontrol)
@@ -341,6 +363,7 @@ def start(args: argparse.Namespace) -> Loop | None:
     server = loop.programs_server
     loop.live = _live_nodes(env, loop.inventory_path, loop.slurm, log,
                             server.running if server is not None else lambda: 0)
+    loop.notices = _notices(env, log)
     loop.cache = cache_from_env(env, os.path.dirname(loop.inventory_path))
     if loop.live is not None:  # a pinned pool: every start renders from the Kubernetes nodes as they are then
         _drop_config(loop.cache, log)

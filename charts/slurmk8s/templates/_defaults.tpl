@@ -41,6 +41,16 @@ chart's own settings (`chart`). Use: {{- $d := include "slurmk8s.defaults" . | f
     "elasticity": {
       "fast_start": true,
       "idle_teardown": null,
+      "interruption_conditions": [],
+      "interruption_taints": [
+        "karpenter.sh/disrupted",
+        "karpenter.sh/disruption",
+        "aws-node-termination-handler/spot-itn",
+        "aws-node-termination-handler/scheduled-maintenance",
+        "aws-node-termination-handler/asg-lifecycle-termination",
+        "cloud.google.com/impending-node-termination",
+        "ToBeDeletedByClusterAutoscaler"
+      ],
       "resume_timeout": 300,
       "suspend_time": 300,
       "suspend_timeout": 15
@@ -121,6 +131,16 @@ chart's own settings (`chart`). Use: {{- $d := include "slurmk8s.defaults" . | f
   "Elasticity": {
     "fast_start": true,
     "idle_teardown": null,
+    "interruption_conditions": [],
+    "interruption_taints": [
+      "karpenter.sh/disrupted",
+      "karpenter.sh/disruption",
+      "aws-node-termination-handler/spot-itn",
+      "aws-node-termination-handler/scheduled-maintenance",
+      "aws-node-termination-handler/asg-lifecycle-termination",
+      "cloud.google.com/impending-node-termination",
+      "ToBeDeletedByClusterAutoscaler"
+    ],
     "resume_timeout": 300,
     "suspend_time": 300,
     "suspend_timeout": 15
