@@ -423,6 +423,73 @@ def test_a_drain_evicts_idle_workers_at_once_and_waits_for_a_busy_workers_job(to
     assert not _pool_failures()
 
 
+# ---------------------------------------------------------------- interruption notices (issue 42 item 3)
+
+NOTICE = "karpenter.sh/disrupted"  # one of elasticity.interruption_taints' defaults
+NOTICE_JOB = """#!/bin/bash
+#SBATCH -p roam -N1 --requeue -o notice-%j.out
+# first run: held until its host gets an interruption notice; the requeued run ends at once
+trap 'echo "SIGTERM on $(hostname)" > ~/notice-term-$SLURM_JOB_ID; exit 143' TERM
+if [ "${SLURM_RESTART_COUNT:-0}" = 0 ]; then sleep 3601 & wait; fi
+echo "ran on $(hostname) restart ${SLURM_RESTART_COUNT:-0}"
+"""
+
+
+def test_an_interruption_notice_requeues_the_job_at_once_and_it_runs_again_on_another_host(topo: Login, topo_nodes):
+    """Karpenter's disruption taint on the Kubernetes node under a running job (as on a spot reclaim):
+    within one reconcile pass the Slurm node goes DOWN with a reason naming the notice while the host
+    still runs, the job gets SIGTERM and is requeued (not NODE_FAIL after the loss), and it runs
+    again on another host (the taint keeps the pod off it). The pinned pool's node on that host is
+    drained meanwhile, and back in service once the taint is gone."""
+    job = submit(topo, NOTICE_JOB)
+
+    def running_on() -> tuple[str, str] | None:
+        doc = _job(topo, job)
+        if "RUNNING" in doc["job_state"] and "CONFIGURING" not in doc["job_state"] and doc.get("nodes"):
+            pod = _worker(doc["nodes"])
+            return (doc["nodes"], pod["spec"]["nodeName"]) if pod and pod["spec"].get("nodeName") else None
+        return None
+
+    slurm_node, host = wait_for(f"job {job} to run", running_on, 240, interval=1, show=lambda _: job_story(topo, job))
+    pinned = _slurm(host)
+    kubectl("taint", "node", host, f"{NOTICE}=:NoSchedule")
+    t0 = time.monotonic()
+    try:
+        seen: dict[str, float] = {}
+
+        def requeued() -> bool:
+            node = _node(topo, slurm_node) or {}
+            if "host-interrupted" in node.get("reason", "") and NOTICE in node.get("reason", ""):
+                seen.setdefault("down", time.monotonic() - t0)
+            doc = _job(topo, job)
+            if (doc.get("restart_cnt") or 0) >= 1:
+                seen.setdefault("requeued", time.monotonic() - t0)
+            return "down" in seen and "requeued" in seen
+        wait_for(f"Slurm node {slurm_node} DOWN naming the notice and job {job} requeued", requeued, 60,
+                 interval=0.5, show=lambda _: job_story(topo, job))
+        print(f"notice: taint -> Slurm node DOWN {seen['down']:.1f}s, job requeued {seen['requeued']:.1f}s "
+              f"(goal <= 5 s)")
+        assert seen["requeued"] <= 15, f"the job was requeued {seen['requeued']:.1f}s after the notice"
+        assert "interruption notice" in ((_node(topo, pinned) or {}).get("reason") or ""), \
+            f"the pinned node {pinned} on the host is not drained for the notice: {_node(topo, pinned)}"
+        again = wait_for(f"job {job} running again", running_on, 240, interval=0.5,
+                         show=lambda _: job_story(topo, job))
+        print(f"notice: taint -> job RUNNING again on {again[1]} {time.monotonic() - t0:.1f}s "
+              f"(Slurm holds a requeued job cred_expire, here 30 s)")
+        assert again[1] != host, f"the job ran again on the host with the notice {host}"
+        final = wait_job(topo, job, 120)
+        out = topo.run(f"cat ~/notice-{job}.out", check=False).stdout
+        assert final["job_state"] == ["COMPLETED"] and "restart 1" in out, (final["job_state"], out)
+        term = topo.run(f"cat ~/notice-term-{job}", check=False).stdout
+        assert term.startswith("SIGTERM on"), f"the job got no SIGTERM before its requeue: {term!r}"
+        assert not _pool_failures("roam"), _pool_failures("roam")
+    finally:
+        kubectl("taint", "node", host, f"{NOTICE}:NoSchedule-", check=False)
+    for name in (slurm_node, pinned):
+        wait_for(f"Slurm node {name} back in service", lambda name=name: not (
+            {"DOWN", "DRAIN", "FAIL"} & set((_node(topo, name) or {"state": ["DOWN"]})["state"])), 120, interval=1)
+
+
 def _milli(quantity: str) -> int:
     return int(quantity[:-1]) if quantity.endswith("m") else int(float(quantity) * 1000)
 

@@ -858,6 +858,18 @@ class Pool(Model):
     kueue: PoolKueue | None = Field(
         default=None, description="Submit the worker pods to a Kueue LocalQueue (quota, all-or-nothing per "
         "job, preemption); default: the pods are created outside any queue. docs/kueue.md.")
+    priority_class: str | None = Field(
+        default=None, description="A Kubernetes PriorityClass for the worker pods (priorityClassName): their "
+        "rank against other tenants' pods when the scheduler preempts and when a kubelet evicts under "
+        "pressure. Default: the cluster's default priority (0 unless a PriorityClass is globalDefault). Not "
+        "Kueue's WorkloadPriorityClass (kueue.priority_class).")
+
+    @field_validator("priority_class")
+    @classmethod
+    def _priority_class(cls, v: str | None) -> str | None:
+        if v is not None and (not K8S_NAME.match(v) or len(v) > 253):
+            raise ValueError(f"{v!r} is not a PriorityClass name; use lowercase letters, digits, '-' and '.'")
+        return v
 
     @field_validator("name")
     @classmethod

@@ -394,3 +394,27 @@ def test_preflight_refuses_a_cluster_without_validating_admission_policies(fabri
     text = str(err.value)
     assert "admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy" in text
     assert "Kubernetes 1.30 or later" in text and "nothing was applied" in text
+
+
+def test_a_pool_priority_class_is_the_only_one_its_pods_may_name_and_the_busy_label_is_true_or_absent():
+    """pools[].priority_class: the Priority plugin then writes the class's priority and preemption
+    policy into the pod, which the policy admits; another class (or none) is refused, and so is any
+    priority in a pool without a class. The loop's busy label (the PodDisruptionBudget's) may only be
+    "true"."""
+    spec, nodes = CASES["chart-full"]()
+    gen = run_pipeline(spec, nodes_from_api(nodes))
+    policy, user = m.worker_pod_policy(spec), m.controller_user(spec)
+    pod = as_admitted(m.worker_pod(spec, next(n for n in gen.inventory.nodes if n.pool == "fab")))
+    assert pod["spec"]["priorityClassName"] == "hpc-high"
+    pod["spec"].update(priority=100000, preemptionPolicy="Never")  # the class's, written by the plugin
+    assert admit(policy, pod, user) == []
+    assert admit(policy, {**pod, "spec": {**pod["spec"], "priorityClassName": "system-node-critical"}}, user)
+    bare = as_admitted(m.worker_pod(spec, next(n for n in gen.inventory.nodes if n.pool == "burst")))
+    assert admit(policy, bare, user) == []
+    assert admit(policy, {**bare, "spec": {**bare["spec"], "priority": 100000}}, user)
+    assert admit(policy, {**bare, "spec": {**bare["spec"], "priorityClassName": "hpc-high"}}, user)
+    busy = copy.deepcopy(bare)
+    busy["metadata"]["labels"][m.L_BUSY] = "true"
+    assert admit(policy, busy, user) == []
+    busy["metadata"]["labels"][m.L_BUSY] = "false"
+    assert admit(policy, busy, user)

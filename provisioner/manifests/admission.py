@@ -48,7 +48,7 @@ PREFIX = "slurmk8s: the controller may only create worker pods from the pool tem
 # The pod-level fields a template may set that the policy has nothing to say about (scheduling,
 # DNS, lifecycle) and those it checks below; any other field in a template stops allowed().
 _POD_FIELDS_FREE = {"subdomain", "restartPolicy", "terminationGracePeriodSeconds", "enableServiceLinks", "dnsPolicy",
-                    "dnsConfig", "affinity", "nodeSelector", "tolerations"}
+                    "dnsConfig", "affinity", "nodeSelector", "tolerations", "priorityClassName"}
 _POD_FIELDS_CHECKED = {"containers", "volumes", "securityContext", "automountServiceAccountToken", "hostNetwork",
                        "serviceAccountName"}
 _VOLUME_SOURCES = {"secret": ("secrets", "secretName"), "configMap": ("configMaps", "name"),
@@ -320,9 +320,12 @@ TEMPLATE_VARIABLES: list[dict[str, str]] = [
     # an update may keep a field as it was: Kueue, admitting a pod, writes the flavor's
     # nodeSelector and tolerations into it, and the resume's adoption mark comes after
     _var("oldSpec", "request.operation == 'UPDATE' ? dyn(oldObject.spec) : dyn({})"),
+    # a pool with a PriorityClass: the Priority plugin writes the class's priority and preemption
+    # policy (the class is the template's: a pod naming another is refused for that field)
     _var("offFields", "object.spec.filter(k, !" + _field_ok("object.spec", "variables.tSpec", "k", POD_PER_NODE,
                                                             "variables.podDefaults")
-         + " && !(k in variables.oldSpec && object.spec[k] == variables.oldSpec[k]))"),
+         + " && !(k in variables.oldSpec && object.spec[k] == variables.oldSpec[k])"
+         + " && !(has(variables.tSpec.priorityClassName) && k in ['priority', 'preemptionPolicy']))"),
     # the one field the refusal names, the same on every try (a map's order is random in the API
     # server): the least by name of those the creator set, before those the API server fills in
     # from them (the Priority plugin's priority, from priorityClassName)

@@ -142,6 +142,8 @@ def worker_pod_template(spec: ClusterSpec, pool: Pool, site: K8sSite = K8sSite()
         pod_spec["nodeSelector"] = dict(sorted(pool.node_selector.items()))
     if pool.tolerations:
         pod_spec["tolerations"] = [dict(t) for t in pool.tolerations]
+    if pool.priority_class:
+        pod_spec["priorityClassName"] = pool.priority_class
     metadata: dict[str, Any] = {
         "namespace": spec.namespace_name,
         "labels": {**base_labels(spec, "worker"), L_POOL: pool.name, L_SUBDOMAIN: WORKERS,

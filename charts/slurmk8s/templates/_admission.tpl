@@ -325,7 +325,7 @@ The worker pods' admission policy without the spec's values (templates/admission
       "name": "oldSpec"
     },
     {
-      "expression": "object.spec.filter(k, !(k in ['affinity', 'containers', 'hostname', 'nodeName', 'schedulingGates', 'tolerations', 'volumes'] || (k in variables.tSpec ? object.spec[k] == variables.tSpec[k] : (k in variables.podDefaults && object.spec[k] == variables.podDefaults[k]))) && !(k in variables.oldSpec && object.spec[k] == variables.oldSpec[k]))",
+      "expression": "object.spec.filter(k, !(k in ['affinity', 'containers', 'hostname', 'nodeName', 'schedulingGates', 'tolerations', 'volumes'] || (k in variables.tSpec ? object.spec[k] == variables.tSpec[k] : (k in variables.podDefaults && object.spec[k] == variables.podDefaults[k]))) && !(k in variables.oldSpec && object.spec[k] == variables.oldSpec[k]) && !(has(variables.tSpec.priorityClassName) && k in ['priority', 'preemptionPolicy']))",
       "name": "offFields"
     },
     {

@@ -216,6 +216,7 @@ chart's own settings (`chart`). Use: {{- $d := include "slurmk8s.defaults" . | f
     "partition": null,
     "pod_cpu_request": null,
     "pod_memory_request": null,
+    "priority_class": null,
     "reserve_cpu": "500m",
     "reserve_memory": "1Gi",
     "shm_size": null,

@@ -78,7 +78,7 @@ container's render at start, with the same Python code as `slurmk8s up`.
 {{- if and $p.containers (or (eq (kindOf $p.containers) "bool") $p.containers.enabled) }}{{ fail (printf "pools[%s].containers: container jobs are not supported by the Helm chart yet; deploy this spec with `slurmk8s up` (docs/containers.md)" $p.name) }}{{ end -}}
 {{- $network := dict "host_network" ($net.host_network | default $d.Network.host_network) "multus_networks" ($net.multus_networks | default $d.Network.multus_networks) "nccl_env" ($net.nccl_env | default $d.Network.nccl_env) "memlock_unlimited" (ternary $net.memlock_unlimited $d.Network.memlock_unlimited (hasKey $net "memlock_unlimited")) -}}
 {{- /* Pool.image: unset takes images.worker */ -}}
-{{- $pools = append $pools (dict "name" $p.name "mode" ($p.mode | default $d.Pool.mode) "image" ($p.image | default $images.worker) "node_selector" ($p.node_selector | default $d.Pool.node_selector) "tolerations" ($p.tolerations | default $d.Pool.tolerations) "network" $network "kueue" ($p.kueue | default dict)) -}}
+{{- $pools = append $pools (dict "name" $p.name "mode" ($p.mode | default $d.Pool.mode) "image" ($p.image | default $images.worker) "node_selector" ($p.node_selector | default $d.Pool.node_selector) "tolerations" ($p.tolerations | default $d.Pool.tolerations) "network" $network "kueue" ($p.kueue | default dict) "priority_class" $p.priority_class) -}}
 {{- end -}}
 {{- $site := dict "cluster_domain" ($c.clusterDomain | default $d.chart.clusterDomain) "host_network_sources" ($c.hostNetworkSources | default $d.chart.hostNetworkSources) -}}
 {{- $chart := dict "createSecrets" (ternary $c.createSecrets $d.chart.createSecrets (hasKey $c "createSecrets")) -}}
@@ -236,6 +236,7 @@ app.kubernetes.io/managed-by: {{ .Release.Service | quote }}
 {{- if $net.host_network }}{{ $_ := set $spec "hostNetwork" true }}{{ end -}}
 {{- if $p.node_selector }}{{ $_ := set $spec "nodeSelector" $p.node_selector }}{{ end -}}
 {{- if $p.tolerations }}{{ $_ := set $spec "tolerations" $p.tolerations }}{{ end -}}
+{{- if $p.priority_class }}{{ $_ := set $spec "priorityClassName" $p.priority_class }}{{ end -}}
 {{- $labels := dict "app.kubernetes.io/name" "slurmk8s" "app.kubernetes.io/instance" $s.name "app.kubernetes.io/part-of" "slurmk8s" "app.kubernetes.io/component" "worker" "slurmk8s.io/cluster" $s.name "slurmk8s.io/pool" $p.name "slurmk8s.io/subdomain" "workers" "app.kubernetes.io/managed-by" "slurmk8s" -}}
 {{- $meta := dict "namespace" $s.namespace "labels" $labels -}}
 {{- if $net.multus_networks }}{{ $_ := set $meta "annotations" (dict "k8s.v1.cni.cncf.io/networks" (join "," $net.multus_networks)) }}{{ end -}}
