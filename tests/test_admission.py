@@ -418,3 +418,15 @@ def test_a_pool_priority_class_is_the_only_one_its_pods_may_name_and_the_busy_la
     assert admit(policy, busy, user) == []
     busy["metadata"]["labels"][m.L_BUSY] = "false"
     assert admit(policy, busy, user)
+
+
+def test_up_refuses_a_pool_priority_class_that_does_not_exist():
+    from provisioner.deploy import preflight as pf
+
+    spec = parse_spec({"name": "t", "pools": [{"name": "cpu"}, {"name": "gpu", "priority_class": "hpc-high"}]})
+    (issue,) = pf.priority_issues(spec, pf.ClusterFacts(pod_priority_classes=frozenset({"system-node-critical"})))
+    assert issue.field == "pools[1].priority_class"
+    assert issue.message == "PriorityClass 'hpc-high' not found (PriorityClasses: system-node-critical)"
+    with pytest.raises(pf.PreflightError, match="nothing was applied"):
+        pf.check(spec, pf.ClusterFacts())
+    assert pf.priority_issues(spec, pf.ClusterFacts(pod_priority_classes=frozenset({"hpc-high"}))) == []

@@ -54,6 +54,8 @@ class ClusterFacts:
     local_queues: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     cluster_queues: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     priority_classes: frozenset[str] = frozenset()
+    # Kubernetes PriorityClasses by name (read only when a pool names one: pools[].priority_class)
+    pod_priority_classes: frozenset[str] = frozenset()
 
 
 def volumes_of(spec: ClusterSpec) -> list[tuple[str, str, Volume]]:
@@ -305,6 +307,9 @@ def read_cluster(spec: ClusterSpec, api_client: Any) -> ClusterFacts:
     facts = ClusterFacts(classes, claims, volumes, exists, secrets, admission_policies=policies)
     if any(p.kueue is not None for p in spec.pools):
         facts = _with_kueue(facts, api_client, ns)
+    if any(p.priority_class for p in spec.pools):
+        found = client.SchedulingV1Api(api_client).list_priority_class(_preload_content=False)
+        facts = replace(facts, pod_priority_classes=frozenset(_name(o) for o in items(found)))
     return facts
 
 
@@ -345,9 +350,18 @@ def admission_issues(facts: ClusterFacts) -> list[Issue]:
                   "use Kubernetes 1.30 or later (ValidatingAdmissionPolicy is GA there)")]
 
 
+def priority_issues(spec: ClusterSpec, facts: ClusterFacts) -> list[Issue]:
+    """A pool's PriorityClass must exist: the API server refuses every worker pod naming a missing one."""
+    return [Issue(f"pools[{i}].priority_class", f"PriorityClass {p.priority_class!r} not found "
+                  f"(PriorityClasses: {', '.join(sorted(facts.pod_priority_classes)) or 'none'})",
+                  "create it (kubectl create priorityclass NAME --value=N), or fix the name, or leave "
+                  "priority_class out for the cluster's default priority")
+            for i, p in enumerate(spec.pools) if p.priority_class and p.priority_class not in facts.pod_priority_classes]
+
+
 def check(spec: ClusterSpec, facts: ClusterFacts) -> None:
     issues = (admission_issues(facts) + storage_issues(spec, facts) + secret_issues(spec, facts)
-              + kueue_issues(spec, facts))
+              + kueue_issues(spec, facts) + priority_issues(spec, facts))
     if issues:
         raise PreflightError(issues, title="the cluster cannot take this spec (nothing was applied)")
 
