@@ -84,17 +84,33 @@ def _spec(public_key: str) -> dict[str, Any]:
         {"name": "topo", "mode": "pinned", "node_selector": SELECT, "tolerations": tolerate,
          "pod_cpu_request": "50m", "pod_memory_request": "256Mi"},
         # slots on any of them, wherever Kubernetes schedules the pod (node loss)
+        # (a PriorityClass of the workers' own, below the preemption test's pod: issue 42 item 4)
         {"name": "roam", "mode": "slots", "cpus": 1, "memory": "1Gi", "pod_cpu_request": "50m",
          "pod_memory_request": "128Mi", "domains": [{"name": "any", "count": 2}], "node_selector": SELECT,
-         "tolerations": tolerate},
+         "tolerations": tolerate, "priority_class": WORKER_PRIORITY},
     ]
     return doc
 
 
+WORKER_PRIORITY, HIGHER_PRIORITY = "slurmk8s-e2e-workers", "slurmk8s-e2e-higher"
+PRIORITIES = {WORKER_PRIORITY: 1000, HIGHER_PRIORITY: 2000}
+
+
+def _priority_classes(namespace: str, spec_path, state) -> None:
+    """Before `up` (whose preflight checks that the pool's class exists)."""
+    for name, value in PRIORITIES.items():
+        kubectl("apply", "-f", "-", input=json.dumps({
+            "apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": {"name": name},
+            "value": value, "globalDefault": False, "description": "slurmk8s e2e (test_e2e_topology.py)"}))
+
+
 @pytest.fixture(scope="module")
 def topo(topo_nodes, tmp_path_factory) -> Iterator[Login]:
-    with side_cluster(NAME, _spec, tmp_path_factory.mktemp(NAME)) as login:
-        yield login
+    try:
+        with side_cluster(NAME, _spec, tmp_path_factory.mktemp(NAME), prepare=_priority_classes) as login:
+            yield login
+    finally:
+        kubectl("delete", "priorityclass", *PRIORITIES, "--ignore-not-found", check=False)
 
 
 def _switches(login: Login, partition: str = "topo") -> dict[str, str]:
@@ -357,8 +373,10 @@ def _busy_label(name: str) -> str | None:
 
 
 def _drain(k8s_node: str) -> subprocess.Popen[str]:
+    # --force: worker pods have no controller, which kubectl drain refuses without it; it still
+    # evicts (the PodDisruptionBudget holds), it only lifts kubectl's own check
     return subprocess.Popen([kubectl_exe(), "--kubeconfig", kubeconfig(), "drain", k8s_node, "--ignore-daemonsets",
-                             "--delete-emptydir-data", "--timeout=180s"],
+                             "--delete-emptydir-data", "--force", "--timeout=180s"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -428,9 +446,9 @@ def test_a_drain_evicts_idle_workers_at_once_and_waits_for_a_busy_workers_job(to
 NOTICE = "karpenter.sh/disrupted"  # one of elasticity.interruption_taints' defaults
 NOTICE_JOB = """#!/bin/bash
 #SBATCH -p roam -N1 --requeue -o notice-%j.out
-# first run: held until its host gets an interruption notice; the requeued run ends at once
+# first run: held until its host gets an interruption notice; the requeued run takes 5 s (seen running)
 trap 'echo "SIGTERM on $(hostname)" > ~/notice-term-$SLURM_JOB_ID; exit 143' TERM
-if [ "${SLURM_RESTART_COUNT:-0}" = 0 ]; then sleep 3601 & wait; fi
+if [ "${SLURM_RESTART_COUNT:-0}" = 0 ]; then sleep 3601 & wait; else sleep 5; fi
 echo "ran on $(hostname) restart ${SLURM_RESTART_COUNT:-0}"
 """
 
@@ -488,6 +506,81 @@ def test_an_interruption_notice_requeues_the_job_at_once_and_it_runs_again_on_an
     for name in (slurm_node, pinned):
         wait_for(f"Slurm node {name} back in service", lambda name=name: not (
             {"DOWN", "DRAIN", "FAIL"} & set((_node(topo, name) or {"state": ["DOWN"]})["state"])), 120, interval=1)
+
+
+# ---------------------------------------------------------------- scheduler preemption (issue 42 item 4)
+
+PREEMPT_JOB = """#!/bin/bash
+#SBATCH -p roam -N1 --requeue -o preempt-%j.out
+trap 'echo "SIGTERM on $(hostname)" > ~/preempt-term-$SLURM_JOB_ID; exit 143' TERM
+if [ "${SLURM_RESTART_COUNT:-0}" = 0 ]; then sleep 3601 & wait; else sleep 5; fi
+echo "ran on $(hostname) restart ${SLURM_RESTART_COUNT:-0}"
+"""
+
+
+def _preemptor(host: str, worker: dict[str, Any]) -> dict[str, Any]:
+    """A pod of the higher PriorityClass that fits on `host` only once the worker is gone: it asks
+    for every CPU the pods there leave but this cluster's workers (so the scheduler cannot pick a
+    pinned worker of priority 0 alone as the victim)."""
+    allocatable = _milli(kjson("get", "node", host)["status"]["allocatable"]["cpu"])
+    pods = kjson("get", "pods", "-A", "--field-selector", f"spec.nodeName={host}")["items"]
+    ours = {p["metadata"]["uid"] for p in pods if p["metadata"]["namespace"] == NAMESPACE and
+            (p["metadata"].get("labels") or {}).get("app.kubernetes.io/component") == "worker"}
+    assert worker["metadata"]["uid"] in ours
+    used = sum(_milli(c.get("resources", {}).get("requests", {}).get("cpu", "0")) for p in pods
+               if p["status"].get("phase") not in ("Succeeded", "Failed") and p["metadata"]["uid"] not in ours
+               for c in p["spec"]["containers"])
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "e2e-preemptor", "namespace": "default"},
+            "spec": {"priorityClassName": HIGHER_PRIORITY, "terminationGracePeriodSeconds": 0,
+                     "nodeSelector": {"kubernetes.io/hostname": host},
+                     "tolerations": [{"key": TAINT, "operator": "Exists", "effect": "NoSchedule"}],
+                     "containers": [{"name": "sleep", "image": "slurmk8s/slurmd:dev", "imagePullPolicy": "Never",
+                                     "command": ["sleep", "infinity"],
+                                     "resources": {"requests": {"cpu": f"{allocatable - used}m"}}}]}}
+
+
+def test_a_worker_preempted_by_a_higher_priority_pod_requeues_its_job_which_runs_elsewhere(topo: Login, topo_nodes):
+    """The roam pool's workers run at their PriorityClass (pools[].priority_class, 1000). A pod of a
+    higher class that needs the worker's CPU on its host: the scheduler preempts the worker (its
+    DisruptionTarget condition says PreemptionByScheduler), the worker's preStop hook requeues the
+    job with SIGTERM, the loop's finding names the preemption, the pool is not backed off, and the
+    job runs again on another host."""
+    job = submit(topo, PREEMPT_JOB)
+
+    def running_on() -> tuple[str, dict[str, Any]] | None:
+        doc = _job(topo, job)
+        if "RUNNING" in doc["job_state"] and "CONFIGURING" not in doc["job_state"] and doc.get("nodes"):
+            pod = _worker(doc["nodes"])
+            return (doc["nodes"], pod) if pod and pod["spec"].get("nodeName") else None
+        return None
+
+    slurm_node, pod = wait_for(f"job {job} to run", running_on, 240, interval=1, show=lambda _: job_story(topo, job))
+    assert pod["spec"].get("priority") == PRIORITIES[WORKER_PRIORITY], pod["spec"].get("priority")
+    host = pod["spec"]["nodeName"]
+    kubectl("apply", "-f", "-", input=json.dumps(_preemptor(host, pod)))
+    t0 = time.monotonic()
+    try:
+        wait_for(f"job {job} requeued", lambda: (_job(topo, job).get("restart_cnt") or 0) >= 1, 90,
+                 interval=0.5, show=lambda _: job_story(topo, job))
+        print(f"preemption: higher-priority pod -> job requeued {time.monotonic() - t0:.1f}s")
+        # the preStop hook requeued it, so the loop finds the node idle: powered down, the cause named
+        said = wait_for("the loop's finding naming the preemption", lambda: next(
+            (line for line in _reconcile_log().splitlines() if f"{slurm_node} " in line and "PreemptionByScheduler"
+             in line), None), 60, interval=1)
+        print(f"preemption: {said.split(' reconcile[', 1)[-1][:160]}")
+        again = wait_for(f"job {job} running again", running_on, 240, interval=0.5, show=lambda _: job_story(topo, job))
+        assert again[1]["spec"]["nodeName"] != host, "the job ran again on the host of the preemptor"
+        final = wait_job(topo, job, 120)
+        out = topo.run(f"cat ~/preempt-{job}.out", check=False).stdout
+        assert final["job_state"] == ["COMPLETED"] and "restart 1" in out, (final["job_state"], out)
+        term = topo.run(f"cat ~/preempt-term-{job}", check=False).stdout
+        assert term.startswith("SIGTERM on"), f"the job got no SIGTERM before its pod went: {term!r}"
+        assert not _pool_failures("roam"), _pool_failures("roam")
+        print(f"preemption: higher-priority pod -> job COMPLETED after its requeue {time.monotonic() - t0:.1f}s")
+    finally:
+        kubectl("delete", "pod", "-n", "default", "e2e-preemptor", "--ignore-not-found", "--wait=false", check=False)
+    wait_for(f"Slurm node {slurm_node} back in service", lambda: not (
+        {"DOWN", "DRAIN", "FAIL"} & set((_node(topo, slurm_node) or {"state": ["DOWN"]})["state"])), 120, interval=1)
 
 
 def _milli(quantity: str) -> int:

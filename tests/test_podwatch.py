@@ -99,6 +99,24 @@ def test_a_deletion_of_an_older_pod_leaves_the_newer_one_of_that_name():
     assert api.final["a"].uid == "new"
 
 
+def test_a_pod_taken_away_and_deleted_is_remembered_with_its_cause_until_one_of_its_name_returns():
+    """A scheduler preemption marks the pod (DisruptionTarget) and deletes it; its preStop hook may end
+    it before the loop's next pass, so the watch keeps who took it (taken_gone), for that pass."""
+    taken = pod("a", phase="Running", version="11")
+    taken["status"]["conditions"] = [{"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler",
+                                      "message": "hi: preempting to accommodate a higher priority pod"}]
+    api = ScriptedApi([pod("a", phase="Running"), pod("b", phase="Running")])
+    api.scripts = [[event("MODIFIED", taken), event("DELETED", {**taken, "metadata": {**taken["metadata"],
+                                                                                        "resourceVersion": "12"}}),
+                    event("DELETED", pod("b", phase="Running", version="13"))]]
+    w, _ = run(api)
+    gone = w.taken_gone()
+    assert list(gone) == ["a"] and gone["a"].startswith("Kubernetes: PreemptionByScheduler: hi: preempting")
+    api.scripts = [[event("ADDED", pod("a", uid="new", version="20"))]]  # its next pod: forgotten
+    w._apply(iter(api.scripts.pop(0)))
+    assert w.taken_gone() == {}
+
+
 def test_an_expired_version_lists_again_and_watches_from_the_new_list():
     api = ScriptedApi([pod("a")])
     api.scripts = [[event("MODIFIED", pod("a", phase="Running", version="11")),

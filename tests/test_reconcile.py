@@ -165,9 +165,24 @@ def test_missing_worker_of_allocated_node():
     assert "pod cpu-1 is gone" in f.down_reason and f.down_reason.startswith("slurmk8s missing-worker:")
 
 
-def test_missing_worker_also_when_idle_or_its_pod_terminates():
-    s = snap([up("cpu-1", "IDLE"), up("cpu-2")], [worker("cpu-2", "Terminating")])
-    assert kinds(s) == {"cpu-1": Kind.MISSING_WORKER, "cpu-2": Kind.MISSING_WORKER}
+def test_missing_worker_also_when_its_pod_terminates_and_an_idle_nodes_is_only_powered_down():
+    """With no job on the node nothing needs requeueing: an idle node whose worker is gone (or going,
+    no one saying why) is suspended (POWER_DOWN_FORCE), never set DOWN."""
+    s = snap([up("cpu-1", "IDLE"), up("cpu-2"), up("cpu-3", "IDLE")], [worker("cpu-2", "Terminating"),
+                                                                         worker("cpu-3", "Terminating")])
+    assert kinds(s) == {"cpu-1": Kind.IDLE_WORKER_GONE, "cpu-2": Kind.MISSING_WORKER, "cpu-3": Kind.IDLE_WORKER_GONE}
+    assert only(s, "cpu-1").ops == (Op.POWER_DOWN,)
+
+
+def test_a_worker_gone_between_two_passes_is_still_named_by_who_took_it():
+    """The watch saw the pod's last state (a scheduler preemption's DisruptionTarget) before it went:
+    the finding names the cause, busy or idle, and is no pool failure."""
+    cause = "Kubernetes: PreemptionByScheduler: hi-prio: preempting to accommodate a higher priority pod"
+    s = Snapshot(parse_nodes({"nodes": [up("cpu-1"), up("cpu-2", "IDLE")]}), {}, inventory(), {},
+                 {"cpu-1": (NOW - 60, 9)}, taken_gone={"cpu-1": cause, "cpu-2": cause})
+    assert kinds(s) == {"cpu-1": Kind.WORKER_TAKEN, "cpu-2": Kind.IDLE_WORKER_TAKEN}
+    assert only(s, "cpu-1").down_reason.startswith("slurmk8s worker-taken: pod cpu-1 taken away under job 9: "
+                                                   "Kubernetes: PreemptionByScheduler")
 
 
 def test_a_node_an_operator_set_fail_is_left_alone_without_its_pod_unless_a_job_runs_there():

@@ -56,6 +56,9 @@ class ResumeRacesTheLoop:
     def mark_busy(self, name, uid, busy):
         return self.inner.mark_busy(name, uid, busy)
 
+    def taken_gone(self):
+        return self.inner.taken_gone()
+
     def delete(self, name, uid=None, force=False, version=None):
         if uid is None:
             return self.inner.delete(name)

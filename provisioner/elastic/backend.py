@@ -109,6 +109,12 @@ class NodeBackend(Protocol):
         """The Kueue LocalQueue of each pool under Kueue (pool -> queue); empty without Kueue."""
         ...
 
+    def taken_gone(self) -> Mapping[str, str]:
+        """Workers gone in the last minutes whose last state said who took them (Worker.taken), by
+        Slurm node name: a preemption or an eviction whose pod went between two passes is still
+        named. Empty for a backend that cannot tell."""
+        ...
+
     def mark_busy(self, name: str, uid: str, busy: bool) -> bool:
         """Write (busy) or remove the busy marks on the node's worker `uid` (Karpenter's
         do-not-disrupt, cluster-autoscaler's safe-to-evict, the label the workers' PodDisruptionBudget

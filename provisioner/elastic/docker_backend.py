@@ -298,6 +298,9 @@ class DockerBackend:
     def mark_busy(self, name: str, uid: str, busy: bool) -> bool:
         return True  # no autoscaler on the Docker test bed
 
+    def taken_gone(self) -> dict[str, str]:
+        return {}  # no other actor takes containers away here
+
     def list(self, names: Sequence[str] | None = None) -> dict[str, Worker]:
         filters = json.dumps({"label": [f"{LABEL_CLUSTER}={self.config.cluster}"]})
         wanted = None if names is None else set(names)  # Docker ANDs label filters: picked here

@@ -441,6 +441,9 @@ class KubernetesBackend:
                 return str(ref.get("uid") or "")
         return ""
 
+    def taken_gone(self) -> dict[str, str]:
+        return {}  # a list sees no pod that is gone: the watched backend remembers them (podwatch.py)
+
     def list(self, names: Sequence[str] | None = None) -> dict[str, Worker]:
         """The worker pods, all of them, or with `names` those of these nodes only: a label selector
         `<node label> in (...)`, so a resume, suspend or resume-fail of a few nodes reads a few pods,

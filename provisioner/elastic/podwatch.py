@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 
 WATCH_TIMEOUT_S = 60  # the API server ends each watch after this; it is then resumed from where it was
 RETRY_S = (1.0, 30.0)  # after a failed list or watch: first wait, doubling up to the second
+TAKEN_MEMORY_S = 300.0  # how long a worker taken away (and gone) is remembered with its cause
 
 
 class WatchablePodApi(Protocol):
@@ -66,6 +67,8 @@ class PodWatch:
         self.lists = 0  # full lists made (1 when it never lost track)
         self.events = 0  # watch events applied
         self._workers: dict[str, Worker] | None = None
+        # name -> (who took it, when it went: monotonic) for taken workers the watch saw deleted
+        self._taken: dict[str, tuple[str, float]] = {}
         self._version = ""  # the last resourceVersion seen
         self._heard = False  # the watch answered since the last list
         self._error = ""  # the last failure logged, until the watch answers again
@@ -87,6 +90,15 @@ class PodWatch:
             if self._workers is None or time.monotonic() - self._contact > self.stale_after:
                 return None
             return dict(self._workers)
+
+    def taken_gone(self) -> dict[str, str]:
+        """The workers deleted in the last TAKEN_MEMORY_S seconds whose last state said who took
+        them (a preemption's, an eviction's condition): name -> Worker.taken. A pod of the name
+        seen again ends its entry."""
+        now = time.monotonic()
+        with self._lock:
+            self._taken = {n: t for n, t in self._taken.items() if now - t[1] < TAKEN_MEMORY_S}
+            return {n: t[0] for n, t in self._taken.items()}
 
     def start(self) -> "PodWatch":
         self._thread = threading.Thread(target=self.run, name="pod-watch", daemon=True)
@@ -189,8 +201,14 @@ class PodWatch:
                     known = self._workers.get(worker.name) if self._workers is not None else None
                     if known is not None and known.uid == worker.uid:  # defensive: never a newer pod's entry
                         del self._workers[worker.name]
-                elif self._workers is not None:  # ADDED, MODIFIED
-                    self._workers[worker.name] = worker
+                        taken = worker.taken or known.taken
+                        if taken:
+                            self._taken[worker.name] = (taken, time.monotonic())
+                else:  # ADDED, MODIFIED
+                    if kind == "ADDED":  # a new pod of the name: what took the last one is over
+                        self._taken.pop(worker.name, None)
+                    if self._workers is not None:
+                        self._workers[worker.name] = worker
                 self.events += 1
 
 
@@ -222,6 +240,9 @@ class WatchedBackend:
 
     def mark_busy(self, name: str, uid: str, busy: bool) -> bool:
         return self.backend.mark_busy(name, uid, busy)
+
+    def taken_gone(self) -> Mapping[str, str]:
+        return self.watch.taken_gone()
 
     def list(self, names: Sequence[str] | None = None) -> Mapping[str, Worker]:
         workers = None if names is not None else self.watch.workers()

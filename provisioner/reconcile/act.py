@@ -140,7 +140,12 @@ def run_once(slurm: SlurmClient, backend: NodeBackend, inventory: "Inventory", l
     if lost_watch is not None:
         lost_watch.clear()
         lost_watch.update(lost)
-    snapshot = Snapshot(nodes, workers, inventory, history, running, watched, lost, dict(interrupted or {}))
+    try:
+        taken_gone = dict(backend.taken_gone())
+    except BackendError:
+        taken_gone = {}
+    snapshot = Snapshot(nodes, workers, inventory, history, running, watched, lost, dict(interrupted or {}),
+                        taken_gone)
     report.snapshot = snapshot
     report.findings = classify(snapshot, now, policy)
     todo = report.acted

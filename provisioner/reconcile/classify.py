@@ -48,6 +48,7 @@ class Kind(str, Enum):
     IDLE_WORKER_TAKEN = "idle-worker-taken"  # the same for a worker with no job (a drain, a consolidation)
     HOST_INTERRUPTED = "host-interrupted"  # the worker's Kubernetes node has an interruption notice
     IDLE_HOST_INTERRUPTED = "idle-host-interrupted"  # the same, no job on the node
+    IDLE_WORKER_GONE = "idle-worker-gone"  # an up, idle node's worker is gone (no job to requeue)
 
 
 class Op(str, Enum):
@@ -99,6 +100,9 @@ ACTIONS: dict[Kind, tuple[Op, ...]] = {
     Kind.HOST_INTERRUPTED: (Op.SET_DOWN, Op.POWER_DOWN),
     # the same with no job: suspended at once, so that no job starts there meanwhile
     Kind.IDLE_HOST_INTERRUPTED: (Op.POWER_DOWN,),
+    # as MISSING_WORKER with no job on the node (its preStop hook requeued them, or there was none):
+    # nothing to requeue, so it is suspended, never set DOWN
+    Kind.IDLE_WORKER_GONE: (Op.POWER_DOWN,),
 }
 
 
@@ -142,6 +146,8 @@ class Snapshot:
     lost: Mapping[str, tuple[str, float]] = field(default_factory=dict)
     # Kubernetes node -> its interruption notice (notices.py), for the hosts that have one
     interrupted: Mapping[str, str] = field(default_factory=dict)
+    # node -> who took its worker, gone since (NodeBackend.taken_gone: the pod went between passes)
+    taken_gone: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -344,12 +350,17 @@ def classify_pair(name: str, node: NodeStatus | None, worker: Worker | None, sna
         return Finding(name, Kind.OK, "FAIL set by an operator, no job: left alone", pool)
     if _age(node.booted_at, now) < policy.grace:
         return Finding(name, Kind.OK, "just booted: the worker list may predate it", pool)
-    if worker is not None and worker.taken:  # on its way out, and the pod says who took it
-        if name not in snapshot.running and not node.busy:
-            return Finding(name, Kind.IDLE_WORKER_TAKEN, f"idle pod {name} taken away: {worker.taken}", pool)
+    idle = name not in snapshot.running and not node.busy
+    taken = worker.taken if worker is not None else snapshot.taken_gone.get(name, "")
+    if taken:  # on its way out (or gone since the last pass), and the pod said who took it
+        if idle:
+            return Finding(name, Kind.IDLE_WORKER_TAKEN, f"idle pod {name} taken away: {taken}", pool)
         job = f" under job {snapshot.running[name][1]}" if name in snapshot.running else ""
-        return Finding(name, Kind.WORKER_TAKEN, f"pod {name} taken away{job}: {worker.taken}", pool)
+        return Finding(name, Kind.WORKER_TAKEN, f"pod {name} taken away{job}: {taken}", pool)
     gone = f"pod {name} is gone" + (f" ({worker.phase})" if worker is not None else "")
+    if idle:
+        return Finding(name, Kind.IDLE_WORKER_GONE, f"{gone} while Slurm has the node "
+                                                    f"{'+'.join(sorted(node.state - {'CLOUD'}))}", pool)
     return Finding(name, Kind.MISSING_WORKER,
                    f"{gone} while Slurm has the node {'+'.join(sorted(node.state - {'CLOUD'}))}", pool)
 

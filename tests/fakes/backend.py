@@ -24,6 +24,7 @@ class FakeBackend:
     groups: dict = field(default_factory=dict)  # node -> the Kueue PodGroup its last create named
     pool_queues: dict = field(default_factory=dict)  # pool -> its Kueue LocalQueue (queues())
     workloads: dict = field(default_factory=dict)  # group -> its Kueue Workload (workload()); a str: BackendError
+    gone_taken: dict = field(default_factory=dict)  # node -> who took its worker, gone meanwhile (taken_gone())
 
     def create(self, node: SlurmNode, group=None) -> None:
         self.calls.append(("create", node.name))
@@ -67,6 +68,9 @@ class FakeBackend:
 
     def queues(self) -> Mapping[str, str]:
         return dict(self.pool_queues)
+
+    def taken_gone(self):
+        return dict(self.gone_taken)
 
     def mark_busy(self, name: str, uid: str, busy: bool) -> bool:
         self.calls.append(("mark-busy" if busy else "mark-idle", name))
