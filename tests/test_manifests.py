@@ -133,7 +133,7 @@ def test_rbac_is_pods_only_in_the_own_namespace_and_reading_nodes(fabric, secret
     # cluster-wide: only reading the Kubernetes nodes, which the pinned pools follow
     cluster = [o for o in objs if o["kind"] in ("ClusterRole", "ClusterRoleBinding")]
     assert m.pinned(spec) and [o["kind"] for o in cluster] == ["ClusterRole", "ClusterRoleBinding"]
-    assert cluster[0]["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list"]}]
+    assert cluster[0]["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]}]
     assert cluster[1]["subjects"] == [{"kind": "ServiceAccount", "name": "slurmctld", "namespace": "slurm-fab"}]
     slots_only = spec.model_copy(update={"pools": [p for p in spec.pools if p.mode == "slots"]})
     # slots pools alone: the loop still lists the nodes for their interruption notices, unless off

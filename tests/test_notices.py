@@ -137,3 +137,68 @@ def test_a_pinned_pools_node_with_a_notice_stays_in_slurm_drained_naming_it():
     off = spec.model_copy(update={"elasticity": spec.elasticity.model_copy(update={"interruption_taints": []})})
     inv = build_inventory(off, nodes)
     assert inv.names == ["p-n1"] and "karpenter.sh/disrupted" in inv.excluded[0].reason
+
+
+def test_the_node_watch_nudges_the_loop_for_a_new_notice_only_and_resumes_after_a_failure():
+    """A notice the reader has not seen yet sets the nudge (the next pass comes at once, not after
+    the 10 s period); one it knows, or a node without one, does not; a failed watch is said once
+    and retried from the watch cache ("0"); an ERROR event (410) starts from "0" again too."""
+    import threading
+
+    from provisioner.reconcile.notices import NoticeWatch
+
+    spec = parse_spec({"name": "t", "pools": [{"name": "cpu", "mode": "slots", "cpus": 2, "memory": "1Gi",
+                                                "domains": [{"name": "d", "count": 1}]}]})
+    reader = NoticeReader(spec, lambda: [], lambda _: None)
+    reader.last = {"known": "kubernetes node known has interruption notice ..."}
+    nudge, said, asked = threading.Event(), [], []
+
+    def node(name, version, taints=()):
+        obj = _node(name, taints)
+        obj["metadata"]["resourceVersion"] = version
+        return obj
+
+    scripts = [
+        [{"type": "ADDED", "object": node("known", "5", [KARPENTER])}, {"type": "ADDED", "object": node("calm", "6")}],
+        [{"type": "MODIFIED", "object": node("spot", "7", [SPOT])}],
+        RuntimeError("connection reset"),
+        RuntimeError("connection reset"),
+        [{"type": "ERROR", "object": {"code": 410, "reason": "Expired"}}],
+    ]
+
+    def watch(version):
+        asked.append(version)
+        if not scripts:
+            w.stop()
+            return iter(())
+        step = scripts.pop(0)
+        if isinstance(step, Exception):
+            raise step
+        if step[0]["type"] == "MODIFIED":
+            assert not nudge.is_set()  # nothing new before this event
+        return iter(step)
+
+    w = NoticeWatch(reader, watch, nudge, said.append, retry_s=(0.0, 0.0))
+    w.run()
+    assert nudge.is_set() and w.nudges == 1
+    assert asked == ["0", "6", "7", "0", "0", "0"]
+    assert said == ["node watch for interruption notices failed (connection reset); the pass's list still reads "
+                    "them; retrying"]
+
+
+def test_the_loops_wait_ends_at_a_nudge_or_a_stop_and_clears_the_nudge():
+    import threading
+    import time
+    from types import SimpleNamespace
+
+    from provisioner.reconcile.main import _wait
+
+    loop = SimpleNamespace(stop=threading.Event(), nudge=threading.Event())
+    threading.Timer(0.3, loop.nudge.set).start()
+    t0 = time.monotonic()
+    _wait(loop, 10)
+    assert time.monotonic() - t0 < 2 and not loop.nudge.is_set()
+    threading.Timer(0.3, loop.stop.set).start()
+    t0 = time.monotonic()
+    _wait(loop, 10)
+    assert time.monotonic() - t0 < 2

@@ -74,7 +74,8 @@ def read_nodes_cluster_role(spec: ClusterSpec) -> dict[str, Any]:
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
         "metadata": {"name": read_nodes_name(spec), "labels": base_labels(spec, CONTROLLER)},
-        "rules": [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list"]}],
+        # watch: the loop's trigger for interruption notices (reconcile/notices.py NoticeWatch)
+        "rules": [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]}],
     }
 
 

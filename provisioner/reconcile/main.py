@@ -70,12 +70,14 @@ def _live_nodes(env: Mapping[str, str], inventory_path: str, slurm: SlurmCli, lo
                      hold=Hold.of(env))
 
 
-def _notices(env: Mapping[str, str], log: "Log") -> "NoticeReader | None":
+def _notices(env: Mapping[str, str], log: "Log", nudge: threading.Event | None) -> "NoticeReader | None":
     """The reader of the Kubernetes nodes' interruption notices (None when the spec lists none, or
-    cannot be read: _live_nodes says so)."""
+    cannot be read: _live_nodes says so); with `nudge`, a node watch started beside it sets it when
+    a node gets a notice, so the next pass need not wait for the period."""
     from ..errors import SlurmK8sError
+    from ..kubeapi import RawClient, api_client, quick_client
     from ..livenodes.source import read_nodes, read_spec
-    from .notices import NoticeReader
+    from .notices import WATCH_TIMEOUT_S, NoticeReader, NoticeWatch
 
     try:
         spec = read_spec(env)
@@ -86,7 +88,15 @@ def _notices(env: Mapping[str, str], log: "Log") -> "NoticeReader | None":
     log.write("following the Kubernetes nodes' interruption notices (taints: "
               f"{', '.join(spec.elasticity.interruption_taints) or 'none'}; conditions: "
               f"{', '.join(spec.elasticity.interruption_conditions) or 'none'})")
-    return NoticeReader(spec, lambda: read_nodes(env, cached=True), log.write)
+    reader = NoticeReader(spec, lambda: read_nodes(env, cached=True), log.write)
+    if nudge is not None:
+        raw = RawClient(quick_client(env=env) or api_client(env=env), timeout=(5.0, 60.0))
+
+        def watch(version: str) -> Any:
+            query = {"resourceVersion": version, "timeoutSeconds": WATCH_TIMEOUT_S, "allowWatchBookmarks": True}
+            return raw.watch_path("/api/v1/nodes", query, (5.0, WATCH_TIMEOUT_S + 30.0))
+        NoticeWatch(reader, watch, nudge, log.write).start()
+    return reader
 
 
 def _drop_config(cache: "ConfigCache", log: "Log") -> None:
@@ -220,6 +230,7 @@ class Loop:
         self.idle: Any = None
         self.live: "LiveNodes | None" = None
         self.notices: "NoticeReader | None" = None
+        self.nudge = threading.Event()  # set by the notice watch: the next pass now
         self.cache: "ConfigCache | None" = None
         self.cache_error = ""
 
@@ -363,12 +374,22 @@ def start(args: argparse.Namespace) -> Loop | None:
     server = loop.programs_server
     loop.live = _live_nodes(env, loop.inventory_path, loop.slurm, log,
                             server.running if server is not None else lambda: 0)
-    loop.notices = _notices(env, log)
+    loop.notices = _notices(env, log, None if args.once else loop.nudge)
     loop.cache = cache_from_env(env, os.path.dirname(loop.inventory_path))
     if loop.live is not None:  # a pinned pool: every start renders from the Kubernetes nodes as they are then
         _drop_config(loop.cache, log)
         loop.cache = None
     return loop
+
+
+def _wait(loop: Loop, seconds: float) -> None:
+    """Until the next pass: `seconds`, or less when the pod stops or a node got an interruption
+    notice (loop.nudge)."""
+    deadline = time.monotonic() + seconds
+    while not loop.stop.is_set() and time.monotonic() < deadline:
+        if loop.nudge.wait(min(0.2, max(0.0, deadline - time.monotonic()))):
+            loop.nudge.clear()
+            return
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -386,7 +407,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             code, asleep = loop.one_pass()
             if asleep or args.once:
                 break
-            loop.stop.wait(max(0.5, args.period - (time.monotonic() - tick)))
+            _wait(loop, max(0.5, args.period - (time.monotonic() - tick)))
     finally:
         loop.close()
     return code

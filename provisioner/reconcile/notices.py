@@ -13,6 +13,7 @@ under them.
 
 from __future__ import annotations
 
+import threading
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from ..config import ClusterSpec
@@ -73,3 +74,51 @@ class NoticeReader:
             self.log(found[host])
         self.last = found
         return dict(found)
+
+
+WATCH_TIMEOUT_S = 60  # the API server ends each watch after this; it is then resumed where it was
+RETRY_S = (1.0, 30.0)  # after a failed watch: first wait, doubling up to the second
+
+
+class NoticeWatch:
+    """A trigger, not a view: a watch of the nodes that sets `nudge` as soon as a node gets a notice
+    the reader does not know yet, so the loop's next pass comes at once instead of at its period
+    (the reader's list each pass stays what the pass judges). `watch(version)` yields the API's raw
+    watch events from `version` ("0": from the watch cache, every node first as ADDED)."""
+
+    def __init__(self, reader: NoticeReader, watch: Callable[[str], Iterable[Mapping[str, Any]]],
+                 nudge: "threading.Event", log: Callable[[str], None], retry_s: tuple[float, float] = RETRY_S) -> None:
+        self.reader, self.watch, self.nudge, self.log, self.retry_s = reader, watch, nudge, log, retry_s
+        self.stopped = threading.Event()
+        self.nudges = 0
+
+    def start(self) -> "NoticeWatch":
+        threading.Thread(target=self.run, name="notice-watch", daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        self.stopped.set()
+
+    def run(self) -> None:
+        version, wait, said = "0", self.retry_s[0], ""
+        while not self.stopped.is_set():
+            try:
+                for event in self.watch(version):
+                    obj = event.get("object") or {}
+                    if event.get("type") == "ERROR":  # 410 Expired, among others: from the cache again
+                        version = "0"
+                        break
+                    version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
+                    name = (obj.get("metadata") or {}).get("name", "")
+                    if event.get("type") in ("ADDED", "MODIFIED") and name not in self.reader.last and \
+                            notice(obj, self.reader.taints, self.reader.conditions):
+                        self.nudges += 1
+                        self.nudge.set()
+                wait, said = self.retry_s[0], ""
+            except Exception as err:  # noqa: BLE001 - any failure: said once, retried with a back-off
+                if str(err) != said:
+                    self.log(f"node watch for interruption notices failed ({err}); the pass's list still "
+                             f"reads them; retrying")
+                said, version = str(err), "0"
+                self.stopped.wait(wait)
+                wait = min(wait * 2, self.retry_s[1])
