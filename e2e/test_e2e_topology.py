@@ -444,13 +444,23 @@ def test_a_drain_evicts_idle_workers_at_once_and_waits_for_a_busy_workers_job(to
 # ---------------------------------------------------------------- interruption notices (issue 42 item 3)
 
 NOTICE = "karpenter.sh/disrupted"  # one of elasticity.interruption_taints' defaults
-NOTICE_JOB = """#!/bin/bash
-#SBATCH -p roam -N1 --requeue -o notice-%j.out
-# first run: held until its host gets an interruption notice; the requeued run takes 5 s (seen running)
-trap 'echo "SIGTERM on $(hostname)" > ~/notice-term-$SLURM_JOB_ID; exit 143' TERM
-if [ "${SLURM_RESTART_COUNT:-0}" = 0 ]; then sleep 3601 & wait; else sleep 5; fi
-echo "ran on $(hostname) restart ${SLURM_RESTART_COUNT:-0}"
+# A roam job whose first run waits to be taken away (and records the SIGTERM it gets); the requeued
+# run takes 5 s, so that it is seen running. {name}: the files' prefix.
+TAKEN_JOB = """#!/bin/bash
+#SBATCH -p roam -N1 --requeue -o {name}-%j.out
+trap 'echo "SIGTERM on $(hostname)" > ~/{name}-term-$SLURM_JOB_ID; exit 143' TERM
+if [ "${{SLURM_RESTART_COUNT:-0}}" = 0 ]; then sleep 3601 & wait; else sleep 5; fi
+echo "ran on $(hostname) restart ${{SLURM_RESTART_COUNT:-0}}"
 """
+
+
+def _completed_after_sigterm_and_one_requeue(login: Login, job: str, name: str) -> None:
+    final = wait_job(login, job, 120)
+    out = login.run(f"cat ~/{name}-{job}.out", check=False).stdout
+    assert final["job_state"] == ["COMPLETED"] and "restart 1" in out, (final["job_state"], out)
+    term = login.run(f"cat ~/{name}-term-{job}", check=False).stdout
+    assert term.startswith("SIGTERM on"), f"the job got no SIGTERM before its requeue: {term!r}"
+    assert not _pool_failures("roam"), _pool_failures("roam")
 
 
 def test_an_interruption_notice_requeues_the_job_at_once_and_it_runs_again_on_another_host(topo: Login, topo_nodes):
@@ -459,7 +469,7 @@ def test_an_interruption_notice_requeues_the_job_at_once_and_it_runs_again_on_an
     still runs, the job gets SIGTERM and is requeued (not NODE_FAIL after the loss), and it runs
     again on another host (the taint keeps the pod off it). The pinned pool's node on that host is
     drained meanwhile, and back in service once the taint is gone."""
-    job = submit(topo, NOTICE_JOB)
+    job = submit(topo, TAKEN_JOB.format(name="notice"))
 
     def running_on() -> tuple[str, str] | None:
         doc = _job(topo, job)
@@ -495,12 +505,7 @@ def test_an_interruption_notice_requeues_the_job_at_once_and_it_runs_again_on_an
         print(f"notice: taint -> job RUNNING again on {again[1]} {time.monotonic() - t0:.1f}s "
               f"(Slurm holds a requeued job cred_expire, here 30 s)")
         assert again[1] != host, f"the job ran again on the host with the notice {host}"
-        final = wait_job(topo, job, 120)
-        out = topo.run(f"cat ~/notice-{job}.out", check=False).stdout
-        assert final["job_state"] == ["COMPLETED"] and "restart 1" in out, (final["job_state"], out)
-        term = topo.run(f"cat ~/notice-term-{job}", check=False).stdout
-        assert term.startswith("SIGTERM on"), f"the job got no SIGTERM before its requeue: {term!r}"
-        assert not _pool_failures("roam"), _pool_failures("roam")
+        _completed_after_sigterm_and_one_requeue(topo, job, "notice")
     finally:
         kubectl("taint", "node", host, f"{NOTICE}:NoSchedule-", check=False)
     for name in (slurm_node, pinned):
@@ -509,14 +514,6 @@ def test_an_interruption_notice_requeues_the_job_at_once_and_it_runs_again_on_an
 
 
 # ---------------------------------------------------------------- scheduler preemption (issue 42 item 4)
-
-PREEMPT_JOB = """#!/bin/bash
-#SBATCH -p roam -N1 --requeue -o preempt-%j.out
-trap 'echo "SIGTERM on $(hostname)" > ~/preempt-term-$SLURM_JOB_ID; exit 143' TERM
-if [ "${SLURM_RESTART_COUNT:-0}" = 0 ]; then sleep 3601 & wait; else sleep 5; fi
-echo "ran on $(hostname) restart ${SLURM_RESTART_COUNT:-0}"
-"""
-
 
 def _preemptor(host: str, worker: dict[str, Any]) -> dict[str, Any]:
     """A pod of the higher PriorityClass that fits on `host` only once the worker is gone: it asks
@@ -545,7 +542,7 @@ def test_a_worker_preempted_by_a_higher_priority_pod_requeues_its_job_which_runs
     DisruptionTarget condition says PreemptionByScheduler), the worker's preStop hook requeues the
     job with SIGTERM, the loop's finding names the preemption, the pool is not backed off, and the
     job runs again on another host."""
-    job = submit(topo, PREEMPT_JOB)
+    job = submit(topo, TAKEN_JOB.format(name="preempt"))
 
     def running_on() -> tuple[str, dict[str, Any]] | None:
         doc = _job(topo, job)
@@ -570,12 +567,7 @@ def test_a_worker_preempted_by_a_higher_priority_pod_requeues_its_job_which_runs
         print(f"preemption: {said.split(' reconcile[', 1)[-1][:160]}")
         again = wait_for(f"job {job} running again", running_on, 240, interval=0.5, show=lambda _: job_story(topo, job))
         assert again[1]["spec"]["nodeName"] != host, "the job ran again on the host of the preemptor"
-        final = wait_job(topo, job, 120)
-        out = topo.run(f"cat ~/preempt-{job}.out", check=False).stdout
-        assert final["job_state"] == ["COMPLETED"] and "restart 1" in out, (final["job_state"], out)
-        term = topo.run(f"cat ~/preempt-term-{job}", check=False).stdout
-        assert term.startswith("SIGTERM on"), f"the job got no SIGTERM before its pod went: {term!r}"
-        assert not _pool_failures("roam"), _pool_failures("roam")
+        _completed_after_sigterm_and_one_requeue(topo, job, "preempt")
         print(f"preemption: higher-priority pod -> job COMPLETED after its requeue {time.monotonic() - t0:.1f}s")
     finally:
         kubectl("delete", "pod", "-n", "default", "e2e-preemptor", "--ignore-not-found", "--wait=false", check=False)
