@@ -669,7 +669,8 @@ def test_labels_move_add_and_remove_slurm_nodes_live_and_keep_every_job(topo: Lo
     running = submit(topo, f"#!/bin/bash\n#SBATCH -p topo -w {_slurm(busy)} -o churn-run-%j.out\nsleep 600")
     pending = submit(topo, "#!/bin/bash\n#SBATCH -p topo --begin=now+2hours -o churn-pend-%j.out\nhostname")
     wait_for(f"job {running} running", lambda: "RUNNING" in _job(topo, running)["job_state"]
-             and "CONFIGURING" not in _job(topo, running)["job_state"], 240, interval=1)
+             and "CONFIGURING" not in _job(topo, running)["job_state"], 240, interval=1,
+             show=lambda _: job_story(topo, running))
     start = _job(topo, running)["start_time"]
     try:
         # a changed topology label: the node moves to the other leaf switch
