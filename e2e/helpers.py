@@ -397,15 +397,16 @@ def job_story(login, job_id: str) -> str:
     slurmctld's lines about the job and power saving, and the resume/suspend programs' log tail."""
     parts = []
     try:
-        shown = login.run(f"scontrol show job {job_id}; sinfo -a -N -o '%N %P %T %E'", timeout=30, check=False)
-        parts.append(f"scontrol show job {job_id}; sinfo:\n{shown.stdout}{shown.stderr}")
         ns = _namespace_of(login)
         if ns:
+            parts.append(f"slurmk8s programs:\n{programs_log(ns, 25)}")
             log = kubectl("logs", "-n", ns, "slurmctld-0", "-c", "slurmctld", "--tail=3000", check=False).stdout
             mine = re.compile(rf"(?i:JobId={job_id}\b|power|resume|suspend|not responding|drain)|\bDOWN\b")
             parts.append("slurmctld about the job and power saving:\n"
                          + "\n".join([line for line in log.splitlines() if mine.search(line)][-40:]))
-            parts.append(f"slurmk8s programs:\n{programs_log(ns, 25)}")
+        # last: a long story is cut at its start, and the states say most
+        shown = login.run(f"scontrol show job {job_id}; sinfo -a -N -o '%N %P %T %E'", timeout=30, check=False)
+        parts.append(f"scontrol show job {job_id}; sinfo:\n{shown.stdout}{shown.stderr}")
     except Exception as err:  # noqa: BLE001 - a diagnosis must never hide the failure it explains
         parts.append(f"(could not collect the rest: {err!r})")
     return "\n".join(parts)

@@ -157,18 +157,25 @@ def test_salloc_then_srun_inside_the_allocation(alice: Login, nodes: list[str]):
 
 
 def test_sattach_to_a_running_step(alice: Login):
+    ticks_in_all = 15
     job = _sbatch(alice, f"-p {PARTITION} -N1 -o /dev/null --wrap",
-                  "\"srun bash -c 'for i in \\$(seq 1 8); do echo tick \\$i; sleep 1; done'\"")
+                  f"\"srun bash -c 'for i in \\$(seq 1 {ticks_in_all}); do echo tick \\$i; sleep 1; done'\"")
 
     def step_running() -> bool:
         return f"{job}.0" in alice.run(f"squeue -h -s -j {job} -o %i", check=False).stdout
 
     wait_for(f"step {job}.0 to run", step_running, 150, interval=0.5)
-    result = alice.run(f"sattach {job}.0", timeout=60, check=False)
+
+    def attached() -> Any:
+        # squeue lists a step once slurmctld made it, a moment before slurmd has its tasks
+        # ("sattach: Node cpu-0: no tasks running"): attach again until it has
+        result = alice.run(f"sattach {job}.0", timeout=60, check=False)
+        return None if "no tasks running" in str(result.stderr) and not result.stdout else result
+    result = wait_for(f"sattach to step {job}.0", attached, 10, interval=0.5)
     print(result.stdout, result.stderr)
     ticks = [int(n) for n in re.findall(r"^tick (\d+)\r?$", str(result.stdout), re.M)]
-    assert ticks and ticks[-1] == 8, (result.exit_status, result.stdout, result.stderr)
-    assert ticks == list(range(ticks[0], 9)), ticks  # from where it attached to the step's end
+    assert ticks and ticks[-1] == ticks_in_all, (result.exit_status, result.stdout, result.stderr)
+    assert ticks == list(range(ticks[0], ticks_in_all + 1)), ticks  # from where it attached to the step's end
     assert result.exit_status == 0, result.stderr
     assert _ended(alice, job, 60) == "COMPLETED"
 
