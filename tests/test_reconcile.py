@@ -1413,3 +1413,33 @@ def test_the_backend_writes_and_removes_the_annotations_with_the_pods_uid(tmp_pa
     assert A_DO_NOT_DISRUPT not in ann and A_SAFE_TO_EVICT not in ann  # removed, not "false"
     assert L_BUSY not in meta["labels"]  # an idle worker may be evicted (a drain goes on at once)
     assert worker_from_pod(api.pods[("slurm-t", "cpu-0")]).busy_marked is False
+
+
+def test_a_powered_down_node_left_not_responding_is_powered_down_again():
+    """`scontrol update state=UNDRAIN` (the drain pass after an uncordon or a notice) and
+    state=RESUME of a DRAIN or DOWN node make Slurm 24.11 wait for the node to register again
+    (NOT_RESPONDING). A powered-down node never registers: it stays available only until slurmctld
+    re-reads its state, and every `scontrol reconfigure` or restart drops an IDLE+POWERED_DOWN+
+    NOT_RESPONDING node from the nodes it schedules (seen in e2e: a job pinned to it pended for
+    ReqNodeNotAvail until its timeout). A plain POWER_DOWN clears the flag (Slurm's suspend
+    does), never kills a job (no FORCE), and the suspend program has no worker to delete."""
+    s = snap([powered_down("cpu-0"), node_json("cpu-1", "IDLE", "CLOUD", "POWERED_DOWN", "NOT_RESPONDING",
+                                                reason="kubernetes node k-1 is cordoned"),
+              node_json("cpu-2", "IDLE", "CLOUD", "POWERED_DOWN", "NOT_RESPONDING", "DRAIN", reason="operator"),
+              node_json("cpu-3", "IDLE", "CLOUD", "POWERING_UP", "NOT_RESPONDING"),
+              node_json("cpu-4", "ALLOCATED", "CLOUD", "POWERED_DOWN", "NOT_RESPONDING")], [])
+    k = kinds(s)
+    assert k["cpu-0"] == Kind.OK
+    assert k["cpu-1"] == Kind.UNREGISTERED_POWERED_DOWN
+    assert ACTIONS[Kind.UNREGISTERED_POWERED_DOWN] == (Op.RESET_POWER_DOWN,)
+    assert k["cpu-2"] == Kind.OK  # an operator's drain: suspending would clear it
+    assert k["cpu-3"] == Kind.OK  # powering up: its slurmd registers
+    assert k["cpu-4"] == Kind.OK  # a job is on its way: its boot registers the node
+
+
+def test_the_reset_power_down_is_plain_power_down_never_force():
+    slurm = FakeSlurmClient(nodes=[node_json("cpu-1", "IDLE", "CLOUD", "POWERED_DOWN", "NOT_RESPONDING")])
+    backend = FakeBackend()
+    report = run_once(slurm, backend, inventory(), MemoryLedger(POLICY), NOW, Log("test"), POLICY)
+    assert [f.kind for f in report.acted] == [Kind.UNREGISTERED_POWERED_DOWN]
+    assert ["scontrol", "update", "nodename=cpu-1", "state=POWER_DOWN"] in slurm.updates

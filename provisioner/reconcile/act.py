@@ -13,6 +13,7 @@ from ..slurm.commands import (
     SlurmCommandError,
     down_argv,
     power_down_argv,
+    plain_power_down_argv,
     resume_argv,
 )
 from ..slurm.state import JobStatus, parse_jobs, parse_nodes, running_since
@@ -74,6 +75,8 @@ def _do(op: Op, finding: Finding, slurm: SlurmClient, backend: NodeBackend, ledg
         argv = power_down_argv([name], scontrol)
     elif op is Op.RETURN_TO_SERVICE:
         argv = resume_argv([name], scontrol)
+    elif op is Op.RESET_POWER_DOWN:
+        argv = plain_power_down_argv([name], scontrol)
     elif op is Op.RECORD_FAILURE:
         ledger.record_failure(finding.pool or "unknown", name, finding.down_reason, now, finding.uid)
         return ()

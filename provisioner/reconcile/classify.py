@@ -49,6 +49,7 @@ class Kind(str, Enum):
     HOST_INTERRUPTED = "host-interrupted"  # the worker's Kubernetes node has an interruption notice
     IDLE_HOST_INTERRUPTED = "idle-host-interrupted"  # the same, no job on the node
     IDLE_WORKER_GONE = "idle-worker-gone"  # an up, idle node's worker is gone (no job to requeue)
+    UNREGISTERED_POWERED_DOWN = "unregistered-powered-down"  # idle~ and NOT_RESPONDING: lost at a reconfigure
 
 
 class Op(str, Enum):
@@ -57,6 +58,7 @@ class Op(str, Enum):
     SET_DOWN = "set-down"  # scontrol update state=DOWN reason=...: Slurm requeues the node's jobs
     POWER_DOWN = "power-down"  # scontrol update state=POWER_DOWN_FORCE: suspend, then idle~
     RETURN_TO_SERVICE = "return-to-service"  # scontrol update state=RESUME: DOWN~ -> idle~
+    RESET_POWER_DOWN = "reset-power-down"  # scontrol update state=POWER_DOWN (no FORCE): idle~ afresh
     RECORD_FAILURE = "record-failure"
     RECORD_SUCCESS = "record-success"
 
@@ -103,6 +105,12 @@ ACTIONS: dict[Kind, tuple[Op, ...]] = {
     # as MISSING_WORKER with no job on the node (its preStop hook requeued them, or there was none):
     # nothing to requeue, so it is suspended, never set DOWN
     Kind.IDLE_WORKER_GONE: (Op.POWER_DOWN,),
+    # UNDRAIN, and RESUME of a DRAIN or DOWN node, make Slurm 24.11 wait for the node to register
+    # again (NOT_RESPONDING), which a powered-down node never does: it stays schedulable only until
+    # slurmctld re-reads its state, and a reconfigure or restart then leaves it out of scheduling
+    # for good. A plain POWER_DOWN clears the flag (Slurm's suspend does), kills no job (a job
+    # allocated meanwhile runs first) and finds no worker to delete
+    Kind.UNREGISTERED_POWERED_DOWN: (Op.RESET_POWER_DOWN,),
 }
 
 
@@ -338,6 +346,9 @@ def classify_pair(name: str, node: NodeStatus | None, worker: Worker | None, sna
                                           f"available", pool)
         if node.down_by_us:
             return Finding(name, Kind.DOWN_POWERED_DOWN, f"no worker; was set DOWN: {node.reason}", pool)
+        if "NOT_RESPONDING" in node.state and "IDLE" in node.state and not {"DOWN", "DRAIN", "FAIL"} & node.state:
+            return Finding(name, Kind.UNREGISTERED_POWERED_DOWN, "powered down and NOT_RESPONDING (an undrain or "
+                                                                 "resume waits for a registration it never makes)", pool)
         return Finding(name, Kind.OK, "", pool)
     if node.down:
         if node.down_by_us:

@@ -79,6 +79,11 @@ def states_argv(names: Sequence[str], sinfo: str = "sinfo") -> list[str]:
     return [sinfo, "-h", "-N", "-n", hostlist.collect_hostlist(list(names)), "-o", "%N %T"]
 
 
+def plain_power_down_argv(names: Sequence[str], scontrol: str = "scontrol") -> list[str]:
+    """POWER_DOWN: suspend once idle (a job allocated meanwhile runs first), no address change."""
+    return [scontrol, "update", _nodes(names), "state=POWER_DOWN"]
+
+
 def power_down_argv(names: Sequence[str], scontrol: str = "scontrol") -> list[str]:
     """POWER_DOWN_FORCE, and the address :data:`NODE_ADDR_GONE`: every node slurmk8s forces down has
     lost its worker or is about to (the suspend program deletes it), and a DOWN node that never
