@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from waiting import wait_for
 
 from provisioner.elastic import prolog
 from provisioner.elastic.bootgate import BootGate, GateServer, ask, serve
@@ -221,9 +222,7 @@ def test_one_peer_holds_at_most_its_share_of_the_slots(tmp_path: Path):
     try:
         t, first = _waiting(port)
         # the first question holds its slot before the second comes (0.2 s was not always enough under CI load)
-        deadline = time.monotonic() + 10
-        while server._peers.get("127.0.0.1", 0) < 1 and time.monotonic() < deadline:
-            time.sleep(0.02)
+        wait_for("the first question's slot", lambda: server._peers.get("127.0.0.1", 0) >= 1, 10, interval=0.02)
         started = time.monotonic()
         assert ask("127.0.0.1", port, "cpu-0", timeout=3) == ""
         assert time.monotonic() - started < 1
@@ -231,9 +230,7 @@ def test_one_peer_holds_at_most_its_share_of_the_slots(tmp_path: Path):
         t.join(3)
         assert first == ["open"]
         # the handler gives its slot back just after its answer is sent (a CI run asked in between)
-        deadline = time.monotonic() + 10
-        while server._peers.get("127.0.0.1", 0) > 0 and time.monotonic() < deadline:
-            time.sleep(0.02)
+        wait_for("the slot back", lambda: server._peers.get("127.0.0.1", 0) == 0, 10, interval=0.02)
         assert ask("127.0.0.1", port, "cpu-0", timeout=3) == "open"  # its slot came back
     finally:
         server.shutdown()
