@@ -42,6 +42,7 @@ def from_nothing(name: str, work: Path, made_by: str = MADE_BY) -> None:
     if kubeconfig() == LOCAL_KUBECONFIG:
         shutil.rmtree(f"/var/lib/slurmk8s/volumes/{name}", ignore_errors=True)
     shutil.rmtree(work / "state", ignore_errors=True)  # the stack of the cluster just removed
+    work.mkdir(parents=True, exist_ok=True)
     apply_static_volumes(name, namespace_of(name), work / "volumes.json")
 
 

@@ -94,8 +94,12 @@ def gated(pod: dict[str, Any]) -> bool:
 
 
 def state(login, job: str) -> str:
+    """The job's state: squeue's, else scontrol's (this cluster keeps no accounting for sacct)."""
     out = login.run(f"squeue -h -j {job} -o %T", check=False).stdout.strip()
-    return out or login.run(f"sacct -n -X -P -j {job} -o State", check=False).stdout.strip()
+    if out:
+        return out
+    shown = login.run(f"scontrol show job -o {job}", check=False).stdout
+    return next((w.split("=", 1)[1] for w in shown.split() if w.startswith("JobState=")), "")
 
 
 def sbatch(login, args: str) -> str:
@@ -109,7 +113,9 @@ def wait_state(login, job: str, want: tuple[str, ...], timeout: float) -> str:
         if got.startswith(want):
             return got
         time.sleep(0.2)
-    sys.exit(f"job {job} not {'/'.join(want)} within {timeout:.0f} s (last: {state(login, job)!r})")
+    story = login.run(f"scontrol show job {job}; squeue -a; sinfo -N", check=False)
+    sys.exit(f"job {job} not {'/'.join(want)} within {timeout:.0f} s (last: {state(login, job)!r})\n"
+             f"{story.stdout}{story.stderr}")
 
 
 def freed_to_running(login) -> float:

@@ -42,6 +42,9 @@ NODES = {  # Kubernetes node -> its leaf switch (layer 3); one spine (layer 2) u
     "e2e-topo-a2": "leaf-a",
     "e2e-topo-b1": "leaf-b",
 }
+LATE_NODE, LATE_SELECT = "e2e-topo-late", {"slurmk8s.io/e2e-late": "yes"}
+LATE_NODE_START = 300  # the late pool's node_start_timeout: Slurm's ResumeTimeout there is 120 s + this
+LATE_AFTER = 150  # the node comes this long after the pod is Pending: past the cluster's ResumeTimeout (120 s)
 DOMAIN = "accelerator.topograph.run/domain"  # Topograph 1.0's NVLink domain label (block topology)
 DOMAINS = {"e2e-topo-a1": "nvl-1", "e2e-topo-a2": "nvl-1", "e2e-topo-b1": "nvl-2"}
 
@@ -88,6 +91,11 @@ def _spec(public_key: str) -> dict[str, Any]:
         {"name": "roam", "mode": "slots", "cpus": 1, "memory": "1Gi", "pod_cpu_request": "50m",
          "pod_memory_request": "128Mi", "domains": [{"name": "any", "count": 2}], "node_selector": SELECT,
          "tolerations": tolerate, "priority_class": WORKER_PRIORITY},
+        # a slot whose Kubernetes node an autoscaler adds on demand: no node has its label until the
+        # slow-scale-up test adds one, minutes after its pod is Pending (issue 42 item 5)
+        {"name": "late", "mode": "slots", "cpus": 1, "memory": "1Gi", "pod_cpu_request": "50m",
+         "pod_memory_request": "128Mi", "domains": [{"name": "any", "count": 1}], "node_selector": LATE_SELECT,
+         "tolerations": tolerate, "node_start_timeout": f"{LATE_NODE_START}s"},
     ]
     return doc
 
@@ -758,3 +766,42 @@ def test_segment_keeps_a_job_in_one_nvlink_domain_and_mpi_runs_in_it(blk: Login,
     hosts = {e["involvedObject"]["name"]: e["message"].rsplit(" to ", 1)[-1] for e in events}
     assert all(DOMAINS[hosts[n]] == block for n in nodes), f"pods {nodes} on {hosts} outside domain {block}"
     print(f"--segment=2: Slurm nodes {nodes} in block {block}, on Kubernetes nodes {[hosts[n] for n in nodes]}")
+
+
+def test_a_job_waits_for_a_slow_new_kubernetes_node_says_why_and_runs_once_it_comes(topo: Login, topo_nodes):
+    """Issue 42 item 5: the late pool's pod has no node to run on (as on a cluster whose autoscaler
+    adds one for a Pending pod); the node is added (a real kubelet) 150 s after the pod is Pending,
+    past the cluster's ResumeTimeout (120 s). The pool's node_start_timeout (300 s) makes Slurm wait
+    (its partition's ResumeTimeout 420 s) and the loop too (not its 180 s Unschedulable bound); the
+    job's comment names the scheduler's message meanwhile; the job then runs, never requeued."""
+    slurm_node = topo.run("sinfo -h -p late -N -o %N").stdout.split()[0]
+    assert f"ResumeTimeout={120 + LATE_NODE_START}" in topo.run("scontrol show partition late").stdout
+    _cli("cluster", "node", "remove", LATE_NODE)  # a leftover of an interrupted run
+    job = submit(topo, "#!/bin/bash\n#SBATCH -p late -N1 -o late-%j.out\nhostname")
+    try:
+        def pending() -> bool:
+            pod = _worker(slurm_node)
+            return bool(pod) and any(c.get("reason") == "Unschedulable" for c in pod["status"].get("conditions") or ())
+
+        wait_for(f"job {job}'s pod Unschedulable", pending, 90, interval=1, show=lambda _: job_story(topo, job))
+        t0 = time.monotonic()
+        said = wait_for(f"job {job}'s comment naming the wait", lambda: (c := _job(topo, job).get("comment") or "")
+                        .startswith("slurmk8s: waiting for a Kubernetes node") and c, 60, interval=1)
+        print(f"slow node: comment {said[:160]}")
+        time.sleep(max(0.0, LATE_AFTER - (time.monotonic() - t0)))
+        doc = _job(topo, job)
+        assert "CONFIGURING" in doc["job_state"] and not doc.get("restart_cnt"), job_story(topo, job)
+        proc = _cli("cluster", "node", "add", LATE_NODE, *(a for k, v in LATE_SELECT.items() for a in ("--label", f"{k}={v}")),
+                    "--taint", f"{TAINT}=true:NoSchedule", "--image", "slurmk8s/slurmd:dev")
+        assert proc.returncode == 0, f"cluster node add {LATE_NODE}:\n{proc.stdout}\n{proc.stderr}"
+        added = time.monotonic()
+        done = wait_job(topo, job, 180)
+        assert done["job_state"] == ["COMPLETED"] and not done.get("restart_cnt"), job_story(topo, job)
+        print(f"slow node: pod Pending -> node added {added - t0:.0f}s (cluster ResumeTimeout 120 s), "
+              f"node added -> job COMPLETED {time.monotonic() - added:.1f}s, never requeued")
+        assert not _pool_failures("late"), _pool_failures("late")
+    finally:
+        topo.run(f"scancel {job}", check=False)
+        topo.run(f"scontrol update nodename={slurm_node} state=POWER_DOWN_FORCE", check=False)
+        wait_for(f"{slurm_node}'s pod gone", lambda: _worker(slurm_node) is None, 60, interval=1)
+        _cli("cluster", "node", "remove", LATE_NODE)

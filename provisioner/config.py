@@ -863,6 +863,20 @@ class Pool(Model):
         "rank against other tenants' pods when the scheduler preempts and when a kubelet evicts under "
         "pressure. Default: the cluster's default priority (0 unless a PriorityClass is globalDefault). Not "
         "Kueue's WorkloadPriorityClass (kueue.priority_class).")
+    node_start_timeout: Duration | None = Field(
+        default=None, description="How long a new Kubernetes node may take to come for a worker pod of this pool "
+        "(a cluster autoscaler, Karpenter or node auto-provisioning adding it, e.g. '10m'). A worker that cannot be "
+        "scheduled waits this long instead of 3 minutes, with the reason in its job's comment; Slurm's "
+        "ResumeTimeout for the pool's partition becomes elasticity.resume_timeout plus this (a partition shared "
+        "by pools takes the longest). A node that never comes is then set DOWN, naming the pod's scheduling "
+        "message, and its job requeued. Default: capacity is there or comes within 3 minutes.")
+
+    @field_validator("node_start_timeout")
+    @classmethod
+    def _node_start(cls, v: int | None) -> int | None:
+        if v is not None and v < 30:
+            raise ValueError("node_start_timeout below 30s is shorter than a node takes to start; use e.g. '10m'")
+        return v
 
     @field_validator("priority_class")
     @classmethod

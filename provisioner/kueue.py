@@ -50,6 +50,9 @@ GROUP = "kueue.x-k8s.io"
 API = f"{GROUP}/v1beta2"
 WORKLOADS = "workloads"
 WAITING = "slurmk8s: waiting for Kueue"  # how a job's comment starts while Kueue holds its pods
+# ... and while a worker pod of the job waits for a Kubernetes node (an autoscaler adding one)
+NODE_WAITING = "slurmk8s: waiting for a Kubernetes node"
+OURS = (WAITING, NODE_WAITING)
 COMMENT_MAX = 400  # the part of the Workload's condition a comment carries
 
 
@@ -190,13 +193,18 @@ def waits(workers: Iterable[Any], pool_of: Mapping[str, str], queue_of_pool: Map
     return out
 
 
+def why_no_node(node: str, pod: str, reason: str) -> str:
+    """What a job whose worker pod the scheduler cannot place yet waits for (its PodScheduled message)."""
+    return f"{NODE_WAITING} for {node} (pod {pod} {reason})"[:COMMENT_MAX]
+
+
 def comment_updates(comments: Mapping[int, str], why: Mapping[int, str]) -> dict[int, str]:
     """The Slurm job comments to write (job id -> comment; "" clears): `why` for each waiting job
     whose comment is empty or an older one of ours, and "" for a job whose comment is ours but that
     waits no longer. A comment the job's owner set is never touched. `comments`: the queue's jobs."""
     out: dict[int, str] = {}
     for job, current in comments.items():
-        ours = current.startswith(WAITING)
+        ours = current.startswith(OURS)
         if job in why and (ours or not current) and current != why[job]:
             out[job] = why[job]
         elif job not in why and ours:

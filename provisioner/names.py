@@ -34,6 +34,8 @@ A_SPEC_HASH = "slurmk8s.io/spec-hash"
 # write, which changes the pod's resourceVersion: elastic.k8s_backend.KubernetesBackend.adopt)
 A_ADOPTED = "slurmk8s.io/adopted"
 A_K8S_NODE = "slurmk8s.io/k8s-node"
+# a worker pod of a pool with node_start_timeout: seconds it may stay Unschedulable (reconcile/classify.py)
+A_NODE_START = "slurmk8s.io/node-start-timeout"
 # on a worker pod while a job runs on it (the reconcile loop writes and removes them): Karpenter
 # and cluster-autoscaler do not consolidate its node away; an idle worker carries neither
 A_DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"

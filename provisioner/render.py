@@ -141,8 +141,13 @@ def render_slurm_conf(spec: ClusterSpec, inventory: Inventory, topology: Topolog
         for k, names in _group(inventory.nodes, lambda n: (n.cpus, n.real_memory, n.gres, n.features, n.weight))
     ]
     partitions: dict[str, list[str]] = defaultdict(list)
+    # a pool whose Kubernetes nodes an autoscaler adds on demand: its partition's nodes get that long
+    # more to register (Slurm gives a node the longest ResumeTimeout of its partitions)
+    node_start: dict[str, int] = {}
     for pool in spec.pools:
         partitions.setdefault(pool.partition_name, [])
+        if pool.node_start_timeout is not None:
+            node_start[pool.partition_name] = max(node_start.get(pool.partition_name, 0), pool.node_start_timeout)
     for node in inventory.nodes:
         partitions[node.partition].append(node.name)
     ctld_params = ["enable_configless", "idle_on_node_suspend"]
@@ -194,7 +199,8 @@ def render_slurm_conf(spec: ClusterSpec, inventory: Inventory, topology: Topolog
         node_lines=node_lines,
         max_time=spec.slurm.max_time,
         partitions=[
-            {"name": name, "nodes": compress(nodes), "default": name == spec.default_partition}
+            {"name": name, "nodes": compress(nodes), "default": name == spec.default_partition,
+             "resume_timeout": spec.elasticity.resume_timeout + node_start[name] if name in node_start else None}
             for name, nodes in partitions.items() if nodes
         ],
     )

@@ -75,6 +75,9 @@ class Worker:
     # the worker carries the busy marks (names.BUSY_ANNOTATIONS: autoscalers leave its node alone;
     # names.L_BUSY: the PodDisruptionBudget refuses its eviction); None: only some of them
     busy_marked: bool | None = False
+    # how long it may wait Unschedulable for a Kubernetes node to come (its pool's node_start_timeout,
+    # in seconds); None: the loop's own bound (Policy.unschedulable_timeout)
+    start_bound: float | None = None
 
 
 class NodeBackend(Protocol):

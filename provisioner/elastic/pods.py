@@ -14,7 +14,7 @@ from typing import Any, Mapping
 from .. import kueue
 from .. import manifests as m
 from ..kubeapi import MAX_REASON
-from ..names import BUSY_ANNOTATIONS, L_BUSY
+from ..names import A_NODE_START, BUSY_ANNOTATIONS, L_BUSY
 from .backend import Worker
 
 
@@ -116,6 +116,7 @@ def worker_from_pod(pod: Mapping[str, Any]) -> Worker:
         group_total=_count((meta.get("annotations") or {}).get(kueue.GROUP_TOTAL)),
         taken=taken_by(pod),
         busy_marked=busy_marks(meta),
+        start_bound=_count((meta.get("annotations") or {}).get(A_NODE_START)) or None,
     )
 
 

@@ -11,7 +11,7 @@ from ..config import ClusterSpec, Pool
 from ..inventory import SlurmNode
 from .common import (K8sSite, _config_volume, _container_security, _meta, _pod_security, _pvc_volume,
                      _secret_volume, content_hash, controller_address, dns_searches, home_on_one_node)
-from ..names import (A_IMAGE_INTERFACE, A_K8S_NODE, A_MULTUS, A_SPEC_HASH, AUTH_SECRET, BASE_CAPS, HOME_PVC,
+from ..names import (A_IMAGE_INTERFACE, A_K8S_NODE, A_MULTUS, A_NODE_START, A_SPEC_HASH, AUTH_SECRET, BASE_CAPS, HOME_PVC,
                     IMAGE_INTERFACE, L_BUSY, L_CLUSTER, L_MANAGED_BY, L_NODE, L_POOL, L_SUBDOMAIN, LOGIN, MUNGE_DIR,
                     SLURMD_PORT, TEMPLATE_PREFIX, USERS_CONFIG, USERS_DIR, WORKER_GRACE_SECONDS, WORKER_STOP, WORKERS,
                     base_labels, selector)
@@ -158,6 +158,8 @@ def worker_pod_template(spec: ClusterSpec, pool: Pool, site: K8sSite = K8sSite()
         if pool.kueue.priority_class:
             metadata["labels"][kueue.PRIORITY_LABEL] = pool.kueue.priority_class
         metadata.setdefault("annotations", {})[kueue.RETRIABLE] = "false"
+    if pool.node_start_timeout is not None:  # the reconcile loop's bound on its Unschedulable wait
+        metadata.setdefault("annotations", {})[A_NODE_START] = str(pool.node_start_timeout)
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
 
 

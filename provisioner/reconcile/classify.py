@@ -261,7 +261,7 @@ def _stuck_bound(w: Worker, policy: Policy) -> float | None:
     if w.phase != "Pending" or not w.reason:
         return None
     if w.reason.startswith(UNSCHEDULABLE):
-        return policy.unschedulable_timeout
+        return w.start_bound or policy.unschedulable_timeout
     if w.reason.startswith(STUCK_REASONS):
         return policy.pending_timeout
     return None
@@ -319,6 +319,9 @@ def classify_pair(name: str, node: NodeStatus | None, worker: Worker | None, sna
             return Finding(name, Kind.NODE_UNAVAILABLE, f"{unavailable}: {_worker_words(worker)} for {age:.0f}s", pool)
         bound = _stuck_bound(worker, policy)
         if bound is not None and age >= bound:
+            if worker.reason.startswith(UNSCHEDULABLE):  # the pool's node_start_timeout, or the loop's bound
+                return Finding(name, Kind.STUCK_PENDING, f"no Kubernetes node took it in {age:.0f}s: "
+                                                         f"{_worker_words(worker)}", pool)
             return Finding(name, Kind.STUCK_PENDING, f"{_worker_words(worker)} for {age:.0f}s", pool)
         if restarted_under_job(name, node, worker, snapshot):
             job = snapshot.running[name][1]

@@ -12,6 +12,12 @@ pass listed), reads each group's Workload and writes what holds it back into the
 and clears it once Kueue admits the group. A comment the job's owner gave it is left alone. The
 wait itself is not a failure: the nodes stay powering up, the pool is never backed off for it, and
 ResumeTimeout bounds it (Slurm then requeues the job, reason "ResumeTimeout reached").
+
+The same for a job whose worker pod the scheduler cannot place yet (Unschedulable: a cluster
+autoscaler may be adding a node, within the pool's node_start_timeout), in any pool:
+
+    slurmk8s: waiting for a Kubernetes node for gpu-3 (pod gpu-3 Pending (Unschedulable: 0/5 nodes
+    are available: 5 Insufficient nvidia.com/gpu. ...))
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from .. import kueue
 from ..elastic.backend import BackendError, NodeBackend
 from ..slurm.commands import SlurmClient, SlurmCommandError
 from ..slurm.state import JobStatus
+from .classify import UNSCHEDULABLE
 
 if TYPE_CHECKING:
     from ..elastic.programs import Log
@@ -36,13 +43,11 @@ def explain(slurm: SlurmClient, backend: NodeBackend, snapshot: "Snapshot", jobs
     """Write (or clear) the Kueue comment of each job of `jobs` as its pods stand in `snapshot`;
     returns the errors (logged too). Never raises."""
     queues = backend.queues()
-    if not queues:
-        return []
     pool_of = {n.name: n.pool for n in snapshot.inventory.nodes}
-    waits = kueue.waits(snapshot.workers.values(), pool_of, queues)
+    waits = kueue.waits(snapshot.workers.values(), pool_of, queues) if queues else {}
     comments = {j.job_id: j.comment for j in jobs if j.state in LIVE}
     errors: list[str] = []
-    why: dict[int, str] = {}
+    why = no_node(snapshot, jobs)
     for job, wait in list(waits.items())[:MAX_READS]:
         if job not in comments:
             continue
@@ -60,7 +65,22 @@ def explain(slurm: SlurmClient, backend: NodeBackend, snapshot: "Snapshot", jobs
         except SlurmCommandError as err:
             errors.append(f"cannot set job {job}'s comment: {err}")
             continue
-        log.write(f"job {job}: {text}" if text else f"job {job}: Kueue admitted its pods, comment cleared")
+        log.write(f"job {job}: {text}" if text else f"job {job}: its pods are admitted and placed, comment cleared")
     for err in errors:
         log.write(err)
     return errors
+
+
+def no_node(snapshot: "Snapshot", jobs: Sequence[JobStatus]) -> dict[int, str]:
+    """The comment of each job waiting for its nodes (allocated, PENDING) one of whose worker pods
+    the scheduler cannot place: the first such node's pod and the scheduler's message."""
+    out: dict[int, str] = {}
+    for job in jobs:
+        if job.state != "PENDING":
+            continue
+        for node in job.nodes:
+            w = snapshot.workers.get(node)
+            if w is not None and w.phase == "Pending" and not w.gated and w.reason.startswith(UNSCHEDULABLE):
+                out[job.job_id] = kueue.why_no_node(node, w.name, f"{w.phase} ({w.reason})")
+                break
+    return out

@@ -213,6 +213,7 @@ chart's own settings (`chart`). Use: {{- $d := include "slurmk8s.defaults" . | f
       "nccl_env": {}
     },
     "node_selector": {},
+    "node_start_timeout": null,
     "partition": null,
     "pod_cpu_request": null,
     "pod_memory_request": null,
