@@ -45,6 +45,7 @@ NODES = {  # Kubernetes node -> its leaf switch (layer 3); one spine (layer 2) u
 LATE_NODE, LATE_SELECT = "e2e-topo-late", {"slurmk8s.io/e2e-late": "yes"}
 LATE_NODE_START = 300  # the late pool's node_start_timeout: Slurm's ResumeTimeout there is 120 s + this
 LATE_AFTER = 150  # the node comes this long after the pod is Pending: past the cluster's ResumeTimeout (120 s)
+EVICT_STORAGE = 64 * 2**20  # the evict pool's pods' ephemeral-storage limit (bytes)
 DOMAIN = "accelerator.topograph.run/domain"  # Topograph 1.0's NVLink domain label (block topology)
 DOMAINS = {"e2e-topo-a1": "nvl-1", "e2e-topo-a2": "nvl-1", "e2e-topo-b1": "nvl-2"}
 
@@ -96,6 +97,11 @@ def _spec(public_key: str) -> dict[str, Any]:
         {"name": "late", "mode": "slots", "cpus": 1, "memory": "1Gi", "pod_cpu_request": "50m",
          "pod_memory_request": "128Mi", "domains": [{"name": "any", "count": 1}], "node_selector": LATE_SELECT,
          "tolerations": tolerate, "node_start_timeout": f"{LATE_NODE_START}s"},
+        # a slot whose pod the kubelet evicts when its job writes past the pod's ephemeral-storage limit
+        # (issue 42 item 4: a real kubelet eviction; memory pressure would take the whole machine)
+        {"name": "evict", "mode": "slots", "cpus": 1, "memory": "1Gi", "pod_cpu_request": "50m",
+         "pod_memory_request": "128Mi", "domains": [{"name": "any", "count": 1}], "node_selector": SELECT,
+         "tolerations": tolerate, "extra_resources": {"ephemeral-storage": EVICT_STORAGE}},
     ]
     return doc
 
@@ -805,3 +811,45 @@ def test_a_job_waits_for_a_slow_new_kubernetes_node_says_why_and_runs_once_it_co
         topo.run(f"scontrol update nodename={slurm_node} state=POWER_DOWN_FORCE", check=False)
         wait_for(f"{slurm_node}'s pod gone", lambda: _worker(slurm_node) is None, 60, interval=1)
         _cli("cluster", "node", "remove", LATE_NODE)
+
+
+# Its first run writes past the pod's ephemeral-storage limit and waits to be evicted; the requeued run
+# (SLURM_RESTART_COUNT 1) just ends.
+EVICT_JOB = """#!/bin/bash
+#SBATCH -p evict -N1 --requeue -o evict-%j.out
+if [ "${SLURM_RESTART_COUNT:-0}" = 0 ]; then
+  dd if=/dev/zero of=/tmp/fill-$SLURM_JOB_ID bs=1M count=200 status=none
+  sleep 300
+fi
+echo "run ${SLURM_RESTART_COUNT:-0} done"
+"""
+
+
+def test_a_worker_the_kubelet_evicts_requeues_its_job_naming_the_eviction_and_is_no_pool_failure(topo: Login, topo_nodes):
+    """Issue 42 item 4: the kubelet evicts the evict pool's worker (its job wrote past the pod's
+    ephemeral-storage limit: a real eviction, pod Failed/Evicted, which Kubernetes 1.34 leaves with
+    no DisruptionTarget condition). The loop sets the node DOWN naming the eviction, Slurm requeues
+    the job, the pool is not backed off, the node returns and the requeued job completes."""
+    job = submit(topo, EVICT_JOB)
+    doc = wait_for(f"job {job} running", lambda: (d := _job(topo, job)) and "RUNNING" in d["job_state"] and
+                   "CONFIGURING" not in d["job_state"] and d.get("nodes") and d, 240, interval=1,
+                   show=lambda _: job_story(topo, job))
+    slurm_node = doc["nodes"]
+    evicted = wait_for(f"{slurm_node}'s pod evicted by the kubelet", lambda: (
+        (p := _worker(slurm_node) or {}).get("status", {}).get("reason") == "Evicted" and p), 120, interval=0.5, show=lambda _: job_story(topo, job))
+    t0 = time.monotonic()
+    print(f"eviction: {evicted['status'].get('message', '').strip()}")
+    wait_for(f"job {job} requeued", lambda: (_job(topo, job).get("restart_cnt") or 0) >= 1, 60, interval=0.5,
+             show=lambda _: job_story(topo, job))
+    print(f"eviction: pod Evicted -> job requeued {time.monotonic() - t0:.1f}s")
+    said = wait_for("the loop's finding naming the eviction", lambda: next(
+        (line for line in _reconcile_log().splitlines() if f"{slurm_node} " in line and "Evicted" in line), None),
+        60, interval=1)
+    print(f"eviction: {said.split(' reconcile[', 1)[-1][:200]}")
+    done = wait_job(topo, job, 300)
+    assert done["job_state"] == ["COMPLETED"], job_story(topo, job)
+    print(f"eviction: pod Evicted -> requeued job COMPLETED {time.monotonic() - t0:.1f}s")
+    assert "run 1 done" in topo.run(f"cat evict-{job}.out").stdout
+    assert not _pool_failures("evict"), _pool_failures("evict")
+    wait_for(f"Slurm node {slurm_node} back in service", lambda: not (
+        {"DOWN", "DRAIN", "FAIL"} & set((_node(topo, slurm_node) or {"state": ["DOWN"]})["state"])), 120, interval=1)

@@ -114,3 +114,18 @@ def test_a_job_waiting_for_a_kubernetes_node_says_so_in_its_comment_and_it_is_cl
     assert run(Worker(name, "Pending", UNSCHED), ours) == []  # written once
     assert run(Worker(name, "Running"), ours) == [["scontrol", "update", "jobid=9", "comment="]]
     assert run(Worker(name, "Pending", UNSCHED), "my run 3") == []  # the owner's comment stays
+
+
+def test_the_prolog_and_the_programs_bound_follow_the_longest_resume_timeout_of_any_partition(tmp_path: Path):
+    """A job on the late pool's nodes is waited for as long as Slurm waits for them (the partition's
+    ResumeTimeout), not the global one: the PrologSlurmctld's boot wait and the programs' budget read it."""
+    from provisioner.elastic import prolog
+    from provisioner.elastic.context import conf_seconds
+
+    _, gen = _generated(node_start_timeout="10m")
+    conf = tmp_path / "slurm.conf"
+    conf.write_text(gen.files["slurm.conf"])
+    assert prolog.resume_timeout_from_conf(str(conf)) == 900
+    assert conf_seconds(str(conf), "SuspendTimeout") == 15  # no partition sets one
+    conf.write_text("ResumeTimeout=300\nPartitionName=a Nodes=a-[0-1] ResumeTimeout=90 State=UP\n")
+    assert conf_seconds(str(conf), "ResumeTimeout") == 300

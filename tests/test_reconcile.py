@@ -1336,6 +1336,42 @@ def test_an_idle_worker_evicted_powers_its_node_down_without_setting_it_down():
     assert not any(h.failures for h in ledger.load().values())
 
 
+@pytest.mark.parametrize("busy", [True, False])
+def test_a_worker_the_kubelet_evicted_is_taken_not_failed_and_the_pool_is_not_backed_off(busy):
+    """A kubelet eviction (memory or disk pressure, a pod over its ephemeral-storage limit) leaves the
+    pod object behind, phase Failed, reason Evicted, with Kubernetes' DisruptionTarget condition
+    (TerminationByKubelet). That is no fault of the pool's image or spec: its node goes DOWN naming
+    the eviction (the job requeued) or, idle, is powered down; no pool failure is counted."""
+    evicted = Worker("cpu-1", "Failed", "Evicted: The node was low on resource: memory.", created_at=NOW - 600,
+                     uid="u1", taken="Kubernetes: TerminationByKubelet: The node was low on resource: memory.")
+    slurm = FakeSlurmClient(nodes=[up("cpu-1", base="ALLOCATED" if busy else "IDLE")],
+                            job_list=[_job(42, "cpu-1", NOW - 120)] if busy else [])
+    ledger = MemoryLedger(POLICY)
+    report = run_once(slurm, FakeBackend({"cpu-1": evicted}), inventory(), ledger, NOW,
+                      Log("reconcile", stream=io.StringIO()), POLICY)
+    assert not report.of(Kind.WORKER_FAILED)
+    assert report.of(Kind.WORKER_TAKEN if busy else Kind.IDLE_WORKER_TAKEN)
+    assert [u[3] for u in slurm.updates] == (["state=DOWN", "state=POWER_DOWN_FORCE"] if busy
+                                             else ["state=POWER_DOWN_FORCE"])
+    if busy:
+        assert "TerminationByKubelet" in slurm.updates[0][4]
+    assert not any(h.failures for h in ledger.load().values())
+
+
+def test_the_backend_reads_a_kubelet_eviction_without_a_condition_from_the_pods_status():
+    """Kubernetes 1.34's kubelet evicts a pod over its ephemeral-storage limit with no DisruptionTarget
+    condition (probed on the local cluster): phase Failed, reason Evicted, the message says why."""
+    from provisioner.elastic.pods import taken_by, worker_from_pod
+
+    pod = {"metadata": {"name": "cpu-1", "labels": {}}, "status": {
+        "phase": "Failed", "reason": "Evicted",
+        "message": "Pod ephemeral local storage usage exceeds the total limit of containers 20Mi. ",
+        "conditions": [{"type": "Ready", "status": "False", "reason": "PodFailed"}]}}
+    assert taken_by(pod) == "kubelet: Evicted: Pod ephemeral local storage usage exceeds the total limit of containers 20Mi."
+    assert worker_from_pod(pod).phase == "Failed"
+    assert taken_by({"status": {"phase": "Failed", "reason": "OOMKilled"}}) == ""
+
+
 def test_the_backend_reads_who_takes_a_pod_from_its_conditions():
     from provisioner.elastic.pods import taken_by
 

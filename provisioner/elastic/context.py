@@ -94,16 +94,23 @@ def _load_env() -> tuple[dict[str, str], str]:
 
 
 def conf_seconds(path: str, key: str) -> float | None:
-    """A number from slurm.conf (cheap scan, no parser import); None when absent/unreadable."""
+    """A number from slurm.conf (cheap scan, no parser import): the longest of its global value and
+    those its PartitionName lines set (a node gets the longest of its partitions' ResumeTimeout, and
+    Slurm bounds a power-saving program by the longest of all); None when absent/unreadable."""
+    found: list[float] = []
     try:
         with open(path) as fh:
             for line in fh:
-                k, sep, value = line.split("#", 1)[0].strip().partition("=")
+                text = line.split("#", 1)[0].strip()
+                k, sep, value = text.partition("=")
                 if sep and k.strip().lower() == key.lower():
-                    return float(value.strip())
+                    found.append(float(value.strip()))
+                elif k.strip().lower() == "partitionname":
+                    found += [float(v) for k2, _, v in (w.partition("=") for w in text.split()[1:])
+                              if k2.lower() == key.lower()]
     except (OSError, ValueError):
         return None
-    return None
+    return max(found) if found else None
 
 
 def _env_float(env: Mapping[str, str], key: str, default: float) -> float:

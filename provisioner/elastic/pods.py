@@ -85,10 +85,14 @@ TAKEN_CONDITIONS = {"TerminationTarget": "Kueue", "DisruptionTarget": "Kubernete
 def taken_by(pod: Mapping[str, Any]) -> str:
     """Who is removing the pod and why ('Kueue: WorkloadEvicted: Preempted to accommodate ...',
     'Kubernetes: EvictionByEvictionAPI: ...'), from the condition set before the delete; ''."""
-    for cond in (pod.get("status") or {}).get("conditions") or ():
+    status = pod.get("status") or {}
+    for cond in status.get("conditions") or ():
         who = TAKEN_CONDITIONS.get(str(cond.get("type")))
         if who and cond.get("status") == "True":
             return _one_line(f"{who}: {cond.get('reason') or 'removed'}: {cond.get('message') or ''}".rstrip(": "))
+    if status.get("reason") == "Evicted":  # the kubelet's eviction of a pod over its ephemeral-storage
+        # limit sets no DisruptionTarget condition (seen on Kubernetes 1.34): its status says it
+        return _one_line(f"kubelet: Evicted: {status.get('message') or ''}".rstrip(": "))
     return ""
 
 

@@ -308,6 +308,8 @@ def classify_pair(name: str, node: NodeStatus | None, worker: Worker | None, sna
                 # seen in the test bed: a container between the backend's create and start calls
                 # lists as "created" (phase Failed); a young worker gets the grace period
                 return Finding(name, Kind.OK, f"{_worker_words(worker)} but only {age:.0f}s old: within grace", pool)
+            if worker.taken:  # the kubelet evicted it (phase Failed, DisruptionTarget): no fault of the pool
+                return _taken(name, node, worker.taken, snapshot, pool)
             return Finding(name, Kind.WORKER_FAILED, f"{_worker_words(worker)}", pool)
         unavailable = inv[name].unavailable
         if worker.phase == "Pending" and unavailable:
@@ -367,16 +369,22 @@ def classify_pair(name: str, node: NodeStatus | None, worker: Worker | None, sna
     idle = name not in snapshot.running and not node.busy
     taken = worker.taken if worker is not None else snapshot.taken_gone.get(name, "")
     if taken:  # on its way out (or gone since the last pass), and the pod said who took it
-        if idle:
-            return Finding(name, Kind.IDLE_WORKER_TAKEN, f"idle pod {name} taken away: {taken}", pool)
-        job = f" under job {snapshot.running[name][1]}" if name in snapshot.running else ""
-        return Finding(name, Kind.WORKER_TAKEN, f"pod {name} taken away{job}: {taken}", pool)
+        return _taken(name, node, taken, snapshot, pool)
     gone = f"pod {name} is gone" + (f" ({worker.phase})" if worker is not None else "")
     if idle:
         return Finding(name, Kind.IDLE_WORKER_GONE, f"{gone} while Slurm has the node "
                                                     f"{'+'.join(sorted(node.state - {'CLOUD'}))}", pool)
     return Finding(name, Kind.MISSING_WORKER,
                    f"{gone} while Slurm has the node {'+'.join(sorted(node.state - {'CLOUD'}))}", pool)
+
+
+def _taken(name: str, node: NodeStatus, taken: str, snapshot: Snapshot, pool: str) -> Finding:
+    """Another actor took the node's worker and said why (`taken`): DOWN naming it under a job,
+    powered down when idle; never a failure of the pool."""
+    if name not in snapshot.running and not node.busy:
+        return Finding(name, Kind.IDLE_WORKER_TAKEN, f"idle pod {name} taken away: {taken}", pool)
+    job = f" under job {snapshot.running[name][1]}" if name in snapshot.running else ""
+    return Finding(name, Kind.WORKER_TAKEN, f"pod {name} taken away{job}: {taken}", pool)
 
 
 def classify(snapshot: Snapshot, now: float, policy: Policy = Policy()) -> list[Finding]:
