@@ -1370,6 +1370,14 @@ def test_the_backend_reads_a_kubelet_eviction_without_a_condition_from_the_pods_
     assert taken_by(pod) == "kubelet: Evicted: Pod ephemeral local storage usage exceeds the total limit of containers 20Mi."
     assert worker_from_pod(pod).phase == "Failed"
     assert taken_by({"status": {"phase": "Failed", "reason": "OOMKilled"}}) == ""
+    # the same eviction seen on the worker: its preStop hook ran, slurmd exited 0, the pod ended
+    # Succeeded with nothing else said. A worker (restartPolicy Always) only ends so by the kubelet
+    ended = {"metadata": {"name": "cpu-1"}, "spec": {"restartPolicy": "Always"}, "status": {
+        "phase": "Succeeded", "containerStatuses": [{"state": {"terminated": {"reason": "Completed", "exitCode": 0}}}]}}
+    assert taken_by(ended) == ("kubelet: ended the pod (Succeeded: Completed (exit 0)), as for an eviction or a "
+                               "node shutdown")
+    assert taken_by({**ended, "spec": {"restartPolicy": "Never"}}) == ""
+    assert taken_by({**ended, "metadata": {"deletionTimestamp": "2026-12-07T15:20:23Z"}}) == ""
 
 
 def test_the_backend_reads_who_takes_a_pod_from_its_conditions():
