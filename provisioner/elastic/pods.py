@@ -94,10 +94,10 @@ def taken_by(pod: Mapping[str, Any]) -> str:
         # limit sets no DisruptionTarget condition (seen on Kubernetes 1.34): its status says it
         return _one_line(f"kubelet: Evicted: {status.get('message') or ''}".rstrip(": "))
     if (pod.get("spec") or {}).get("restartPolicy") == "Always" and pod_phase(pod) == "Succeeded":
-        # a container of such a pod that exits is restarted in place: only the kubelet ends the pod (a
-        # Failed one may be a dead host or container, judged as worker-failed)
+        # a container of such a pod that exits is restarted in place: only the kubelet ends the pod
         # itself (an eviction, a node shutdown). Seen on 1.34: evicted, the worker's preStop hook ran,
-        # slurmd exited 0 on SIGTERM, and the pod ended Succeeded with no reason or condition at all
+        # slurmd exited 0 on SIGTERM, and the pod ended Succeeded with no reason or condition at all.
+        # A Failed one may be a dead host or container: judged as worker-failed
         return _one_line(f"kubelet: ended the pod ({pod_phase(pod)}: {pod_reason(pod) or 'no reason given'}), "
                          "as for an eviction or a node shutdown")
     return ""
