@@ -11,8 +11,8 @@ from ..config import ClusterSpec, Pool
 from ..inventory import SlurmNode
 from .common import (K8sSite, _config_volume, _container_security, _meta, _pod_security, _pvc_volume,
                      _secret_volume, content_hash, controller_address, dns_searches, home_on_one_node)
-from ..names import (A_IMAGE_INTERFACE, A_K8S_NODE, A_MULTUS, A_NODE_START, A_SPEC_HASH, AUTH_SECRET, BASE_CAPS, HOME_PVC,
-                    IMAGE_INTERFACE, L_BUSY, L_CLUSTER, L_MANAGED_BY, L_NODE, L_POOL, L_SUBDOMAIN, LOGIN, MUNGE_DIR,
+from ..names import (A_IMAGE_INTERFACE, A_K8S_NODE, A_MULTUS, A_NODE_START, A_SPEC_HASH, AUTH_SECRET, BASE_CAPS,
+                    HOME_PVC, IMAGE_INTERFACE, L_BUSY, L_CLUSTER, L_MANAGED_BY, L_NODE, L_POOL, L_SUBDOMAIN, LOGIN, MUNGE_DIR,
                     SLURMD_PORT, TEMPLATE_PREFIX, USERS_CONFIG, USERS_DIR, WORKER_GRACE_SECONDS, WORKER_STOP, WORKERS,
                     base_labels, selector)
 

@@ -308,7 +308,7 @@ def classify_pair(name: str, node: NodeStatus | None, worker: Worker | None, sna
                 # seen in the test bed: a container between the backend's create and start calls
                 # lists as "created" (phase Failed); a young worker gets the grace period
                 return Finding(name, Kind.OK, f"{_worker_words(worker)} but only {age:.0f}s old: within grace", pool)
-            if worker.taken:  # the kubelet ended it (Evicted, or Succeeded: elastic/pods.py taken_by): no fault of the pool
+            if worker.taken:  # the kubelet ended it (Evicted, or Succeeded: pods.taken_by): not the pool's fault
                 return _taken(name, node, worker.taken, snapshot, pool)
             return Finding(name, Kind.WORKER_FAILED, f"{_worker_words(worker)}", pool)
         unavailable = inv[name].unavailable
