@@ -6,6 +6,8 @@
 2. Quota freed -> the waiting job RUNNING: a ClusterQueue quota for one worker pod; job A runs, job
    B waits (Kueue gates its pod); from A's pod gone (Slurm suspended A's idle node, the backend
    deleted its pod: Kueue's workload done, its quota free) to B RUNNING. p50 of --freed runs; floor 2 s.
+   Each sample starts with no pod in the pool (A on a node still up would be in another job's pod
+   group), and prints each step's time after A's pod was gone (bench/kueue_timeline.py).
 3. Two 2-node jobs on a quota for 2 pods: how many pods of a job ran while another of the same job
    was gated (must be 0), and both jobs COMPLETED.
 
@@ -34,10 +36,13 @@ sys.path.insert(0, str(ROOT / "e2e"))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import deploy  # noqa: E402
+import kueue_timeline as timeline  # noqa: E402
+import p1_phases  # noqa: E402
 from helpers import MADE_BY, kjson, kubectl, login_in, server_version, side_spec  # noqa: E402
 from kueuelab import apply, cluster_queue, kueue_up, local_queue, resource_flavor  # noqa: E402
 
 from provisioner import kueue as names  # noqa: E402
+from provisioner.names import L_NODE, L_POOL  # noqa: E402
 from provisioner.localk8s import kueue_manifests as km  # noqa: E402
 
 NAME = "bench-kq"
@@ -89,6 +94,10 @@ def job_pods(job: int) -> list[dict[str, Any]]:
             if names.job_of(p["metadata"]["labels"][names.GROUP_LABEL]) == job]
 
 
+def pool_pods(pool: str) -> list[dict[str, Any]]:
+    return kjson("get", "pods", "-n", NAMESPACE, "-l", f"{L_POOL}={pool}")["items"]
+
+
 def gated(pod: dict[str, Any]) -> bool:
     return any(g["name"] in names.GATES for g in pod["spec"].get("schedulingGates") or [])
 
@@ -118,26 +127,45 @@ def wait_state(login, job: str, want: tuple[str, ...], timeout: float) -> str:
              f"{story.stdout}{story.stderr}")
 
 
-def freed_to_running(login) -> float:
-    """One sample of 2: A runs on the quota's one pod, B waits; A's pod gone -> B RUNNING."""
+def freed_to_running(login, watch: timeline.Watch) -> tuple[float, dict[str, float | None]]:
+    """One sample of 2: A runs on the quota's one pod, B waits; A's pod gone -> B RUNNING. Also each
+    step's time after A's pod was gone, from the watch and slurmctld's log (bench/kueue_timeline.py)."""
+    deadline = time.monotonic() + 120
+    while pool_pods("kq"):  # no warm node left: A gets a pod (and a pod group) of its own
+        if time.monotonic() > deadline:
+            sys.exit("the kq pool's worker pods were not deleted within 120 s of their jobs")
+        time.sleep(0.2)
     a = sbatch(login, "-p kq -N1 --wrap 'sleep 3'")
     wait_state(login, a, ("RUNNING",), 120)
+    if not job_pods(int(a)):
+        sys.exit(f"job {a} runs on no pod of its own pod group")
     b = sbatch(login, "-p kq -N1 --wrap 'sleep 3'")
     deadline = time.monotonic() + 60
-    while not [p for p in job_pods(int(b)) if gated(p)]:
+    while not (waiting := [p for p in job_pods(int(b)) if gated(p)]):
         if time.monotonic() > deadline:
             sys.exit(f"job {b}'s pod never waited for quota")
         time.sleep(0.2)
+    a_group = job_pods(int(a))[0]["metadata"]["labels"][names.GROUP_LABEL]
+    b_group, b_node = waiting[0]["metadata"]["labels"][names.GROUP_LABEL], waiting[0]["metadata"]["labels"][L_NODE]
     while job_pods(int(a)):  # A ends, its node is suspended (SuspendTime 5 s), its pod deleted
         time.sleep(0.05)
     freed = time.monotonic()
     while "RUNNING" not in (got := state(login, b)) and not got.startswith("COMPLETED"):
         time.sleep(0.05)
     took = time.monotonic() - freed
+    seen_running = time.time()
+    times = timeline.sample_times(list(watch.seen), a_group, b_group, names.GROUP_LABEL, names.GATES)
+    since = (times["freed"] or seen_running - took) - 5
+    ctld = p1_phases.slurmctld_events(kubectl(
+        "logs", "-n", NAMESPACE, "slurmctld-0", "-c", "slurmctld", "--timestamps",
+        "--since-time=" + time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(since)), check=False).stdout)
+    times["registered"] = next((t for t in ctld.registered.get(b_node, []) if t >= since), None)
+    times["job_started"] = ctld.started.get(int(b))
+    times["running_seen"] = seen_running
     wait_state(login, b, ("COMPLETED",), 120)
     while job_pods(int(b)):
         time.sleep(0.2)
-    return took
+    return took, timeline.steps(times)
 
 
 def competing(login) -> dict[str, Any]:
@@ -195,13 +223,18 @@ def main() -> int:
                   f"({' '.join(f'{s:.2f}' for s in p1[pool])})")
         print(f"P1 overhead of a Kueue pool: p50 {overhead:+.2f} s (floor <= {OVERHEAD_FLOOR} s)")
         quota(1)
-        freed = [freed_to_running(login) for _ in range(args.freed)]
+        with timeline.Watch(NAMESPACE, names.GROUP_LABEL, names.GROUP, names.API.split("/")[1]) as watch:
+            sampled = [freed_to_running(login, watch) for _ in range(args.freed)]
+        freed, freed_steps = [t for t, _ in sampled], [s for _, s in sampled]
         print(f"quota freed -> waiting job RUNNING: p50 {statistics.median(freed):.2f} s, max {max(freed):.2f} s "
-              f"({' '.join(f'{s:.2f}' for s in freed)}) (floor <= {FREED_FLOOR} s)")
+              f"({' '.join(f'{s:.2f}' for s in freed)}) (floor <= {FREED_FLOOR} s); each step after the pod was gone:")
+        print("\n".join(timeline.summary(freed_steps)))
+        if watch.errors:
+            print(f"  (the watches were opened again {len(watch.errors)} times: {watch.errors[:3]})")
         race = competing(login)
         print(f"two 2-node jobs on a quota for one: {race['states']}, pods of a job running while another was "
               f"gated: {race['partial_pods_running']} (must be 0)")
-        out.update({"p1": p1, "overhead_p50": overhead, "overhead_floor": OVERHEAD_FLOOR, "freed": freed,
+        out.update({"p1": p1, "overhead_p50": overhead, "overhead_floor": OVERHEAD_FLOOR, "freed": freed, "freed_steps": freed_steps,
                     "freed_p50": statistics.median(freed), "freed_floor": FREED_FLOOR, "competing": race})
     finally:
         if not args.keep:
