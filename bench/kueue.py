@@ -234,8 +234,9 @@ def main() -> int:
         race = competing(login)
         print(f"two 2-node jobs on a quota for one: {race['states']}, pods of a job running while another was "
               f"gated: {race['partial_pods_running']} (must be 0)")
-        out.update({"p1": p1, "overhead_p50": overhead, "overhead_floor": OVERHEAD_FLOOR, "freed": freed, "freed_steps": freed_steps,
-                    "freed_p50": statistics.median(freed), "freed_floor": FREED_FLOOR, "competing": race})
+        out.update({"p1": p1, "overhead_p50": overhead, "overhead_floor": OVERHEAD_FLOOR, "freed": freed,
+                    "freed_steps": freed_steps, "freed_p50": statistics.median(freed), "freed_floor": FREED_FLOOR,
+                    "competing": race})
     finally:
         if not args.keep:
             deploy.down(NAME, work)

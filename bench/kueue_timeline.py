@@ -100,7 +100,6 @@ class Watch:
     seen: list[Seen] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
-    _threads: list[threading.Thread] = field(default_factory=list)
 
     def _run(self, kind: str, lister: Callable[..., Any], **kw: Any) -> None:
         from kubernetes import watch
@@ -126,10 +125,8 @@ class Watch:
             ("workload", custom.list_namespaced_custom_object,
              {"group": self.group, "version": self.version, "namespace": self.namespace, "plural": "workloads"}),
         ]
-        for kind, lister, kw in targets:
-            t = threading.Thread(target=self._run, args=(kind, lister), kwargs=kw, name=f"watch-{kind}", daemon=True)
-            t.start()
-            self._threads.append(t)
+        for kind, lister, kw in targets:  # daemon threads: a stream blocked in a read ends with the bench
+            threading.Thread(target=self._run, args=(kind, lister), kwargs=kw, name=f"watch-{kind}", daemon=True).start()
         time.sleep(1.0)  # both watches are open before the first sample
         return self
 
