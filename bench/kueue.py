@@ -4,8 +4,9 @@
    (seen on the login pod, squeue polled every 50 ms), each run on a node of its own that has no
    worker pod yet, the two pools taking turns. Overhead = p50(kueue) - p50(plain); floor 0.3 s.
 2. Quota freed -> the waiting job RUNNING: a ClusterQueue quota for one worker pod; job A runs, job
-   B waits (Kueue gates its pod); from A's pod gone (Slurm suspended A's idle node, the backend
-   deleted its pod: Kueue's workload done, its quota free) to B RUNNING. p50 of --freed runs; floor 2 s.
+   B waits (Kueue gates its pod); from A's pod gone (A's idle node handed its quota on: powered down
+   at once, not at SuspendTime, its pod deleted; Kueue's workload done, its quota free) to B
+   RUNNING. p50 of --freed runs; floor 2 s. Also from A's end to B RUNNING, the handover included.
    Each sample starts with no pod in the pool (A on a node still up would be in another job's pod
    group), and prints each step's time after A's pod was gone (bench/kueue_timeline.py).
 3. Two 2-node jobs on a quota for 2 pods: how many pods of a job ran while another of the same job
@@ -27,7 +28,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import asyncssh
 
@@ -50,6 +51,8 @@ NAMESPACE = deploy.namespace_of(NAME)
 QUEUE, CQ, FLAVOR = "slurm", "bench-kq", "bench-kq"
 POD_CPU, POD_MEMORY = "50m", "128Mi"
 OVERHEAD_FLOOR, FREED_FLOOR = 0.3, 2.0
+# long enough that a node suspended within it was handed over, not idle for SuspendTime
+SUSPEND_TIME = 30
 
 # one line per run: `p1 POOL NODE JOB T0_NS RUNNING_NS`
 P1_LOOP = r"""
@@ -71,7 +74,7 @@ def spec(public_key: str, nodes: int) -> dict[str, Any]:
     small = {"mode": "slots", "cpus": 1, "memory": "1Gi", "pod_cpu_request": POD_CPU,
              "pod_memory_request": POD_MEMORY, "domains": [{"name": "local", "count": nodes}]}
     out["pools"] = [{"name": "kq", **small, "kueue": {"queue": QUEUE}}, {"name": "plain", **small}]
-    out["elasticity"] = {"suspend_time": 5, "resume_timeout": 180}
+    out["elasticity"] = {"suspend_time": SUSPEND_TIME, "resume_timeout": 180}
     return out
 
 
@@ -127,9 +130,16 @@ def wait_state(login, job: str, want: tuple[str, ...], timeout: float) -> str:
              f"{story.stdout}{story.stderr}")
 
 
-def freed_to_running(login, watch: timeline.Watch) -> tuple[float, dict[str, float | None]]:
-    """One sample of 2: A runs on the quota's one pod, B waits; A's pod gone -> B RUNNING. Also each
-    step's time after A's pod was gone, from the watch and slurmctld's log (bench/kueue_timeline.py)."""
+class Sample(NamedTuple):
+    freed: float  # A's pod gone -> B RUNNING
+    ended: float  # A no longer RUNNING -> B RUNNING: what a researcher waits, the handover included
+    steps: dict[str, float | None]  # each step's time after A's pod was gone
+
+
+def freed_to_running(login, watch: timeline.Watch) -> Sample:
+    """One sample of 2: A runs on the quota's one pod, B waits; A ends, its idle node hands the quota
+    on, A's pod gone -> B RUNNING. Each step's time after A's pod was gone comes from the watch and
+    slurmctld's log (bench/kueue_timeline.py)."""
     deadline = time.monotonic() + 120
     while pool_pods("kq"):  # no warm node left: A gets a pod (and a pod group) of its own
         if time.monotonic() > deadline:
@@ -147,7 +157,10 @@ def freed_to_running(login, watch: timeline.Watch) -> tuple[float, dict[str, flo
         time.sleep(0.2)
     a_group = job_pods(int(a))[0]["metadata"]["labels"][names.GROUP_LABEL]
     b_group, b_node = waiting[0]["metadata"]["labels"][names.GROUP_LABEL], waiting[0]["metadata"]["labels"][L_NODE]
-    while job_pods(int(a)):  # A ends, its node is suspended (SuspendTime 5 s), its pod deleted
+    while state(login, a) == "RUNNING":
+        time.sleep(0.05)
+    ended = time.monotonic()
+    while job_pods(int(a)):  # A ended: its idle node hands its quota on (powered down, its pod deleted)
         time.sleep(0.05)
     freed = time.monotonic()
     while "RUNNING" not in (got := state(login, b)) and not got.startswith("COMPLETED"):
@@ -165,7 +178,7 @@ def freed_to_running(login, watch: timeline.Watch) -> tuple[float, dict[str, flo
     wait_state(login, b, ("COMPLETED",), 120)
     while job_pods(int(b)):
         time.sleep(0.2)
-    return took, timeline.steps(times)
+    return Sample(took, freed - ended + took, timeline.steps(times))
 
 
 def competing(login) -> dict[str, Any]:
@@ -225,7 +238,9 @@ def main() -> int:
         quota(1)
         with timeline.Watch(NAMESPACE, names.GROUP_LABEL, names.GROUP, names.API.split("/")[1]) as watch:
             sampled = [freed_to_running(login, watch) for _ in range(args.freed)]
-        freed, freed_steps = [t for t, _ in sampled], [s for _, s in sampled]
+        freed, ended, freed_steps = [s.freed for s in sampled], [s.ended for s in sampled], [s.steps for s in sampled]
+        print(f"job A ended -> waiting job B RUNNING (A's idle node handing its quota on; SuspendTime "
+              f"{SUSPEND_TIME} s): p50 {statistics.median(ended):.2f} s ({' '.join(f'{s:.2f}' for s in ended)})")
         print(f"quota freed -> waiting job RUNNING: p50 {statistics.median(freed):.2f} s, max {max(freed):.2f} s "
               f"({' '.join(f'{s:.2f}' for s in freed)}) (floor <= {FREED_FLOOR} s); each step after the pod was gone:")
         print("\n".join(timeline.summary(freed_steps)))
@@ -236,7 +251,7 @@ def main() -> int:
               f"gated: {race['partial_pods_running']} (must be 0)")
         out.update({"p1": p1, "overhead_p50": overhead, "overhead_floor": OVERHEAD_FLOOR, "freed": freed,
                     "freed_steps": freed_steps, "freed_p50": statistics.median(freed), "freed_floor": FREED_FLOOR,
-                    "competing": race})
+                    "ended": ended, "competing": race})
     finally:
         if not args.keep:
             deploy.down(NAME, work)

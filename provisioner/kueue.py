@@ -162,6 +162,15 @@ def why_waiting(queue: str, group: str, workload: Mapping[str, Any] | None, pres
     return f"{head}: admitted, the pods are starting"
 
 
+def lacks_unused_quota(workload: Mapping[str, Any]) -> bool:
+    """Whether the Workload waits because quota it fits is in use (Kueue's QuotaReserved False,
+    "insufficient unused quota ..."): what an idle node of the queue handing its share on can end."""
+    for cond in (workload.get("status") or {}).get("conditions") or ():
+        if cond.get("type") == "QuotaReserved" and cond.get("status") == "False":
+            return "insufficient unused quota" in str(cond.get("message") or "")
+    return False
+
+
 @dataclass(frozen=True)
 class Wait:
     """One job's pods held by Kueue, from the workers listed: the group and how many of its pods exist."""

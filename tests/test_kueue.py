@@ -412,3 +412,66 @@ def test_the_spec_in_docs_kueue_md_is_a_valid_pool():
     snippet = text.split("```yaml\n", 1)[1].split("```", 1)[0]
     spec = parse_spec({"name": "docs", **yaml.safe_load(snippet)})
     assert spec.pools[0].kueue is not None and spec.pools[0].kueue.queue == "slurm"
+
+
+# ---------------------------------------------------------------- an idle node hands its quota on
+
+
+def _handover(tmp_path: Path, *, message: str = QUOTA, idle_state=("IDLE", "CLOUD"), jobs_on: tuple[str, ...] = (),
+              idle: tuple[str, ...] = ("gpu-2", "gpu-3", "gpu-4"), fail: bool = False):
+    """Job 7's two gpu pods gated for quota in queue team-a; the gpu nodes of `idle` up and idle
+    (their pods admitted and Running), and cpu-0 too (a pool under no queue)."""
+    from fakes.slurm import FakeSlurmClient
+
+    from provisioner.elastic.backend import Worker
+    from provisioner.reconcile.classify import Snapshot
+    from provisioner.reconcile.kueuewait import explain
+    from provisioner.slurm.state import JobStatus, NodeStatus
+
+    inv = _inv("gpu-0", "gpu-1", "gpu-2", "gpu-3", "gpu-4", "cpu-0")
+    workers = {n: Worker(n, "Pending", group="slurm-job7-tok", group_total=2, gated=True) for n in ("gpu-0", "gpu-1")}
+    workers.update((n, Worker(n, "Running", group=f"slurm-job{i}-old", group_total=1))
+                   for i, n in enumerate(idle, start=3))
+    workers["cpu-0"] = Worker("cpu-0", "Running")
+    nodes = {n: NodeStatus(n, frozenset({"ALLOCATED", "CLOUD", "POWERING_UP"})) for n in ("gpu-0", "gpu-1")}
+    nodes.update((n, NodeStatus(n, frozenset(idle_state))) for n in (*idle, "cpu-0"))
+    backend = FakeBackend(workers=dict(workers), pool_queues={"gpu": "team-a"},
+                          workloads={"slurm-job7-tok": _workload(message=message)})
+    slurm = FakeSlurmClient(fail_updates=fail)
+    jobs = [JobStatus.from_json({"job_id": 7, "job_state": ["PENDING", "CONFIGURING"], "nodes": "gpu-[0-1]"})]
+    jobs += [JobStatus.from_json({"job_id": 9, "job_state": ["RUNNING"], "nodes": n}) for n in jobs_on]
+    log = Log("reconcile", str(tmp_path / "r.log"))
+    errors = explain(slurm, backend, Snapshot(nodes, workers, inv), jobs, log)
+    downs = [u for u in slurm.updates if u[2].startswith("nodename=")]
+    return downs, errors, (tmp_path / "r.log").read_text()
+
+
+def test_while_a_job_waits_for_quota_idle_nodes_of_its_queue_power_down_to_hand_the_quota_on(tmp_path: Path):
+    """An idle node of the queue keeps its admitted pod, and so its share of the quota, until
+    SuspendTime; the job waiting for that quota would wait as long. As many idle nodes of the
+    queue as the waiting group has pods are powered down at once (plain POWER_DOWN: Slurm takes
+    an idle node out of scheduling and suspends it, so its pod goes); a pool under no queue keeps
+    its idle nodes."""
+    downs, errors, log = _handover(tmp_path)
+    assert errors == []
+    assert downs == [["scontrol", "update", "nodename=gpu-[2-3]", "state=POWER_DOWN"]]
+    assert "gpu-[2-3]: powered down to hand their Kueue quota to job 7 (queue team-a)" in log
+
+
+def test_no_handover_for_a_node_in_use_or_already_leaving_nor_for_a_wait_quota_cannot_end(tmp_path: Path):
+    for state in (("IDLE", "CLOUD", "POWER_DOWN"), ("IDLE", "CLOUD", "POWERING_DOWN"), ("IDLE", "DRAIN"),
+                  ("MIXED",), ("ALLOCATED",), ("IDLE", "COMPLETING"), ("IDLE", "PLANNED"), ("IDLE", "RESERVED")):
+        assert _handover(tmp_path, idle_state=state)[0] == [], state
+    # a node a job holds (its state read before the job came) is left to it
+    assert _handover(tmp_path, jobs_on=("gpu-2", "gpu-3", "gpu-4"))[0] == []
+    assert _handover(tmp_path, jobs_on=("gpu-2",))[0] == [["scontrol", "update", "nodename=gpu-[3-4]",
+                                                           "state=POWER_DOWN"]]
+    # a group larger than the quota, or held for another reason: nothing an idle node gives helps
+    never = "couldn't assign flavors to pod set 3f2a: insufficient quota for cpu in flavor default, ... > maximum"
+    assert _handover(tmp_path, message=never)[0] == []
+    assert _handover(tmp_path, message="ClusterQueue e2e-kq is inactive")[0] == []
+
+
+def test_a_handover_slurm_refuses_is_reported_and_tried_again_next_pass(tmp_path: Path):
+    downs, errors, _ = _handover(tmp_path, fail=True)
+    assert len(downs) == 1 and errors and errors[-1].startswith("cannot power down gpu-[2-3] for job 7's quota: ")
