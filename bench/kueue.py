@@ -181,6 +181,98 @@ def freed_to_running(login, watch: timeline.Watch) -> Sample:
     return Sample(took, freed - ended + took, timeline.steps(times))
 
 
+def admin(*argv: str) -> None:
+    """scontrol as SlurmUser on slurmctld: what a loop running the other plan would do."""
+    kubectl("exec", "-n", NAMESPACE, "slurmctld-0", "-c", "slurmctld", "--", "scontrol", *argv)
+
+
+def no_pod_left(pool: str = "kq") -> None:
+    deadline = time.monotonic() + 120
+    while pool_pods(pool):  # no warm node left: each sample starts from zero pods
+        if time.monotonic() > deadline:
+            sys.exit(f"the {pool} pool's worker pods were not deleted within 120 s of their jobs")
+        time.sleep(0.2)
+
+
+def wait_running(login, job: str, timeout: float = 120) -> float:
+    """Poll squeue every 50 ms until `job` runs (or ran): the time it was seen."""
+    deadline = time.monotonic() + timeout
+    while "RUNNING" not in (got := state(login, job)) and not got.startswith("COMPLETED"):
+        if time.monotonic() > deadline:
+            wait_state(login, job, ("RUNNING",), 0)
+        time.sleep(0.05)
+    return time.monotonic()
+
+
+TENANT = "bench-kq-tenant"
+
+
+def tenant(hold: bool) -> None:
+    """Another tenant's pod in the queue, holding the quota's one worker pod's share (hold), or gone."""
+    if not hold:
+        kubectl("delete", "pod", TENANT, "-n", NAMESPACE, "--ignore-not-found", "--wait=true", "--grace-period=0",
+                timeout=90)
+        return
+    apply({"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": TENANT, "namespace": NAMESPACE, "labels": {names.QUEUE_LABEL: QUEUE}},
+           "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 0,
+                    "containers": [{"name": "main", "image": "slurmk8s/slurmd:dev", "imagePullPolicy": "Never",
+                                    "command": ["sleep", "600"],
+                                    "resources": {"requests": {"cpu": POD_CPU, "memory": POD_MEMORY},
+                                                  "limits": {"memory": POD_MEMORY}}}]}})
+    kubectl("wait", "pod", TENANT, "-n", NAMESPACE, "--for=condition=Ready", "--timeout=90s", timeout=100)
+
+
+def plans(login, nodes: int, samples: int) -> dict[str, list[float]]:
+    """The two plans for capacity Kubernetes may refuse, on a quota for one worker pod:
+
+    - hold (what slurmk8s does): Slurm allocates nodes as if the capacity were there; Kueue gates
+      the job's pods (the job CONFIGURING) until quota frees;
+    - drain: nodes are made unavailable to Slurm while the queue has no quota (drained), and made
+      available when it has (here by hand, at once: the best case of a loop that would watch the
+      ClusterQueue); the job stays PENDING with no node and no pod meanwhile.
+
+    Each in two cases: quota freed by the queue's own job (A ends, B waits) and by another tenant's
+    pod (it goes, B waits). Times to B RUNNING from A's end / the pod gone."""
+    rest = f"kq-[1-{nodes - 1}]"
+    out: dict[str, list[float]] = {"hold_own": [], "drain_own": [], "hold_tenant": [], "drain_tenant": []}
+    for _ in range(samples):
+        for plan in ("hold", "drain"):
+            no_pod_left()
+            a = sbatch(login, "-p kq -N1 -w kq-0 --wrap 'sleep 3'")
+            wait_state(login, a, ("RUNNING",), 120)
+            if plan == "drain":
+                admin("update", f"nodename={rest}", "state=drain", "reason=bench: the queue has no quota")
+            b = sbatch(login, "-p kq -N1 --wrap 'sleep 2'")
+            while state(login, a) == "RUNNING":
+                time.sleep(0.05)
+            ended = time.monotonic()
+            out[f"{plan}_own"].append(wait_running(login, b) - ended)
+            if plan == "drain":
+                admin("update", f"nodename={rest}", "state=undrain")
+            wait_state(login, b, ("COMPLETED",), 120)
+
+            no_pod_left()
+            tenant(hold=True)
+            if plan == "drain":
+                admin("update", "nodename=kq-[0-{}]".format(nodes - 1), "state=drain",
+                      "reason=bench: the queue has no quota")
+            b = sbatch(login, "-p kq -N1 --wrap 'sleep 2'")
+            deadline = time.monotonic() + 60
+            while plan == "hold" and not [p for p in job_pods(int(b)) if gated(p)]:
+                if time.monotonic() > deadline:
+                    sys.exit(f"job {b}'s pod never waited for quota")
+                time.sleep(0.2)
+            time.sleep(1 if plan == "drain" else 0)  # B PENDING, seen by the scheduler
+            tenant(hold=False)
+            gone = time.monotonic()
+            if plan == "drain":
+                admin("update", "nodename=kq-[0-{}]".format(nodes - 1), "state=undrain")
+            out[f"{plan}_tenant"].append(wait_running(login, b) - gone)
+            wait_state(login, b, ("COMPLETED",), 120)
+    return out
+
+
 def competing(login) -> dict[str, Any]:
     quota(2)
     first = sbatch(login, "-p kq -N2 --wrap 'sleep 6'")
@@ -208,6 +300,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=int, default=5, help="P1 runs per pool (each on a node of its own)")
     ap.add_argument("--freed", type=int, default=3, help="quota freed -> RUNNING samples")
+    ap.add_argument("--plans", type=int, default=0, help="samples of each plan for capacity Kubernetes may refuse")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--keep", action="store_true")
     args = ap.parse_args()
@@ -246,6 +339,14 @@ def main() -> int:
         print("\n".join(timeline.summary(freed_steps)))
         if watch.errors:
             print(f"  (the watches were opened again {len(watch.errors)} times: {watch.errors[:3]})")
+        if args.plans:
+            chosen = plans(login, args.runs, args.plans)
+            for key, what in (("own", "the queue's own job A ends"), ("tenant", "another tenant's pod goes")):
+                for plan in ("hold", "drain"):
+                    got = chosen[f"{plan}_{key}"]
+                    print(f"plan {plan:5}: {what} -> waiting job B RUNNING: p50 {statistics.median(got):.2f} s "
+                          f"({' '.join(f'{s:.2f}' for s in got)})")
+            out["plans"] = chosen
         race = competing(login)
         print(f"two 2-node jobs on a quota for one: {race['states']}, pods of a job running while another was "
               f"gated: {race['partial_pods_running']} (must be 0)")
