@@ -140,11 +140,7 @@ def freed_to_running(login, watch: timeline.Watch) -> Sample:
     """One sample of 2: A runs on the quota's one pod, B waits; A ends, its idle node hands the quota
     on, A's pod gone -> B RUNNING. Each step's time after A's pod was gone comes from the watch and
     slurmctld's log (bench/kueue_timeline.py)."""
-    deadline = time.monotonic() + 120
-    while pool_pods("kq"):  # no warm node left: A gets a pod (and a pod group) of its own
-        if time.monotonic() > deadline:
-            sys.exit("the kq pool's worker pods were not deleted within 120 s of their jobs")
-        time.sleep(0.2)
+    no_pod_left()  # no warm node left: A gets a pod (and a pod group) of its own
     a = sbatch(login, "-p kq -N1 --wrap 'sleep 3'")
     wait_state(login, a, ("RUNNING",), 120)
     if not job_pods(int(a)):
