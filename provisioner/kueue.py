@@ -153,10 +153,9 @@ def why_waiting(queue: str, group: str, workload: Mapping[str, Any] | None, pres
     head = f"{WAITING} (queue {queue or '?'}, pod group {group})"
     if workload is None:
         return f"{head}: {present} of {total} pods created, Kueue admits the group once all exist"
-    conditions = {str(c.get("type")): c for c in (workload.get("status") or {}).get("conditions") or ()}
     for kind in ("QuotaReserved", "Admitted"):
-        cond = conditions.get(kind)
-        if cond is not None and cond.get("status") == "False":
+        cond = _false(workload, kind)
+        if cond is not None:
             text = " ".join(str(cond.get("message") or cond.get("reason") or "not admitted").split())
             return f"{head}: {text}"[:COMMENT_MAX]
     return f"{head}: admitted, the pods are starting"
@@ -165,10 +164,15 @@ def why_waiting(queue: str, group: str, workload: Mapping[str, Any] | None, pres
 def lacks_unused_quota(workload: Mapping[str, Any]) -> bool:
     """Whether the Workload waits because quota it fits is in use (Kueue's QuotaReserved False,
     "insufficient unused quota ..."): what an idle node of the queue handing its share on can end."""
-    for cond in (workload.get("status") or {}).get("conditions") or ():
-        if cond.get("type") == "QuotaReserved" and cond.get("status") == "False":
-            return "insufficient unused quota" in str(cond.get("message") or "")
-    return False
+    cond = _false(workload, "QuotaReserved")
+    return cond is not None and "insufficient unused quota" in str(cond.get("message") or "")
+
+
+def _false(workload: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
+    """The Workload's condition of type `kind` when its status is False (the last one of that type)."""
+    conditions = {str(c.get("type")): c for c in (workload.get("status") or {}).get("conditions") or ()}
+    cond = conditions.get(kind)
+    return cond if cond is not None and cond.get("status") == "False" else None
 
 
 @dataclass(frozen=True)

@@ -93,6 +93,8 @@ def hand_over(slurm: SlurmClient, snapshot: "Snapshot", jobs: Sequence[JobStatus
     there), as many as those waits' groups have pods: plain POWER_DOWN takes an idle node out of
     scheduling and suspends it (a job given it meanwhile runs first). Returns the errors (logged);
     a refused update is tried again next pass, a node already powering down is not picked again."""
+    if not short:  # the common pass: no job lacks quota a node of its queue could hand on
+        return []
     held = {n for j in jobs if j.state in HOLDING for n in j.nodes}
     errors: list[str] = []
     for queue, waiting in sorted(short.items()):
