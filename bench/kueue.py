@@ -153,15 +153,11 @@ def freed_to_running(login, watch: timeline.Watch) -> Sample:
         time.sleep(0.2)
     a_group = job_pods(int(a))[0]["metadata"]["labels"][names.GROUP_LABEL]
     b_group, b_node = waiting[0]["metadata"]["labels"][names.GROUP_LABEL], waiting[0]["metadata"]["labels"][L_NODE]
-    while state(login, a) == "RUNNING":
-        time.sleep(0.05)
-    ended = time.monotonic()
+    ended = wait_ended(login, a)
     while job_pods(int(a)):  # A ended: its idle node hands its quota on (powered down, its pod deleted)
         time.sleep(0.05)
     freed = time.monotonic()
-    while "RUNNING" not in (got := state(login, b)) and not got.startswith("COMPLETED"):
-        time.sleep(0.05)
-    took = time.monotonic() - freed
+    took = wait_running(login, b) - freed
     seen_running = time.time()
     times = timeline.sample_times(list(watch.seen), a_group, b_group, names.GROUP_LABEL, names.GATES)
     since = (times["freed"] or seen_running - took) - 5
@@ -178,7 +174,8 @@ def freed_to_running(login, watch: timeline.Watch) -> Sample:
 
 
 def admin(*argv: str) -> None:
-    """scontrol as SlurmUser on slurmctld: what a loop running the other plan would do."""
+    """scontrol in slurmctld's container (root there, a Slurm administrator): what a loop running
+    the other plan would do."""
     kubectl("exec", "-n", NAMESPACE, "slurmctld-0", "-c", "slurmctld", "--", "scontrol", *argv)
 
 
@@ -188,6 +185,13 @@ def no_pod_left(pool: str = "kq") -> None:
         if time.monotonic() > deadline:
             sys.exit(f"the {pool} pool's worker pods were not deleted within 120 s of their jobs")
         time.sleep(0.2)
+
+
+def wait_ended(login, job: str) -> float:
+    """Poll squeue every 50 ms until `job` no longer runs: the time it was seen."""
+    while state(login, job) == "RUNNING":
+        time.sleep(0.05)
+    return time.monotonic()
 
 
 def wait_running(login, job: str, timeout: float = 120) -> float:
@@ -230,7 +234,7 @@ def plans(login, nodes: int, samples: int) -> dict[str, list[float]]:
 
     Each in two cases: quota freed by the queue's own job (A ends, B waits) and by another tenant's
     pod (it goes, B waits). Times to B RUNNING from A's end / the pod gone."""
-    rest = f"kq-[1-{nodes - 1}]"
+    every, rest = f"kq-[0-{nodes - 1}]", f"kq-[1-{nodes - 1}]"
     out: dict[str, list[float]] = {"hold_own": [], "drain_own": [], "hold_tenant": [], "drain_tenant": []}
     for _ in range(samples):
         for plan in ("hold", "drain"):
@@ -240,9 +244,7 @@ def plans(login, nodes: int, samples: int) -> dict[str, list[float]]:
             if plan == "drain":
                 admin("update", f"nodename={rest}", "state=drain", "reason=bench: the queue has no quota")
             b = sbatch(login, "-p kq -N1 --wrap 'sleep 2'")
-            while state(login, a) == "RUNNING":
-                time.sleep(0.05)
-            ended = time.monotonic()
+            ended = wait_ended(login, a)
             out[f"{plan}_own"].append(wait_running(login, b) - ended)
             if plan == "drain":
                 admin("update", f"nodename={rest}", "state=undrain")
@@ -251,8 +253,7 @@ def plans(login, nodes: int, samples: int) -> dict[str, list[float]]:
             no_pod_left()
             tenant(hold=True)
             if plan == "drain":
-                admin("update", "nodename=kq-[0-{}]".format(nodes - 1), "state=drain",
-                      "reason=bench: the queue has no quota")
+                admin("update", f"nodename={every}", "state=drain", "reason=bench: the queue has no quota")
             b = sbatch(login, "-p kq -N1 --wrap 'sleep 2'")
             deadline = time.monotonic() + 60
             while plan == "hold" and not [p for p in job_pods(int(b)) if gated(p)]:
@@ -263,7 +264,7 @@ def plans(login, nodes: int, samples: int) -> dict[str, list[float]]:
             tenant(hold=False)
             gone = time.monotonic()
             if plan == "drain":
-                admin("update", "nodename=kq-[0-{}]".format(nodes - 1), "state=undrain")
+                admin("update", f"nodename={every}", "state=undrain")
             out[f"{plan}_tenant"].append(wait_running(login, b) - gone)
             wait_state(login, b, ("COMPLETED",), 120)
     return out
