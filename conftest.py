@@ -30,7 +30,7 @@ TIERS = {"integration": "SLURMK8S_INTEGRATION", "e2e": "SLURMK8S_E2E"}
 E2E_DIR = "e2e/"
 # e2e modules that never use the session's cluster; any other e2e module runs in group slurm-local
 SIDE_E2E_MODULES = frozenset(f"{E2E_DIR}test_e2e_{name}.py" for name in
-                             ("helm", "kueue", "kueue_lab", "mount_retry", "sleep", "sleep_login",
+                             ("embed", "helm", "kueue", "kueue_lab", "mount_retry", "sleep", "sleep_login",
                               "topology", "zz_quickstart"))
 # side modules that must not run side by side: one scheduling unit, in collection order. The two
 # sleep modules deploy into one namespace (slurm-sleepy); helm labels a real Kubernetes node and

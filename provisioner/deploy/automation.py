@@ -21,6 +21,7 @@ import os
 import secrets as pysecrets
 import shutil
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -180,8 +181,36 @@ def engine_home(tool: Toolchain, state: Path, env: Mapping[str, str]) -> Path:
     return home
 
 
+DYNAMIC_PROVIDER = "pulumi-resource-pulumi-python"
+# Pulumi's Python dynamic provider as the engine starts it for `pulumi-python:dynamic*` resources (the
+# keys of an embedded SlurmCluster, provisioner/deploy/stackkeys.py). Pulumi's release ships this program
+# beside its CLI; a CLI built from source (`slurmk8s toolchain build`) lacks it. It runs the Python that
+# runs slurmk8s, where the provider's module imports.
+_DYNAMIC_PROVIDER_SCRIPT = """#!/bin/sh
+# written by slurmk8s (provisioner/deploy/automation.py): Pulumi's Python dynamic provider
+exec "${SLURMK8S_PYTHON:-python3}" -u -m pulumi.dynamic "$@"
+"""
+
+
+def dynamic_provider_dir(tool: Toolchain, state: Path, env: Mapping[str, str]) -> Path | None:
+    """A directory holding Pulumi's Python dynamic provider for the engine's PATH: None when the CLI's
+    own directory or PATH has one, else <state>/bin with the script written there."""
+    if (tool.pulumi.parent / DYNAMIC_PROVIDER).is_file() or shutil.which(DYNAMIC_PROVIDER, path=env.get("PATH")):
+        return None
+    bindir = state / "bin"
+    script = bindir / DYNAMIC_PROVIDER
+    if not script.is_file() or script.read_text() != _DYNAMIC_PROVIDER_SCRIPT:
+        bindir.mkdir(parents=True, exist_ok=True)
+        tmp = script.with_suffix(".tmp")
+        tmp.write_text(_DYNAMIC_PROVIDER_SCRIPT)
+        tmp.chmod(0o755)
+        tmp.replace(script)
+    return bindir
+
+
 def engine_env(tool: Toolchain, state: Path, env: Mapping[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ if env is None else env)
+    dynamic = dynamic_provider_dir(tool, state, env)
     out = {
         "PULUMI_SKIP_UPDATE_CHECK": "true",
         "PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION": "true",
@@ -193,7 +222,8 @@ def engine_env(tool: Toolchain, state: Path, env: Mapping[str, str] | None = Non
         "PATH": os.pathsep.join(
             # an installed plugin is found in PULUMI_HOME; only an ambient one must be on PATH
             [str(tool.pulumi.parent)] + ([str(tool.plugin.parent)] if tool.plugin_ambient else [])
-            + [env.get("PATH", "")]),
+            + ([str(dynamic)] if dynamic else []) + [env.get("PATH", "")]),
+        "SLURMK8S_PYTHON": env.get("SLURMK8S_PYTHON") or sys.executable,
     }
     out.update(passphrase_env(state, env))
     return out

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from os import PathLike
 from typing import Any, Callable, Mapping, Sequence
 
 import pulumi
@@ -207,6 +208,7 @@ class Login(_Component):
     node_port: pulumi.Output[Any]
     external_ips: pulumi.Output[Any]
     host_public_keys: pulumi.Output[list[str]]
+    address: pulumi.Output[str | None]
 
     def __init__(self, name: str, spec: ClusterSpec, gen: Generated, secrets: m.ClusterSecrets, site: m.K8sSite, *,
                  wait: bool, depends_on: Sequence[pulumi.Resource], opts: pulumi.ResourceOptions | None = None) -> None:
@@ -224,13 +226,18 @@ class Login(_Component):
         self.service_type = svc.spec.type
         self.node_port = svc.spec.apply(lambda sp: sp.ports[0].node_port if sp is not None and sp.ports else None)
         self.external_ips = svc.status.apply(_lb_addresses)
+        # where to SSH to: a LoadBalancer's address once it has one, else the Service inside the cluster
+        inside = f"{m.service_fqdn(spec, m.LOGIN, site)}:{m.SSH_PORT}"
+        self.address = self.external_ips.apply(
+            lambda ips: f"{ips[0]}:{m.SSH_PORT}" if spec.login.service_type == "LoadBalancer" and ips else
+            (None if spec.login.service_type == "LoadBalancer" else inside))
         # Public halves of the host keys, for users' known_hosts (not secret).
         self.host_public_keys = pulumi.Output.unsecret(
             pulumi.Output.all(*[host_keys[t] for t in m.SSH_HOST_KEY_TYPES]).apply(
                 lambda keys: [public_key(k) for k in keys]))
         self.register_outputs({"service": self.service, "service_type": self.service_type,
                                "node_port": self.node_port, "external_ips": self.external_ips,
-                               "host_public_keys": self.host_public_keys})
+                               "address": self.address, "host_public_keys": self.host_public_keys})
 
 
 class Rest(_Component):
@@ -320,47 +327,133 @@ class NetworkPolicies(_Component):
 
 
 class SlurmCluster(pulumi.ComponentResource):
-    """The whole cluster: namespace plus one component per concern."""
+    """A whole Slurm cluster in one Kubernetes namespace: the public component.
+
+    In a Pulumi program of your own, beside the Kubernetes cluster it runs on::
+
+        from provisioner.deploy import SlurmCluster
+
+        cluster = SlurmCluster("research", "cluster.yaml",
+                               opts=pulumi.ResourceOptions(provider=k8s_provider))
+        pulumi.export("login", cluster.login_address)
+
+    `spec`: the cluster spec as a path to its YAML file, a dict, or a parsed ClusterSpec. The
+    Kubernetes objects go through the provider of `opts` (``provider=`` or ``providers=``); without
+    one the component makes its own from `kubeconfig` / `context` (or the default kubeconfig).
+
+    `nodes`: the Kubernetes Node objects (`kubectl get nodes -o json` items), if known. They are
+    not needed: slurmctld renders slurm.conf from the live nodes at every start and follows them
+    (:mod:`provisioner.livenodes`), so the cluster may be declared before its nodes exist. Given,
+    they fill the ``node_names`` and ``partitions`` outputs and the preview's slurm-config. Pools
+    with ``network.host_network`` need them (their NetworkPolicy admits the nodes' addresses).
+
+    `keys`: the cluster's generated keys. Without them they are made as a resource of the stack
+    (:class:`provisioner.deploy.stackkeys.ClusterKeys`, Pulumi secrets, made once and kept).
+
+    Outputs: ``namespace``, ``controller`` (slurmctld's address), ``login_address`` (host:port to
+    SSH to; None without a login), ``login_host_public_keys``, ``rest_url`` (None without REST),
+    ``node_names``, ``partitions``.
+    """
 
     namespace: pulumi.Output[str]
+    controller: pulumi.Output[str]
+    login_address: pulumi.Output[str | None]
+    login_host_public_keys: pulumi.Output[list[str]]
+    rest_url: pulumi.Output[str | None]
+    node_names: pulumi.Output[list[str]]
+    partitions: pulumi.Output[dict[str, list[str]]]
 
-    def __init__(self, name: str, spec: ClusterSpec, gen: Generated, secrets: m.ClusterSecrets, site: m.K8sSite, *,
-                 wait: bool = True, kubeconfig: str | None = None, context: str | None = None,
+    def __init__(self, name: str, spec: ClusterSpec | Mapping[str, Any] | str | PathLike[str], *,
+                 nodes: Sequence[Mapping[str, Any]] | None = None, keys: m.ClusterSecrets | None = None,
+                 cluster_domain: str = "cluster.local", wait: bool = True,
+                 kubeconfig: str | None = None, context: str | None = None,
                  owner: Mapping[str, str] | None = None, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("slurmk8s:index:Cluster", name, None, opts)
+        spec = as_spec(spec)
+        raw = list(nodes or [])
+        gen = generate_for_kubernetes(spec, raw, cluster_domain)
+        site = m.K8sSite(cluster_domain=cluster_domain, host_network_sources=host_network_sources(spec, gen, raw))
+        if nodes is None and any(p.network.host_network for p in spec.pools):
+            raise pulumi.RunError(
+                f"cluster {spec.name}: pools {', '.join(p.name for p in spec.pools if p.network.host_network)} use "
+                "network.host_network, whose NetworkPolicy admits the addresses of the Kubernetes nodes they run on. "
+                "Fix: pass nodes= (the Node objects, as `kubectl get nodes -o json` lists them)")
         m.check_names(spec, gen.inventory)
         m.check_home_access(spec, gen.inventory)
-        # An explicit provider: ConfigMaps and Secrets are updated in place (server-side apply) when
-        # the inventory, users or keys change, instead of the default delete-and-recreate.
-        provider = k8s.Provider(
-            f"{spec.name}-k8s",
-            kubeconfig=pulumi.Output.secret(kubeconfig) if kubeconfig and "\n" in kubeconfig else kubeconfig,
-            context=context, enable_config_map_mutable=True, enable_secret_mutable=True,
-            opts=pulumi.ResourceOptions(parent=self))
+        self.spec, self.generated = spec, gen
+        if keys is None:
+            from .stackkeys import ClusterKeys
+
+            keys = ClusterKeys(f"{name}-keys", opts=pulumi.ResourceOptions(parent=self)).secrets()
+        if _has_provider(opts):  # children inherit it from the component
+            provider_opts: dict[str, Any] = {}
+        else:
+            # An explicit provider: ConfigMaps and Secrets are updated in place (server-side apply) when
+            # the inventory, users or keys change, instead of the default delete-and-recreate.
+            provider = k8s.Provider(
+                f"{spec.name}-k8s",
+                kubeconfig=pulumi.Output.secret(kubeconfig) if kubeconfig and "\n" in kubeconfig else kubeconfig,
+                context=context, enable_config_map_mutable=True, enable_secret_mutable=True,
+                opts=pulumi.ResourceOptions(parent=self))
+            provider_opts = {"provider": provider}
         ns_obj = m.namespace(spec)
         if owner:  # which stack owns the namespace (provisioner/deploy/owner.py); not in the Helm chart
             ns_obj["metadata"]["annotations"] = dict(owner)
         ns = k8s_resource(f"{spec.name}-namespace", ns_obj,
-                          pulumi.ResourceOptions(parent=self, provider=provider, retain_on_delete=True),
+                          pulumi.ResourceOptions(parent=self, retain_on_delete=True, **provider_opts),
                           skip_await=not wait)
-        child = pulumi.ResourceOptions(parent=self, providers={"kubernetes": provider})
+        child = pulumi.ResourceOptions(parent=self, **({"providers": {"kubernetes": provider_opts["provider"]}}
+                                                       if provider_opts else {}))
         self.storage = Storage(f"{name}-storage", spec, wait=wait, depends_on=[ns], opts=child)
-        self.controller = Controller(f"{name}-controller", spec, gen, secrets, site, wait=wait,
-                                     depends_on=[ns], opts=child)
-        jwt = [self.controller.jwt_secret] if self.controller.jwt_secret is not None else []
-        self.accounting = (Accounting(f"{name}-accounting", spec, secrets, site, wait=wait, depends_on=[ns, *jwt],
+        self.controller_tier = Controller(f"{name}-controller", spec, gen, keys, site, wait=wait,
+                                          depends_on=[ns], opts=child)
+        jwt = [self.controller_tier.jwt_secret] if self.controller_tier.jwt_secret is not None else []
+        self.accounting = (Accounting(f"{name}-accounting", spec, keys, site, wait=wait, depends_on=[ns, *jwt],
                                       opts=child)
                            if spec.accounting.enabled else None)
         self.workers = WorkerPools(f"{name}-workers", spec, gen, site, wait=wait, depends_on=[ns], opts=child)
-        self.login = (Login(f"{name}-login", spec, gen, secrets, site, wait=wait,
-                            depends_on=[ns, self.storage, self.controller], opts=child)
+        self.login = (Login(f"{name}-login", spec, gen, keys, site, wait=wait,
+                            depends_on=[ns, self.storage, self.controller_tier], opts=child)
                       if spec.login.enabled else None)
         # depends on the controller: slurmctld must have the JWT key before requests arrive
-        self.rest = (Rest(f"{name}-rest", spec, gen, site, wait=wait, depends_on=[ns, self.controller], opts=child)
+        self.rest = (Rest(f"{name}-rest", spec, gen, site, wait=wait, depends_on=[ns, self.controller_tier],
+                          opts=child)
                      if spec.rest.enabled else None)
         self.network = NetworkPolicies(f"{name}-network", spec, site, wait=wait, depends_on=[ns], opts=child)
         self.namespace = ns.metadata.name
-        self.register_outputs({"namespace": self.namespace})
+        self.controller = self.controller_tier.address
+        none = pulumi.Output.from_input(None)
+        self.login_address = self.login.address if self.login is not None else none
+        self.login_host_public_keys = (self.login.host_public_keys if self.login is not None
+                                       else pulumi.Output.from_input([]))
+        self.rest_url = self.rest.url if self.rest is not None else none
+        self.node_names = self.workers.node_names
+        self.partitions = self.workers.partitions
+        self.register_outputs({"namespace": self.namespace, "controller": self.controller,
+                               "login_address": self.login_address, "rest_url": self.rest_url})
+
+
+def as_spec(spec: ClusterSpec | Mapping[str, Any] | str | PathLike[str]) -> ClusterSpec:
+    """A cluster spec from what SlurmCluster accepts: a parsed spec, a dict, or a YAML file's path."""
+    from ..config import load_spec, parse_spec
+
+    if isinstance(spec, ClusterSpec):
+        return spec
+    if isinstance(spec, Mapping):
+        return parse_spec(dict(spec))
+    return load_spec(spec)
+
+
+def _has_provider(opts: pulumi.ResourceOptions | None) -> bool:
+    """Whether `opts` names a Kubernetes provider for the component's children to inherit."""
+    if opts is None:
+        return False
+    if opts.provider is not None:
+        return getattr(opts.provider, "package", None) == "kubernetes"
+    providers = opts.providers
+    if isinstance(providers, Mapping):
+        return "kubernetes" in providers
+    return any(getattr(p, "package", None) == "kubernetes" for p in providers or [])
 
 
 # ---------------------------------------------------------------- reading the live cluster
@@ -411,29 +504,27 @@ def host_network_sources(spec: ClusterSpec, gen: Generated, raw_nodes: Sequence[
 
 def cluster_program(spec: ClusterSpec, k8s_nodes: Sequence[Mapping[str, Any]] | None = None, *,
                     secrets: m.ClusterSecrets | None = None) -> SlurmCluster:
-    """Declare the whole cluster. `k8s_nodes`: Node objects as the API returns them; read from the
-    cluster in `kubernetes:kubeconfig` (or the default kubeconfig) when None."""
+    """Declare the whole cluster as `slurmk8s up` and stacks/ do: the keys from the stack
+    configuration, the nodes read from the cluster in `kubernetes:kubeconfig` (or the default
+    kubeconfig) when `k8s_nodes` is None, the component's own provider, and the stack's outputs."""
     cfg = pulumi.Config(CONFIG_NAMESPACE)
     if k8s_nodes is None:
         k8s_nodes = nodes_from_config(cfg)
-    raw = list(k8s_nodes)
-    domain = cfg.get("clusterDomain") or "cluster.local"
-    gen = generate_for_kubernetes(spec, raw, domain)
-    site = m.K8sSite(cluster_domain=domain, host_network_sources=host_network_sources(spec, gen, raw))
-    if secrets is None:
-        secrets = secrets_from_config(cfg)
     wait = cfg.get_bool("wait")
     kcfg = pulumi.Config("kubernetes")
-    cluster = SlurmCluster(spec.name, spec, gen, secrets, site, wait=True if wait is None else wait,
+    cluster = SlurmCluster(spec.name, spec, nodes=list(k8s_nodes),
+                           keys=secrets if secrets is not None else secrets_from_config(cfg),
+                           cluster_domain=cfg.get("clusterDomain") or "cluster.local",
+                           wait=True if wait is None else wait,
                            kubeconfig=kcfg.get("kubeconfig"), context=kcfg.get("context"),
                            owner=annotations(cfg.get(OWNER_CONFIG), cfg.get(DESCRIPTION_CONFIG)))
-
+    gen = cluster.generated
     for ex in gen.inventory.excluded:
         pulumi.log.info(f"Kubernetes node {ex.k8s_node} left out of pool {ex.pool}: {ex.reason}")
     for notice in gen.topology.notices:
         pulumi.log.warn(str(notice))
     pulumi.export("namespace", cluster.namespace)
-    pulumi.export("controller", cluster.controller.address)
+    pulumi.export("controller", cluster.controller)
     pulumi.export("slurm_nodes", cluster.workers.node_names)
     pulumi.export("partitions", cluster.workers.partitions)
     pulumi.export("excluded_k8s_nodes", [f"{e.k8s_node} ({e.pool}): {e.reason}" for e in gen.inventory.excluded])
