@@ -10,7 +10,7 @@ import os
 import sys
 from typing import Sequence
 
-from . import names as m
+from . import names
 
 
 def delete_workers_main(argv: Sequence[str] | None = None) -> int:
@@ -23,13 +23,13 @@ def delete_workers_main(argv: Sequence[str] | None = None) -> int:
     from .elastic.k8s_backend import ClientPodApi
     from .kubeapi import api_client
 
-    path = os.environ.get("SLURMK8S_SPEC", f"{m.SPEC_DIR}/spec.json")
+    path = os.environ.get("SLURMK8S_SPEC", f"{names.SPEC_DIR}/spec.json")
     try:
         with open(path) as fh:
             name = json.load(fh)["name"]
         ns = os.environ["SLURMK8S_NAMESPACE"]
         api = ClientPodApi(api_client())
-        selector = f"{m.L_CLUSTER}={name},{m.L_COMPONENT}=worker"
+        selector = f"{names.L_CLUSTER}={name},{names.L_COMPONENT}=worker"
         pods = api.list(ns, selector)
         for pod in pods:
             api.delete(ns, pod["metadata"]["name"])

@@ -92,19 +92,19 @@ def _split(address: str) -> tuple[str, int]:
 def login_endpoint(api: Any, namespace: str, address: str | None) -> tuple[str, int]:
     """(host, port) where the login pod's sshd answers (see the module docstring); `api` is a
     :class:`provisioner.kubeapi.RawClient`."""
-    from . import names as m
+    from . import names
 
     if address:
         return _split(address)
     from .kubeapi import ApiError, api_path
 
     try:
-        svc = api.request("GET", api_path("v1", namespace, "services", m.LOGIN))
+        svc = api.request("GET", api_path("v1", namespace, "services", names.LOGIN))
     except ApiError as err:
         if err.status == 0:
-            raise UserError(f"cannot read service/{m.LOGIN} in {namespace}: the Kubernetes API did not answer "
+            raise UserError(f"cannot read service/{names.LOGIN} in {namespace}: the Kubernetes API did not answer "
                             f"({err.message})") from None
-        raise UserError(f"cannot read service/{m.LOGIN} in {namespace}: {err.status} {err.reason} "
+        raise UserError(f"cannot read service/{names.LOGIN} in {namespace}: {err.status} {err.reason} "
                         "(is the cluster deployed with a login pod? the right --namespace?)") from None
     spec = svc.get("spec") or {}
     kind = spec.get("type", "ClusterIP")
@@ -112,8 +112,8 @@ def login_endpoint(api: Any, namespace: str, address: str | None) -> tuple[str, 
         ingress = ((svc.get("status") or {}).get("loadBalancer") or {}).get("ingress") or []
         for i in ingress:
             if i.get("ip") or i.get("hostname"):
-                return i.get("ip") or i.get("hostname"), m.SSH_PORT
-        raise UserError(f"service/{m.LOGIN} has no LoadBalancer address yet; wait, or pass --address")
+                return i.get("ip") or i.get("hostname"), names.SSH_PORT
+        raise UserError(f"service/{names.LOGIN} has no LoadBalancer address yet; wait, or pass --address")
     if kind == "NodePort":
         port = (spec.get("ports") or [{}])[0].get("nodePort")
         nodes = api.request("GET", "/api/v1/nodes").get("items", [])
@@ -122,7 +122,7 @@ def login_endpoint(api: Any, namespace: str, address: str | None) -> tuple[str, 
                 if a.get("type") == "InternalIP":
                     return a["address"], int(port)
         raise UserError("no node with an InternalIP for the NodePort; pass --address")
-    return spec.get("clusterIP") or f"{m.LOGIN}.{namespace}.svc", m.SSH_PORT
+    return spec.get("clusterIP") or f"{names.LOGIN}.{namespace}.svc", names.SSH_PORT
 
 
 _T0 = time.monotonic()
@@ -402,18 +402,18 @@ def _retryable(code: int, err: str) -> bool:
 def request_token(api: Any, namespace: str, argv: list[str], timeout: float,
                   exec_fn: Any = None, sleep: Any = time.sleep, clock: Any = time.monotonic) -> str:
     """Run `argv` (token_argv) in slurmctld's container until it answers or `timeout` passes."""
-    from . import names as m
+    from . import names
     from .kubeapi import pod_exec
 
     run = exec_fn or pod_exec
     deadline = clock() + timeout
     while True:
-        code, out, err = run(api, namespace, m.CONTROLLER_POD, m.CONTROLLER, argv, max(5.0, deadline - clock()))
+        code, out, err = run(api, namespace, names.CONTROLLER_POD, names.CONTROLLER, argv, max(5.0, deadline - clock()))
         if code == 0:
             return parse_token(out)
         why = " ".join(err.split())[:300]
         if not _retryable(code, err) or clock() > deadline:
-            raise UserError(f"`{' '.join(argv[:2])}` in {namespace}/{m.CONTROLLER_POD} failed (exit {code}): {why}")
+            raise UserError(f"`{' '.join(argv[:2])}` in {namespace}/{names.CONTROLLER_POD} failed (exit {code}): {why}")
         sleep(2.0)
 
 

@@ -108,3 +108,32 @@ def test_the_keys_provider_keeps_what_it_made_and_makes_what_is_missing():
     assert p.diff("id", old, {}).changes is True
     outs = p.update("id", old, {}).outs
     assert {k: outs[k] for k in old} == old and outs[JWT_KEY] and outs[DB_PASSWORD] == made[DB_PASSWORD]
+
+
+def test_the_engine_finds_pythons_dynamic_provider(tmp_path):
+    """A CLI built from source lacks Pulumi's `pulumi-resource-pulumi-python`: the engine's PATH gets one
+    that runs this Python; a CLI that ships its own (or one on PATH) is left alone."""
+    import os
+    import subprocess
+    import sys
+
+    from provisioner.deploy import automation as a
+
+    state = a.state_dir(tmp_path / "state")
+    tool = a.Toolchain(tmp_path / "bin/pulumi", tmp_path / "ph", tmp_path / "plug/pulumi-resource-kubernetes", False)
+    env = a.engine_env(tool, state, {"PATH": "/usr/bin"})
+    script = state / "bin" / a.DYNAMIC_PROVIDER
+    assert env["PATH"].split(os.pathsep)[1] == str(script.parent) and os.access(script, os.X_OK)
+    assert env["SLURMK8S_PYTHON"] == sys.executable
+    # it starts Python's dynamic provider, which serves the engine on the port it prints first
+    proc = subprocess.Popen([str(script)], env={**env, "PATH": "/usr/bin:/bin"}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip().isdigit()
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / a.DYNAMIC_PROVIDER).write_text("#!/bin/sh\n")
+    assert str(script.parent) not in a.engine_env(tool, state, {"PATH": "/usr/bin"})["PATH"].split(os.pathsep)

@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from .. import names as m
+from .. import names
 from ..logs import Log
 from .activity import activity_doc, serve_activity
 from .api import ClientTierApi
@@ -79,7 +79,7 @@ class Agent:
             self._waking = reason
             try:
                 woke = self.tier.wake(reason, progress=lambda t: send(f"progress {t}"), timeout=self.timeout,
-                                      running_in=m.LOGIN, answers=self.answers)
+                                      running_in=names.LOGIN, answers=self.answers)
             except TierError as err:
                 self.tier.log(f"wake for {reason} failed: {err}")
                 send(f"error {err}")
@@ -323,10 +323,10 @@ def agent_main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m provisioner.controltier",
                                      description="The login pod's wake agent (see the module docstring).")
     parser.add_argument("--namespace", default=os.environ.get("SLURMK8S_NAMESPACE", ""))
-    parser.add_argument("--wake-socket", default=m.WAKE_SOCKET)
-    parser.add_argument("--activity-port", type=int, default=m.ACTIVITY_PORT)
-    parser.add_argument("--activity-file", default=f"{m.ACTIVITY_DIR}/sessions")
-    parser.add_argument("--users-file", default=f"{m.USERS_DIR}/passwd",
+    parser.add_argument("--wake-socket", default=names.WAKE_SOCKET)
+    parser.add_argument("--activity-port", type=int, default=names.ACTIVITY_PORT)
+    parser.add_argument("--activity-file", default=f"{names.ACTIVITY_DIR}/sessions")
+    parser.add_argument("--users-file", default=f"{names.USERS_DIR}/passwd",
                         help="passwd file naming the uids of wake callers (the cluster's users)")
     parser.add_argument("--timeout", type=float, default=DEFAULT_WAKE_TIMEOUT)
     args = parser.parse_args(argv)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Protocol
 
-from .. import names as m
+from .. import names
 from ..kubeapi import MERGE_PATCH, RawClient, api_path
 from .decision import rfc3339
 
@@ -35,7 +35,7 @@ class TierApi(Protocol):
     def list_events(self, namespace: str, field_selector: str) -> list[dict[str, Any]]: ...
 
 
-TIER_SELECTOR = f"{m.L_TIER}={m.TIER_CONTROL}"
+TIER_SELECTOR = f"{names.L_TIER}={names.TIER_CONTROL}"
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"  # the EndpointSlice controller's label: its Service
 
 
@@ -58,11 +58,11 @@ class ClientTierApi(RawClient):
 
     def get_state(self, namespace: str) -> dict[str, str]:
         """The annotations of the tier's state ConfigMap (manifests.rbac.tier_state_config_map)."""
-        doc = self.request("GET", api_path("v1", namespace, "configmaps", m.TIER_STATE))
+        doc = self.request("GET", api_path("v1", namespace, "configmaps", names.TIER_STATE))
         return dict((doc.get("metadata") or {}).get("annotations") or {})
 
     def set_state(self, namespace: str, annotations: Mapping[str, str]) -> None:
-        self.request("PATCH", api_path("v1", namespace, "configmaps", m.TIER_STATE), {"fieldManager": FIELD_MANAGER},
+        self.request("PATCH", api_path("v1", namespace, "configmaps", names.TIER_STATE), {"fieldManager": FIELD_MANAGER},
                      {"metadata": {"annotations": dict(annotations)}}, MERGE_PATCH)
 
     def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
@@ -97,7 +97,7 @@ def _workload_path(namespace: str, kind: str, name: str = "", sub: str = "") -> 
 
 
 def event_body(namespace: str, reason: str, message: str, at: float, source: str,
-               kind: str = "StatefulSet", name: str = m.CONTROLLER) -> dict[str, Any]:
+               kind: str = "StatefulSet", name: str = names.CONTROLLER) -> dict[str, Any]:
     stamp = rfc3339(at)
     return {
         "apiVersion": "v1", "kind": "Event",

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Iterable, Mapping, Sequence
 
-from .. import names as m
+from .. import names
 from ..errors import SlurmK8sError
 
 A_STATE = "slurmk8s.io/state"
@@ -39,7 +39,7 @@ EV_SLEEP_ABORTED = "ControlTierSleepAborted"
 
 
 # sleep order by component (lower first); unknown components (the database) sleep last
-SLEEP_RANK = {m.LOGIN: 0, m.CONTROLLER: 1, "slurmdbd": 2}
+SLEEP_RANK = {names.LOGIN: 0, names.CONTROLLER: 1, "slurmdbd": 2}
 
 
 OTHER_RANK = 3
@@ -100,7 +100,7 @@ class Workload:
         match = ((spec.get("selector") or {}).get("matchLabels")) or {}
         replicas = spec.get("replicas")
         return cls(kind=str(obj.get("kind") or ""), name=str(meta.get("name", "")),
-                   component=str((meta.get("labels") or {}).get(m.L_COMPONENT, "")),
+                   component=str((meta.get("labels") or {}).get(names.L_COMPONENT, "")),
                    replicas=1 if replicas is None else int(replicas),
                    ready=int(status.get("readyReplicas") or 0),
                    selector=",".join(f"{k}={v}" for k, v in sorted(match.items())),
@@ -119,7 +119,7 @@ def tier_state(workloads: Sequence[Workload]) -> str:
     """awake | asleep as recorded (awake when unset): slurmctld's Workload carries the recorded
     state as its annotations (tier.Tier.workloads reads it from the state ConfigMap)."""
     for w in workloads:
-        if w.component == m.CONTROLLER:
+        if w.component == names.CONTROLLER:
             return w.annotations.get(A_STATE, AWAKE)
     return AWAKE
 

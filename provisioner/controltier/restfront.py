@@ -45,7 +45,7 @@ import threading
 import time
 from typing import Any, Callable, Sequence
 
-from .. import names as m
+from .. import names
 from ..logs import Log
 from .activity import port_open, serve_activity
 from .decision import DEFAULT_WAKE_TIMEOUT, TierError
@@ -58,7 +58,7 @@ RETRY_AFTER = 5  # seconds, in the 503's Retry-After
 MAX_CONNECTIONS = 256  # connections in flight; over it a client hears 503 at once
 TOKEN_HEADERS = ("x-slurm-user-token", "authorization")
 BEARER = "Bearer "  # slurmrestd's prefix of the Authorization header's token (case-sensitive)
-JWT_KEY = f"{m.JWT_DIR}/{m.JWT_KEY_FILE}"  # the mounted Secret slurm-jwt: the raw HS256 key
+JWT_KEY = f"{names.JWT_DIR}/{names.JWT_KEY_FILE}"  # the mounted Secret slurm-jwt: the raw HS256 key
 _NAME = re.compile(r"[A-Za-z0-9._-]{1,32}")
 
 
@@ -345,10 +345,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m provisioner.controltier.restfront",
                                      description="The REST API's waking front (see the module docstring).")
     parser.add_argument("--namespace", default=os.environ.get("SLURMK8S_NAMESPACE", ""))
-    parser.add_argument("--port", type=int, default=m.REST_PORT)
-    parser.add_argument("--upstream", default=f"127.0.0.1:{m.REST_LOCAL_PORT}", help="slurmrestd's HOST:PORT")
+    parser.add_argument("--port", type=int, default=names.REST_PORT)
+    parser.add_argument("--upstream", default=f"127.0.0.1:{names.REST_LOCAL_PORT}", help="slurmrestd's HOST:PORT")
     parser.add_argument("--controller", required=True, help="slurmctld's HOST:PORT")
-    parser.add_argument("--activity-port", type=int, default=m.ACTIVITY_PORT)
+    parser.add_argument("--activity-port", type=int, default=names.ACTIVITY_PORT)
     parser.add_argument("--hold", type=float, default=HOLD)
     parser.add_argument("--timeout", type=float, default=DEFAULT_WAKE_TIMEOUT)
     parser.add_argument("--jwt-key", default=JWT_KEY, help="the cluster's HS256 key (raw bytes), to check tokens")
@@ -362,7 +362,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         jwt_key()
     except OSError as err:
         log(f"cannot read the cluster's JWT key at {args.jwt_key} ({err.strerror or err}): mount the Secret "
-            f"slurm-jwt (key {m.JWT_KEY_FILE}) at {m.JWT_DIR}, readable by uid {os.getuid()}")
+            f"slurm-jwt (key {names.JWT_KEY_FILE}) at {names.JWT_DIR}, readable by uid {os.getuid()}")
         return 2
     tier = Tier(ClientTierApi(api_client()), args.namespace, "slurmk8s-rest-front", log=log)
     host, port = _host_port(args.controller)

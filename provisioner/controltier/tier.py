@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
-from .. import names as m
+from .. import names
 from .api import TIER_SELECTOR, TierApi, event_body
 from .decision import (
     A_REASON,
@@ -38,7 +38,7 @@ from .decision import (
 )
 
 # what a wake waits for: what Slurm commands and logins need (accounting comes up on its own)
-WAKE_WAITS_FOR = frozenset({m.CONTROLLER, m.LOGIN})
+WAKE_WAITS_FOR = frozenset({names.CONTROLLER, names.LOGIN})
 
 
 # the kubelet's FailedMount message when it could not read a pod's PersistentVolumeClaim
@@ -95,7 +95,7 @@ class Tier:
             ws = [Workload.from_obj(o) for o in self.api.list_workloads(self.namespace)]
         except ApiError as err:
             raise self._api_error("cannot list the control tier", err) from None
-        ctl = next((w for w in ws if w.component == m.CONTROLLER), None)
+        ctl = next((w for w in ws if w.component == names.CONTROLLER), None)
         if ctl is None:
             return ws
         state = self.state(ctl)
@@ -117,10 +117,10 @@ class Tier:
             if err.status == 403:
                 if not self._state_refusal_logged:
                     self._state_refusal_logged = True
-                    self.log(f"cannot read configmap/{m.TIER_STATE} (the control tier's state): {err}; a sleep "
+                    self.log(f"cannot read configmap/{names.TIER_STATE} (the control tier's state): {err}; a sleep "
                              "under way is not seen (grant get on it: docs/elasticity.md, 'Idle sleep and wake')")
             elif err.status != 404:
-                raise self._api_error(f"cannot read the control tier's state (configmap/{m.TIER_STATE})", err) from None
+                raise self._api_error(f"cannot read the control tier's state (configmap/{names.TIER_STATE})", err) from None
             recorded = {}
         source = recorded if A_STATE in recorded else ctl.annotations
         return {k: str(source[k]) for k in keys if k in source}
@@ -145,9 +145,9 @@ class Tier:
         try:
             self.api.set_state(self.namespace, {A_STATE: state, A_REASON: reason[:500], A_SINCE: rfc3339(now)})
         except ApiError as err:
-            hint = (f" (configmap/{m.TIER_STATE} is made by the deploy: run `slurmk8s up` again)"
+            hint = (f" (configmap/{names.TIER_STATE} is made by the deploy: run `slurmk8s up` again)"
                     if err.status == 404 else "")
-            raise self._api_error(f"cannot record state {state} on configmap/{m.TIER_STATE}{hint}", err) from None
+            raise self._api_error(f"cannot record state {state} on configmap/{names.TIER_STATE}{hint}", err) from None
         problem = self.event(event, reason)
         self.log(f"control tier {state}: {reason}" + (f" ({problem})" if problem else ""))
 
@@ -212,8 +212,8 @@ class Tier:
         connections), before its pod's readiness, which waits for every container of the pod and
         for the kubelet's next probe."""
         ws = [w for w in self.workloads() if not running_in or w.component != running_in]
-        if not any(w.component == m.CONTROLLER for w in ws):
-            raise TierError(f"no statefulset/{m.CONTROLLER} labelled {TIER_SELECTOR} in namespace {self.namespace}: "
+        if not any(w.component == names.CONTROLLER for w in ws):
+            raise TierError(f"no statefulset/{names.CONTROLLER} labelled {TIER_SELECTOR} in namespace {self.namespace}: "
                             "is the cluster deployed (slurmk8s up), and does --namespace / --spec name it?")
         start = self.clock()
         deadline = start + timeout
@@ -246,7 +246,7 @@ class Tier:
             # slurmctld's port is asked each answer_poll, its ready count read each poll (by the
             # clock: a pass whose connect waits out its timeout does not space the reads out);
             # without a port to ask, the ready count is read each pass
-            quick = w.component == m.CONTROLLER and answers is not None
+            quick = w.component == names.CONTROLLER and answers is not None
             nap = self.answer_poll if quick and self.answer_poll else self.poll
             scaled_up, look_at = False, t0
             replaced = _Replaced()
@@ -358,11 +358,11 @@ class Tier:
         is its loop's own to repair (at its next pass)."""
         from ..kubeapi import ApiError
 
-        ctl = next((w for w in ws if w.component == m.CONTROLLER), None)
+        ctl = next((w for w in ws if w.component == names.CONTROLLER), None)
         if ctl is None or ctl.replicas >= 1:
             return False
         try:
-            self.api.get_pod(self.namespace, m.CONTROLLER_POD)
+            self.api.get_pod(self.namespace, names.CONTROLLER_POD)
         except ApiError as err:
             return err.status == 404
         return False
@@ -400,7 +400,7 @@ class Tier:
     def _sleep_steps(self, ws: list[Workload], done: list[Workload], recheck: Callable[[], str],
                      controller_stopped: Callable[[], bool], gone_timeout: float) -> bool:
         for w in ws:
-            if w.component == m.CONTROLLER:
+            if w.component == names.CONTROLLER:
                 late = recheck()
                 if late:
                     for d in reversed(done):
@@ -411,7 +411,7 @@ class Tier:
             self._scale(w, 0)
             done.append(w)
             deadline = self.clock() + gone_timeout
-            if w.component == m.CONTROLLER:
+            if w.component == names.CONTROLLER:
                 while not controller_stopped() and self.clock() < deadline:
                     self.sleep(self.poll)
                 self.log("sleep: slurmctld stopped (state saved)" if controller_stopped()
@@ -434,11 +434,11 @@ class Tier:
         from ..kubeapi import ApiError
 
         ws = self.workloads()
-        ctl = next((w for w in ws if w.component == m.CONTROLLER), None)
+        ctl = next((w for w in ws if w.component == names.CONTROLLER), None)
         if ctl is None:
             return "no slurmctld StatefulSet labelled as the control tier"
         state = ctl.annotations.get(A_STATE)
-        left = [w for w in ws if w.replicas < 1 and w.component != m.CONTROLLER]
+        left = [w for w in ws if w.replicas < 1 and w.component != names.CONTROLLER]
         for w in wake_order(left):
             self.log(f"wake: {w.ref} was left at 0 replicas; scaling it to 1")
             self._scale(w, 1)
@@ -450,7 +450,7 @@ class Tier:
         since = parse_rfc3339(ctl.annotations.get(A_SINCE)) or 0.0
         reason = f"{started} (no wake request recorded)"
         try:
-            events = self.api.list_events(self.namespace, f"involvedObject.name={m.CONTROLLER},reason={EV_WAKE_REQUEST}")
+            events = self.api.list_events(self.namespace, f"involvedObject.name={names.CONTROLLER},reason={EV_WAKE_REQUEST}")
         except ApiError as err:
             self.log(f"cannot read wake requests: {err}")
             events = []
@@ -472,7 +472,7 @@ def controller_addresses(slices: list[dict[str, Any]]) -> list[str]:
     out = []
     for s in slices:
         for ep in s.get("endpoints") or []:
-            if m.CONTROLLER_POD not in (ep.get("hostname"), (ep.get("targetRef") or {}).get("name")):
+            if names.CONTROLLER_POD not in (ep.get("hostname"), (ep.get("targetRef") or {}).get("name")):
                 continue
             conditions = ep.get("conditions") or {}
             if conditions.get("terminating") or conditions.get("ready") is False:
@@ -493,9 +493,9 @@ def controller_listens(api: TierApi, namespace: str, connect_timeout: float = 0.
 
     def listens() -> bool:
         try:
-            slices = api.list_endpoint_slices(namespace, m.CONTROLLER)
+            slices = api.list_endpoint_slices(namespace, names.CONTROLLER)
         except ApiError:
             return False
-        return any(port_open(ip, m.SLURMCTLD_PORT, timeout=connect_timeout) for ip in controller_addresses(slices))
+        return any(port_open(ip, names.SLURMCTLD_PORT, timeout=connect_timeout) for ip in controller_addresses(slices))
 
     return listens

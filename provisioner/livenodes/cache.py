@@ -34,7 +34,7 @@ import shutil
 from pathlib import Path
 from typing import Mapping
 
-from .. import names as m
+from .. import names
 from .live import PENDING
 
 CACHE_SUBDIR = "slurmk8s/config"
@@ -52,14 +52,14 @@ def _read(path: Path) -> bytes | None:
 
 
 class ConfigCache:
-    """Keeps `cache_dir` a copy of `conf_dir` (the files in m.SLURM_FILES) with the spec files they
+    """Keeps `cache_dir` a copy of `conf_dir` (the files in names.SLURM_FILES) with the spec files they
     were made from and the image's render id beside it. :meth:`sync` writes only what changed; it
     raises OSError when the volume cannot be written."""
 
-    def __init__(self, conf_dir: str | Path = m.SLURM_CONF_DIR, cache_dir: str | Path | None = None,
-                 spec_dir: str | Path = m.SPEC_DIR, render_id: str | Path = RENDER_ID) -> None:
+    def __init__(self, conf_dir: str | Path = names.SLURM_CONF_DIR, cache_dir: str | Path | None = None,
+                 spec_dir: str | Path = names.SPEC_DIR, render_id: str | Path = RENDER_ID) -> None:
         self.conf_dir = Path(conf_dir)
-        self.cache_dir = Path(cache_dir) if cache_dir is not None else Path(m.STATE_DIR, CACHE_SUBDIR)
+        self.cache_dir = Path(cache_dir) if cache_dir is not None else Path(names.STATE_DIR, CACHE_SUBDIR)
         self.spec_dir = Path(spec_dir)
         self.render_id = Path(render_id)
 
@@ -67,7 +67,7 @@ class ConfigCache:
         """What the copy should hold now; None when there is nothing sound to copy."""
         if (self.conf_dir / PENDING).exists():
             return None
-        files = {n: _read(self.conf_dir / n) for n in m.SLURM_FILES}
+        files = {n: _read(self.conf_dir / n) for n in names.SLURM_FILES}
         if files.get("slurm.conf") is None:
             return None
         ident = _read(self.render_id)
@@ -135,6 +135,6 @@ def _sync_dir(path: Path) -> None:
 def cache_from_env(env: Mapping[str, str], conf_dir: str) -> ConfigCache:
     """The loop's copy of `conf_dir`: beside the spec of SLURMK8S_SPEC; SLURMK8S_CONFIG_CACHE and
     SLURMK8S_RENDER_ID move the copy and the id (tests, benches)."""
-    spec_dir = os.path.dirname(env.get("SLURMK8S_SPEC", f"{m.SPEC_DIR}/spec.json"))
-    return ConfigCache(conf_dir, env.get("SLURMK8S_CONFIG_CACHE", str(Path(m.STATE_DIR, CACHE_SUBDIR))),
+    spec_dir = os.path.dirname(env.get("SLURMK8S_SPEC", f"{names.SPEC_DIR}/spec.json"))
+    return ConfigCache(conf_dir, env.get("SLURMK8S_CONFIG_CACHE", str(Path(names.STATE_DIR, CACHE_SUBDIR))),
                        spec_dir, env.get("SLURMK8S_RENDER_ID", RENDER_ID))

@@ -15,7 +15,7 @@ import os
 import time
 from typing import Callable
 
-from .. import names as m
+from .. import names
 
 POLL = 0.05  # s between looks: the file comes within a second of the pod's start
 SAY_EVERY = 30.0  # s between "still waiting" lines
@@ -26,13 +26,13 @@ def wait_for_config(conf_dir: str, log: Callable[[str], None], clock: Callable[[
                     say_every: float = SAY_EVERY, stop: Callable[[], bool] = lambda: False) -> float | None:
     """Return once `conf_dir`/.ready exists -> the seconds waited; None once `stop()` (SIGTERM).
     Logs once when it has to wait, then every `say_every` s, and when the wait ends."""
-    marker = os.path.join(conf_dir, m.CONFIG_READY)
+    marker = os.path.join(conf_dir, names.CONFIG_READY)
     if os.path.exists(marker):
         return 0.0
     start = clock()
     said = start
     log(f"waiting for the Slurm configuration in {conf_dir} (the slurmctld container writes it, "
-        f"then {m.CONFIG_READY})")
+        f"then {names.CONFIG_READY})")
     namespace = os.environ.get("SLURMK8S_NAMESPACE") or "NAMESPACE"
     while not os.path.exists(marker):
         if stop():
@@ -41,7 +41,7 @@ def wait_for_config(conf_dir: str, log: Callable[[str], None], clock: Callable[[
         if clock() - said >= say_every:
             said = clock()
             log(f"still waiting for {marker} after {said - start:.0f}s: see the "
-                f"slurmctld container's log (kubectl -n {namespace} logs {m.CONTROLLER_POD} -c slurmctld)")
+                f"slurmctld container's log (kubectl -n {namespace} logs {names.CONTROLLER_POD} -c slurmctld)")
         sleep(poll)
     waited = clock() - start
     log(f"the Slurm configuration in {conf_dir} is ready after {waited:.2f}s")
