@@ -399,8 +399,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 waiting_since = None
             for action in result.applied:
                 _log(f"applied {action.describe()}: sacctmgr -i {' '.join(action.argv)}")
-            for action, err in result.failed:
-                _log(f"FAILED {action.describe()} (retried next pass): {err}")
+            for action, why in result.failed:
+                _log(f"FAILED {action.describe()} (retried next pass): {why}")
             if result.ok and (result.applied or not in_step):
                 _log(f"database matches the spec (cluster {desired.cluster}, {len(desired.accounts)} account(s), "
                      f"{len(desired.users)} user(s))")

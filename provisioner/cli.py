@@ -33,7 +33,7 @@ spec_app = typer.Typer(help="The cluster spec: schema and validation.", no_args_
 app.add_typer(spec_app, name="spec")
 
 
-def _fail(err: Exception, code: int = 2) -> NoReturn:
+def _fail(err: Exception | str, code: int = 2) -> NoReturn:
     typer.echo(f"error: {err}", err=True)
     raise typer.Exit(code)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import re
+from os import PathLike
 from pathlib import Path
 from typing import Annotated, Any, Literal, Mapping, Union
 
@@ -1126,7 +1127,7 @@ class ClusterSpec(Model):
             if pool.name in seen:
                 issues.append((f"pools[{i}].name", f"pool name {pool.name!r} is also used by pools[{seen[pool.name]}]"))
             seen.setdefault(pool.name, i)
-        prefixes = {}
+        prefixes: dict[str, int] = {}
         for i, pool in enumerate(self.pools):
             other = prefixes.get(pool.node_prefix)
             if other is not None:
@@ -1260,7 +1261,7 @@ def parse_spec(data: Any, *, source: str = "spec") -> ClusterSpec:
         raise SpecError(_issues_from(err), title=f"invalid {source}") from None
 
 
-def load_spec(path: str | Path) -> ClusterSpec:
+def load_spec(path: str | PathLike[str]) -> ClusterSpec:
     path = Path(path)
     try:
         text = path.read_text()

@@ -29,7 +29,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, fields, replace
-from typing import Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 OK, FAIL, SKIP = "ok", "fail", "skip"
 MIB = 2**20
@@ -103,7 +103,7 @@ def _parse_bool(value: str) -> bool:
     raise ValueError(f"not a boolean: {value!r}")
 
 
-def _coerce(name: str, value: str) -> object:
+def _coerce(name: str, value: str) -> Any:  # the type of Config's field `name`: bool, int, float or tuple[str, ...]
     kind = {f.name: f.type for f in fields(Config)}[name]
     if kind == "bool":
         return _parse_bool(value)
@@ -521,7 +521,9 @@ def take_boot_mpi(path: str, timeout: float, poll: float = 0.02) -> tuple[Proc |
 
 
 def _remove(*paths: str) -> None:
-    [os.unlink(p) for p in paths if os.path.exists(p)]
+    for p in paths:
+        if os.path.exists(p):
+            os.unlink(p)
 
 
 def gather(cfg: Config, node_name: str, env: Mapping[str, str],

@@ -80,25 +80,25 @@ class _File(logging.FileHandler):
 
     def emit(self, record: logging.LogRecord) -> None:
         if self.max_bytes and self.stream is not None:
-            self._maybe_rotate()
+            self._maybe_rotate(self.stream)
         super().emit(record)
 
-    def _maybe_rotate(self) -> None:
+    def _maybe_rotate(self, stream: TextIO) -> None:
         try:
-            mine = os.fstat(self.stream.fileno())
+            mine = os.fstat(stream.fileno())
             try:
                 current = os.stat(self.baseFilename)
             except FileNotFoundError:
                 current = None
             if current is None or current.st_ino != mine.st_ino:  # rotated by another program
-                self._reopen()
+                self._reopen(stream)
             elif rotate_if_full(self.baseFilename, self.max_bytes):
-                self._reopen()
+                self._reopen(stream)
         except OSError:
             pass  # rotation is best effort; the line is still written
 
-    def _reopen(self) -> None:
-        self.stream.close()
+    def _reopen(self, stream: TextIO) -> None:
+        stream.close()
         self.stream = self._open()
 
     def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 (logging's name)

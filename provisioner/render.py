@@ -414,11 +414,11 @@ def write_files(files: Mapping[str, str], out_dir: str | Path) -> list[Path]:
     staged: list[tuple[str, Path]] = []
     try:
         for name, text in sorted(files.items()):
-            fd, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=out)
+            fd, tmp_name = tempfile.mkstemp(prefix=f".{name}.", dir=out)
             with os.fdopen(fd, "w") as fh:
                 fh.write(text)
-            os.chmod(tmp, 0o644)
-            staged.append((name, Path(tmp)))
+            os.chmod(tmp_name, 0o644)
+            staged.append((name, Path(tmp_name)))
     except BaseException:
         for _, tmp in staged:
             tmp.unlink(missing_ok=True)

@@ -219,7 +219,7 @@ def _tree(spec: ClusterSpec, inventory: Inventory) -> Topology:
                     "fix the nodes' labels, or set topology.switch_names: path if the values repeat per parent",
                 ))
             parent = name
-        leaf_nodes[parent].append(node.name)  # type: ignore[index]
+        leaf_nodes[steps[-1][2]].append(node.name)  # its leaf switch: the last step's (a placement has one or more)
     if issues:
         raise TopologyError(issues, title="invalid topology labels")
 

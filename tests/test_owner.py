@@ -27,7 +27,7 @@ THEM = "alice@laptop:/home/alice/.slurmk8s/state (stack local)"
 
 
 def namespace(owner: str | None = None, description: str | None = None) -> dict[str, Any]:
-    ann = ow.annotations(owner, description)
+    ann = ow.owner_annotations(owner, description)
     meta = {"name": NS, "labels": {"slurmk8s.io/cluster": "local"}}
     return {"metadata": {**meta, "annotations": ann} if ann else meta}
 
@@ -152,7 +152,7 @@ def test_recorded_owner_and_description():
     assert ow.recorded_owner(None) == (None, "")
     assert ow.recorded_owner(namespace()) == (None, "")
     assert ow.recorded_owner(namespace(THEIRS, THEM)) == (THEIRS, THEM)
-    assert ow.annotations(None, THEM) == {}
+    assert ow.owner_annotations(None, THEM) == {}
     desc = ow.describe(Path("/tmp/s"), "local")
     assert desc.endswith(":/tmp/s (stack local)") and "@" in desc
 
@@ -498,7 +498,7 @@ def test_two_take_overs_at_once_one_wins(monkeypatch, tmp_path):
     from fakes.namespaces import FakeNamespaces
 
     api = FakeNamespaces()
-    api.add(NS, ow.annotations(THEIRS, THEM))
+    api.add(NS, ow.owner_annotations(THEIRS, THEM))
     decided, refused = _race(monkeypatch, tmp_path, api, take_over=True)
     assert len(decided) == 1 and len(refused) == 1, (decided, refused)
     assert decided[0][1].took_over
@@ -515,6 +515,6 @@ def test_the_owner_and_preview_and_down_write_nothing(monkeypatch, tmp_path):
     for op in ("preview", "down"):
         ow.check(_session(stack, tmp_path), op, lambda s: None, reader=api.read)
     assert api.writes == [] and NS not in api.namespaces
-    api.add(NS, ow.annotations(MINE, ME))
+    api.add(NS, ow.owner_annotations(MINE, ME))
     ow.check(_session(stack, tmp_path), "up", lambda s: None, reader=api.read)
     assert api.writes == [], "the record names this stack already"

@@ -258,7 +258,7 @@ class Tier:
                     scaled_up, look_at = cur.replicas >= 1, self.clock() + self.poll
                     if scaled_up and (w.kind == "StatefulSet" or self.replace_deployment_pods):
                         self._replace_skipped_pod(w, progress, replaced)
-                if quick and scaled_up and answers():
+                if quick and scaled_up and answers is not None and answers():
                     how = "takes connections on its port"
                     break
                 if self.clock() > deadline:

@@ -69,7 +69,9 @@ def _exe_name(pid: int) -> str:
 def is_pulumi(pid: int) -> bool:
     """A live (not zombie) process running a Pulumi binary (the CLI or a plugin)."""
     st = _stat(pid)
-    return bool(st) and st[0] != "Z" and _exe_name(pid).startswith(PULUMI_NAMES)
+    if not st:
+        return False
+    return st[0] != "Z" and _exe_name(pid).startswith(PULUMI_NAMES)
 
 
 Proc = tuple[int, str]  # pid and start time (clock ticks after boot): a pid reused later does not match
@@ -84,7 +86,9 @@ def same(proc: Sequence[Any]) -> bool:
     """The process still runs (not a zombie), is the one recorded (start time) and a Pulumi binary."""
     pid, start = int(proc[0]), str(proc[1])
     st = _stat(pid)
-    return bool(st) and st[0] != "Z" and st[19] == start and _exe_name(pid).startswith(PULUMI_NAMES)
+    if not st:
+        return False
+    return st[0] != "Z" and st[19] == start and _exe_name(pid).startswith(PULUMI_NAMES)
 
 
 def descendants(pid: int) -> list[Proc]:
@@ -172,7 +176,7 @@ class EngineCommand(auto.PulumiCommand):
         self.stack = stack
         self.record = run_dir / f"{stack}.engine.{os.getpid()}.json"  # one per slurmk8s process
         self._lock = threading.Lock()
-        self.process: subprocess.Popen[str] | None = None
+        self.process: subprocess.Popen[bytes] | None = None
         self.interrupted = 0  # SIGINTs sent to the running engine
         self.killed: list[int] = []  # pids killed: the engine did not stop in time, or a plugin outlived it
         self.killed_engine: int | None = None
@@ -207,7 +211,7 @@ class EngineCommand(auto.PulumiCommand):
             proc = subprocess.Popen(argv, stdout=out_w, stderr=err_w, stdin=subprocess.DEVNULL, cwd=cwd, env=env,
                                     start_new_session=True, preexec_fn=preexec)
         with self._lock:
-            self.process = proc  # type: ignore[assignment]
+            self.process = proc
         command = " ".join(a for a in args[:3] if not a.startswith("--"))
         done = threading.Event()
         tracker = threading.Thread(target=self._track, args=(proc, command, done), daemon=True)
@@ -234,7 +238,7 @@ class EngineCommand(auto.PulumiCommand):
             raise create_command_error(result)
         return result
 
-    def _track(self, proc: subprocess.Popen[str], command: str, done: threading.Event) -> None:
+    def _track(self, proc: subprocess.Popen[bytes], command: str, done: threading.Event) -> None:
         """While the engine runs: its process tree, kept in `procs` and in the record (rewritten when
         it changes), so that a later run finds the plugins should this process and the engine die."""
         me = proc_of(os.getpid())

@@ -203,8 +203,9 @@ def look(pod: Mapping[str, Any]) -> tuple[str, str]:
             return "start", text
         if state.get("running"):
             return "running", ""
-    if status.get("phase") in ("Succeeded", "Failed"):
-        return "done", status.get("reason") or status.get("phase")
+    phase = status.get("phase")
+    if phase in ("Succeeded", "Failed"):
+        return "done", status.get("reason") or phase
     for cond in status.get("conditions") or []:
         if cond.get("type") == "PodScheduled" and cond.get("status") == "False" and \
                 cond.get("reason") == "Unschedulable":

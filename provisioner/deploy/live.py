@@ -17,6 +17,12 @@ Printer = Callable[[str], Any]
 Session = Any  # automation.Session
 
 
+def _name(obj: Any) -> str:
+    """metadata.name of an object the API server returned (always set there; the client's models type
+    both metadata and name as optional)."""
+    return obj.metadata.name
+
+
 def _cluster(session: Session) -> tuple[Any, bool]:
     """The session's API client and whether it reaches the local cluster, made once per session
     (the checks, the watch of `up` and preview's look share them)."""
@@ -132,11 +138,11 @@ def delete_leftovers(session: Session, echo: Printer, *, purge: bool) -> None:
     try:
         pods = core.list_namespaced_pod(ns, label_selector=selector).items
         for pod in pods:
-            core.delete_namespaced_pod(pod.metadata.name, ns, grace_period_seconds=m.WORKER_GRACE_SECONDS)
+            core.delete_namespaced_pod(_name(pod), ns, grace_period_seconds=m.WORKER_GRACE_SECONDS)
         echo(f"deleted {len(pods)} worker pod(s) left by the resume program")
         # the spec's claims, then any other claim of this cluster (e.g. the database's, after accounting
         # was turned off in the spec)
-        labelled = [c.metadata.name for c in core.list_namespaced_persistent_volume_claim(
+        labelled = [_name(c) for c in core.list_namespaced_persistent_volume_claim(
             ns, label_selector=f"{m.L_CLUSTER}={spec.name}").items]
         claims = m.kept_claims(spec) + sorted(set(labelled) - set(m.kept_claims(spec)))
         if purge:
@@ -170,8 +176,9 @@ def delete_leftovers(session: Session, echo: Printer, *, purge: bool) -> None:
                     if err.status != 404:
                         raise
                     continue
+                resources = pvc.spec.resources if pvc.spec else None
                 size = ((pvc.status.capacity or {}) if pvc.status else {}).get("storage") \
-                    or pvc.spec.resources.requests.get("storage", "?")
+                    or ((resources.requests or {}) if resources else {}).get("storage", "?")
                 kept.append(f"{claim} ({CLAIM_PURPOSE.get(claim, claim)}, {size})")
             echo(f"kept namespace {ns} and {len(kept)} volume(s): {', '.join(kept) or 'none'}; "
                  "`slurmk8s down --purge` deletes them")
@@ -279,7 +286,8 @@ def _rollout_reader(session: Session) -> Callable[[], list[tuple[str, Any]]]:
     ns, selector = session.spec.namespace_name, f"{m.L_CLUSTER}={session.spec.name}"
 
     def read() -> list[tuple[str, Any]]:
-        found = [("StatefulSet", o) for o in apps.list_namespaced_stateful_set(ns, label_selector=selector).items]
+        found: list[tuple[str, Any]] = [
+            ("StatefulSet", o) for o in apps.list_namespaced_stateful_set(ns, label_selector=selector).items]
         found += [("Deployment", o) for o in apps.list_namespaced_deployment(ns, label_selector=selector).items]
         return [(kind, api_client.sanitize_for_serialization(o)) for kind, o in found]
 
@@ -351,8 +359,9 @@ def _login_ping(session: Session) -> Callable[[], tuple[int, str, str] | None]:
             return 1, "", f"the Kubernetes API did not answer ({type(err).__name__})"
         if not (ctld.spec.replicas or 0):
             return None  # the control tier sleeps: the next submit wakes it
-        ready = [p.metadata.name for p in pods if p.metadata.deletion_timestamp is None
-                 and any(c.type == "Ready" and c.status == "True" for c in (p.status.conditions or ()))]
+        ready = [_name(p) for p in pods if p.metadata is not None and p.metadata.deletion_timestamp is None
+                 and any(c.type == "Ready" and c.status == "True"
+                         for c in ((p.status.conditions if p.status else None) or ()))]
         if not ready:
             return None  # the login pod sleeps (it wakes with the tier) or is not part of this cluster
         return pod_exec(api_client, ns, sorted(ready)[0], m.LOGIN, ["scontrol", "ping"], timeout=15.0)

@@ -83,7 +83,7 @@ class Found:
     helm_release: str | None = None  # the Helm release that made them, if one did
 
 
-def annotations(owner: str | None, description: str | None) -> dict[str, str]:
+def owner_annotations(owner: str | None, description: str | None) -> dict[str, str]:
     """The Namespace annotations for a stack's owner id and description (none without an id: a plain
     `pulumi up` in stacks/ records no owner)."""
     if not owner:
@@ -277,7 +277,7 @@ def claim_for(found: Found, namespace: Mapping[str, Any], mine: str | None, me: 
     the record when there is none yet."""
     if not mine or recorded_owner(found.namespace)[0] == mine:
         return None
-    record = annotations(mine, me)
+    record = owner_annotations(mine, me)
     name = str(namespace["metadata"]["name"])
     if found.namespace is None:
         meta = {**namespace["metadata"], "annotations": {**(namespace["metadata"].get("annotations") or {}), **record}}

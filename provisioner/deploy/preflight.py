@@ -299,7 +299,8 @@ def read_cluster(spec: ClusterSpec, api_client: Any) -> ClusterFacts:
     ext = spec.accounting.external_database if spec.accounting.enabled else None
     if exists and ext is not None:
         try:
-            resp = core.read_namespaced_secret(ext.password_secret.name, ns, _preload_content=False)
+            # the raw response (its JSON in .data), not the V1Secret the client's types promise
+            resp: Any = core.read_namespaced_secret(ext.password_secret.name, ns, _preload_content=False)
             secrets[ext.password_secret.name] = json.loads(resp.data)
         except ApiException as err:
             if err.status != 404:
@@ -320,12 +321,13 @@ def _with_kueue(facts: ClusterFacts, api_client: Any, ns: str) -> ClusterFacts:
 
     group = next((g for g in client.ApisApi(api_client).get_api_versions().groups or []
                   if g.name == kueue.GROUP), None)
-    if group is None:
+    preferred = group.preferred_version if group is not None else None
+    if preferred is None:
         return facts
-    version = group.preferred_version.version
+    version = preferred.version
     api = client.CustomObjectsApi(api_client)
 
-    def by_name(resp: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+    def by_name(resp: Any) -> dict[str, Mapping[str, Any]]:  # the API's JSON (the client types it `object`)
         return {_name(o): o for o in resp.get("items") or []}
 
     local = by_name(api.list_namespaced_custom_object(kueue.GROUP, version, ns, "localqueues")) \
@@ -390,15 +392,16 @@ def check_database(spec: ClusterSpec, api_client: Any, echo: Callable[[str], Any
     name = f"slurmk8s-db-check-{int(time.time())}"
     field_ = "accounting.external_database"
     t0 = time.monotonic()
-    core.create_namespaced_pod(ns, m.db_check_pod(spec, name))
+    # the client takes a plain dict body (serialized as it is); its types name only V1Pod
+    core.create_namespaced_pod(ns, m.db_check_pod(spec, name))  # type: ignore[arg-type]
     try:
         phase, reason = "Pending", ""
         while time.monotonic() - t0 < timeout:
-            pod = core.read_namespaced_pod(name, ns)
-            phase = pod.status.phase or "Pending"
+            status = core.read_namespaced_pod(name, ns).status
+            phase = (status.phase if status else None) or "Pending"
             if phase in ("Succeeded", "Failed"):
                 break
-            for cs in pod.status.container_statuses or []:
+            for cs in (status.container_statuses if status else None) or []:
                 waiting = cs.state.waiting if cs.state else None
                 if waiting and waiting.reason in ("ErrImagePull", "ImagePullBackOff", "InvalidImageName",
                                                   "CreateContainerConfigError"):

@@ -42,7 +42,7 @@ import pulumi_kubernetes as k8s
 from .. import manifests as m
 from ..config import ClusterSpec
 from ..generate import Generated, generate_for_kubernetes
-from .owner import DESCRIPTION_CONFIG, OWNER_CONFIG, annotations
+from .owner import DESCRIPTION_CONFIG, OWNER_CONFIG, owner_annotations
 from .keys import CONFIG_NAMESPACE, missing_jwt_key_error, public_key, secrets_from_config
 
 PROJECT = "slurmk8s"
@@ -76,8 +76,10 @@ def _snake(name: str) -> str:
 
 
 def k8s_resource(logical: str, obj: Mapping[str, Any], opts: pulumi.ResourceOptions,
-                 *, skip_await: bool = False) -> pulumi.CustomResource:
-    """A typed pulumi-kubernetes resource from a manifest dict (nested fields keep their API names)."""
+                 *, skip_await: bool = False) -> Any:
+    """A typed pulumi-kubernetes resource from a manifest dict (nested fields keep their API names).
+    Typed Any: its outputs (metadata, spec, status) are declared on each kind's class, not on
+    pulumi.CustomResource, and the kind is known only at run time."""
     cls = _CLASSES[(obj["apiVersion"], obj["kind"])]
     body = dict(obj)
     if skip_await:
@@ -99,7 +101,7 @@ class _Component(pulumi.ComponentResource):
         self._depends_on = list(depends_on)
 
     def _add(self, obj: Mapping[str, Any], *, retain: bool = False,
-             after: Sequence[pulumi.Resource] = ()) -> pulumi.CustomResource:
+             after: Sequence[pulumi.Resource] = ()) -> Any:  # a pulumi-kubernetes resource: k8s_resource
         opts = pulumi.ResourceOptions(
             parent=self,
             depends_on=[*self._depends_on, *after] or None,
@@ -402,8 +404,8 @@ class SlurmCluster(pulumi.ComponentResource):
         ns = k8s_resource(f"{spec.name}-namespace", ns_obj,
                           pulumi.ResourceOptions(parent=self, retain_on_delete=True, **provider_opts),
                           skip_await=not wait)
-        child = pulumi.ResourceOptions(parent=self, **({"providers": {"kubernetes": provider_opts["provider"]}}
-                                                       if provider_opts else {}))
+        child = pulumi.ResourceOptions(parent=self, providers={"kubernetes": provider_opts["provider"]}
+                                       if provider_opts else None)
         self.storage = Storage(f"{name}-storage", spec, wait=wait, depends_on=[ns], opts=child)
         self.controller_tier = Controller(f"{name}-controller", spec, gen, keys, site, wait=wait,
                                           depends_on=[ns], opts=child)
@@ -474,7 +476,7 @@ def read_k8s_nodes(kubeconfig: str | None) -> list[dict[str, Any]]:
     from kubernetes import client
 
     api = client.CoreV1Api(load_kubeconfig(kubeconfig))
-    resp = api.list_node(_preload_content=False)
+    resp: Any = api.list_node(_preload_content=False)  # the raw response (JSON in .data), not a V1NodeList
     return json.loads(resp.data)["items"]
 
 
@@ -517,7 +519,7 @@ def cluster_program(spec: ClusterSpec, k8s_nodes: Sequence[Mapping[str, Any]] | 
                            cluster_domain=cfg.get("clusterDomain") or "cluster.local",
                            wait=True if wait is None else wait,
                            kubeconfig=kcfg.get("kubeconfig"), context=kcfg.get("context"),
-                           owner=annotations(cfg.get(OWNER_CONFIG), cfg.get(DESCRIPTION_CONFIG)))
+                           owner=owner_annotations(cfg.get(OWNER_CONFIG), cfg.get(DESCRIPTION_CONFIG)))
     gen = cluster.generated
     for ex in gen.inventory.excluded:
         pulumi.log.info(f"Kubernetes node {ex.k8s_node} left out of pool {ex.pool}: {ex.reason}")

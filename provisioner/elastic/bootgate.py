@@ -52,7 +52,7 @@ import socket
 import socketserver
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence, cast
 
 from ..kubeapi import ApiError
 from ..names import BOOT_GATE_PORT
@@ -216,12 +216,15 @@ def _pod_ips(pod: Mapping[str, Any]) -> set[str]:
 
 
 class _Handler(socketserver.StreamRequestHandler):
+    def _server(self) -> GateServer:
+        return cast("GateServer", self.server)  # the only server this handler serves
+
     def setup(self) -> None:
-        self.timeout = self.server.read_timeout  # type: ignore[attr-defined]  # to read the node name
         super().setup()
+        self.connection.settimeout(self._server().read_timeout)  # to read the node name
 
     def handle(self) -> None:
-        server: GateServer = self.server  # type: ignore[assignment]
+        server = self._server()
         try:
             node = self.rfile.readline(256).decode("ascii", "replace").strip()
         except OSError:

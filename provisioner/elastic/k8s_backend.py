@@ -358,12 +358,12 @@ class KubernetesBackend:
                 raise self._error(name, "delete", err) from None
             self._release_from_kueue(name, pod)
             return
-        pod = self._get(name)
-        if pod is None:
+        live = self._get(name)
+        if live is None:
             return
-        if not self._ours(pod, name):
+        if not self._ours(live, name):
             raise BackendError(name, f"pod {name} in {self.namespace} is not this cluster's worker; not deleting it")
-        self._delete(name, (pod.get("metadata") or {}).get("uid"), grace=grace)
+        self._delete(name, (live.get("metadata") or {}).get("uid"), grace=grace)
 
     def adopt(self, name: str, uid: str, version: str = "") -> bool:
         """Keep the live pod `uid` for this resume: write an annotation on it (A_ADOPTED: when, and

@@ -92,7 +92,8 @@ class Policy:
         policy = cls(backoff_failures=int(get("SLURMK8S_BACKOFF_FAILURES", base.backoff_failures)),
                      backoff_window=get("SLURMK8S_BACKOFF_WINDOW", base.backoff_window),
                      backoff_cooloff=get("SLURMK8S_BACKOFF_COOLOFF", base.backoff_cooloff))
-        return replace(policy, **overrides) if overrides else policy
+        changes: dict[str, Any] = dict(overrides)  # float fields by name (replace's keywords are typed per field)
+        return replace(policy, **changes) if overrides else policy
 
 
 def consecutive_failures(history: PoolHistory, now: float, policy: Policy) -> list[Failure]:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Iterator, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, Protocol, Sequence, cast
 
 from ..kubeapi import ApiError
 from .backend import Worker
@@ -199,7 +199,8 @@ class PodWatch:
                     continue
                 if kind == "DELETED":
                     known = self._workers.get(worker.name) if self._workers is not None else None
-                    if known is not None and known.uid == worker.uid:  # defensive: never a newer pod's entry
+                    if self._workers is not None and known is not None and known.uid == worker.uid:
+                        # defensive: never a newer pod's entry
                         del self._workers[worker.name]
                         taken = worker.taken or known.taken
                         if taken:
@@ -257,7 +258,8 @@ def watched(backend: Any, log: "Log") -> Any:
     other backend (Docker) as it is."""
     if not isinstance(backend, KubernetesBackend) or not hasattr(backend.api, "watch"):
         return backend
-    watch = PodWatch(backend.api, backend.namespace, backend.selector, log).start()
+    api = cast(WatchablePodApi, backend.api)  # a PodApi with watch (checked above)
+    watch = PodWatch(api, backend.namespace, backend.selector, log).start()
     log.write(f"pod watch: following the worker pods ({backend.selector}) instead of listing them each pass")
     return WatchedBackend(backend, watch)
 

@@ -85,7 +85,7 @@ def end_when_gone(
         states = states_of(gone) if gone else None
         if gone and (states is None or len(states) != len(gone)):
             unread = "sinfo did not answer for them"
-        elif gone:
+        elif gone and states is not None:  # (None is the branch above)
             waiting = [n for n in waiting if n in there]
             ready = [n for n, s in zip(gone, states) if s == POWERING_DOWN]
             kept = [f"{n} ({s})" for n, s in zip(gone, states) if s != POWERING_DOWN and s.endswith("%")]

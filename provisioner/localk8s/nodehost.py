@@ -60,7 +60,7 @@ def host_from_env(bin_dir: Path) -> Host:
 
 # ---- registry of nodes (node.json per node dir) --------------------------------------------------
 def known_nodes(host: Host) -> list[tuple[N.NodeLayout, N.NodeSpec]]:
-    out = []
+    out: list[tuple[N.NodeLayout, N.NodeSpec]] = []
     if not host.nodes_dir.is_dir():
         return out
     for path in sorted(host.nodes_dir.glob("*/node.json")):
@@ -288,6 +288,7 @@ def has_image(socket: Path, ref: str) -> bool:
 def pipe_import(source: Sequence[str], socket: Path) -> None:
     """``source | ctr import -`` into the containerd of ``socket``."""
     with subprocess.Popen(list(source), stdout=subprocess.PIPE, stderr=subprocess.PIPE) as src:
+        assert src.stdout is not None and src.stderr is not None  # both PIPE
         dst = subprocess.run(_ctr(socket, "images", "import", "-"), stdin=src.stdout, capture_output=True, check=False)
         src.stdout.close()
         err = src.stderr.read().decode(errors="replace")

@@ -148,7 +148,7 @@ def slurmdbd_deployment(spec: ClusterSpec, site: K8sSite = K8sSite()) -> dict[st
     """slurmdbd: stateless (everything is in the database), hostname = DbdHost. slurmdbd.conf comes
     from its own Secret that no other pod mounts."""
     pw_secret, pw_key = db_password_ref(spec)
-    container = {
+    container: dict[str, Any] = {
         "name": "slurmdbd",
         "image": spec.images.slurmdbd,
         "imagePullPolicy": spec.images.pull_policy,

@@ -281,7 +281,8 @@ def classify_pair(name: str, node: NodeStatus | None, worker: Worker | None, sna
         return Finding(name, Kind.HOST_LOST, f"Kubernetes node {worker.host or '?'} stopped answering "
                                              f"(pod {name} marked not ready by the node controller "
                                              f"{lost_for:.0f}s ago)", pool)
-    if (worker is not None and worker.phase == "Running" and worker.host in snapshot.interrupted and node is not None
+    if (worker is not None and worker.phase == "Running" and worker.host is not None
+            and worker.host in snapshot.interrupted and node is not None
             and not (node.down or node.powering or node.powered_down)):
         notice = snapshot.interrupted[worker.host]
         if name in snapshot.running or node.busy:
@@ -326,11 +327,11 @@ def classify_pair(name: str, node: NodeStatus | None, worker: Worker | None, sna
                                                          f"{_worker_words(worker)}", pool)
             return Finding(name, Kind.STUCK_PENDING, f"{_worker_words(worker)} for {age:.0f}s", pool)
         if restarted_under_job(name, node, worker, snapshot):
-            job = snapshot.running[name][1]
+            job_id = snapshot.running[name][1]
             # the kubelet's time of the death, for the reader only (never compared with Slurm's)
             died = "" if worker.died_at is None else \
                 f", at {time.strftime('%H:%M:%SZ', time.gmtime(worker.died_at))} by the kubelet's clock"
-            return Finding(name, Kind.WORKER_RESTARTED, f"pod {name} container died under job {job} "
+            return Finding(name, Kind.WORKER_RESTARTED, f"pod {name} container died under job {job_id} "
                                                         f"({worker.died_how or 'restarted'}{died})", pool)
         history = snapshot.history.get(pool)
         if (history and history.failures and worker.phase == "Running" and not node.powering and not node.down

@@ -81,8 +81,8 @@ def explain(slurm: SlurmClient, backend: NodeBackend, snapshot: "Snapshot", jobs
             errors.append(f"cannot set job {job}'s comment: {err}")
             continue
         log.write(f"job {job}: {text}" if text else f"job {job}: its pods are admitted and placed, comment cleared")
-    for err in errors:
-        log.write(err)
+    for error in errors:
+        log.write(error)
     return errors + hand_over(slurm, snapshot, jobs, short, queues, log, scontrol)
 
 

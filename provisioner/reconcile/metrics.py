@@ -142,10 +142,10 @@ class Metrics:
         for name, w in snap.workers.items():
             if w.phase != "Running" or w.created_at is None or w.created_at < since:
                 continue  # only workers created while this process watches: no stale huge values
-            key = (name, w.created_at)
-            if key in self._seen_ready:
+            seen = (name, w.created_at)
+            if seen in self._seen_ready:
                 continue
-            self._seen_ready.add(key)
+            self._seen_ready.add(seen)
             ready = w.ready_at or now
             self.pod_start.labels(pool_of(name)).observe(max(0.0, ready - w.created_at))
         live = {(n, w.created_at) for n, w in snap.workers.items()}
@@ -272,7 +272,7 @@ def metric_catalog(metrics: "Metrics") -> list[MetricDoc]:
     out = []
     for value in vars(metrics).values():
         if isinstance(value, MetricWrapperBase):
-            kind = value._type  # counter | gauge | histogram
+            kind = value._type or ""  # counter | gauge | histogram (None only on the abstract base)
             name = value._name + ("_total" if kind == "counter" else "")
             out.append(MetricDoc(name, kind, tuple(value._labelnames), value._documentation))
     return sorted(out, key=lambda d: d.name)
