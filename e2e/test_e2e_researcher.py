@@ -181,16 +181,23 @@ def test_sattach_to_a_running_step(alice: Login):
 
 
 def test_scancel_ends_a_running_job_its_processes_and_then_its_pod(alice: Login):
-    job = _sbatch(alice, f"-p {PARTITION} -N1 -o /dev/null --wrap 'srun sleep 600'")
+    """Its daemon too: `sleep 4242` double-forks away from the job (reparented to the container's
+    init, out of proctrack/linuxproc's sight); the worker's Epilog kills it by its SLURM_JOB_ID."""
+    daemon = "(setsid sleep 4242 </dev/null >/dev/null 2>&1 &)"
+    job = _sbatch(alice, f"-p {PARTITION} -N1 -o /dev/null --wrap '{daemon}; srun sleep 600'")
     wait_for(f"job {job} to run", lambda: _state(alice, job) == "RUNNING", 150, interval=1)
     node = alice.json(f"scontrol show job {job} --json")["jobs"][0]["nodes"]
-    wait_for(f"sleep 600 in the pod of {node}", lambda: "sleep 600" in _user_processes(node), 60)
+    procs = wait_for(f"sleep 600 in the pod of {node}", lambda: (p := _user_processes(node)) and "sleep 600" in p and p,
+                     60)
+    assert "sleep 4242" in procs, procs
     uid = worker_pods()[node]["metadata"]["uid"]
     alice.run(f"scancel {job}")
     assert _ended(alice, job, 60) == "CANCELLED"
     left = wait_for(f"alice's processes in {node} to end", lambda: _user_processes(node), 60,
                     until=lambda procs: procs == "")
     assert left == ""
+    log = kubectl("logs", "-n", NAMESPACE, node, "-c", "slurmd", check=False).stdout
+    assert re.search(rf"slurmk8s epilog: job {job}: killed what it left behind: \d+\(sleep\)", log), log[-2000:]
     t0 = time.monotonic()
     # idle for SuspendTime, then powered down: the pod goes (a later job on the node makes a new pod)
     wait_for(f"the worker pod of {node} to be deleted", lambda: worker_pods().get(node, {}).get("metadata", {})

@@ -49,7 +49,7 @@ A_USERS_HASH = "slurmk8s.io/users-hash"
 # The entrypoint contract's version (images/entrypoint/identify.sh INTERFACE, the Dockerfile's
 # org.slurmk8s.interface label); recorded on each pool's worker template, so that `up` checks again
 # the images of templates written by a slurmk8s of another interface (provisioner.deploy.imagecheck)
-IMAGE_INTERFACE = 3
+IMAGE_INTERFACE = 4
 A_IMAGE_INTERFACE = "slurmk8s.io/image-interface"
 A_MULTUS = "k8s.v1.cni.cncf.io/networks"
 

@@ -91,14 +91,18 @@ INTERACTIVE_DEFAULTS = {
 }
 
 
-# A job's end frees its nodes for the next job at once. Without an Epilog, slurmd answers
-# slurmctld's terminate request for a finished job with "already complete", and slurmctld only
-# queues a scheduling pass, which its background loop runs at its next whole second (or backfill
-# does, each bf_interval): ~1 s of idle node per job end, measured 0.86-1.0 s between one job's
-# end and the next one's start on the same nodes. With an Epilog (a no-op here), slurmd runs it
-# and sends MESSAGE_EPILOG_COMPLETE, on which slurmctld schedules at once.
-FAST_END_DEFAULTS = {
-    "Epilog": "/bin/true",
+# The worker's Epilog (images/slurmd/epilog, the worker image's side of the contract): after each job
+# it ends the processes the job left behind, which proctrack/linuxproc loses once they daemonise
+# (reparented to the container's init). It also frees the job's nodes for the next job at once:
+# without an Epilog, slurmd answers slurmctld's terminate request for a finished job with "already
+# complete", and slurmctld only queues a scheduling pass, which its background loop runs at its next
+# whole second (or backfill does, each bf_interval): ~1 s of idle node per job end, measured
+# 0.86-1.0 s between one job's end and the next one's start on the same nodes. With an Epilog, slurmd
+# runs it and sends MESSAGE_EPILOG_COMPLETE, on which slurmctld schedules at once. A site's own
+# Epilog (slurm.extra_conf) replaces it.
+WORKER_EPILOG = "/usr/local/lib/slurmk8s/epilog"
+EPILOG_DEFAULTS = {
+    "Epilog": WORKER_EPILOG,
 }
 
 
@@ -154,6 +158,7 @@ def render_slurm_conf(spec: ClusterSpec, inventory: Inventory, topology: Topolog
     extra_conf = dict(spec.slurm.extra_conf)
     _add_defaults(extra_conf, THROUGHPUT_DEFAULTS)
     _add_defaults(extra_conf, INTERACTIVE_DEFAULTS)
+    _add_defaults(extra_conf, EPILOG_DEFAULTS)
     if spec.elasticity.fast_start:
         # look for nodes to resume every second instead of every 10 s (with PrologSlurmctld below)
         ctld_params += ["power_save_interval=1", "power_save_min_interval=0"]
@@ -166,7 +171,6 @@ def render_slurm_conf(spec: ClusterSpec, inventory: Inventory, topology: Topolog
         # follows bf_interval unless set), releasing its locks as usual, so a long queue is walked whole.
         _add_scheduler_parameter(extra_conf, "bf_interval", "1")
         _add_scheduler_parameter(extra_conf, "bf_max_time", "30")
-        _add_defaults(extra_conf, FAST_END_DEFAULTS)
     # the pools' job environment reaches every task through the TaskProlog; a TaskProlog of the
     # user's own (slurm.extra_conf) replaces it (it may run ours first)
     task_prolog = None

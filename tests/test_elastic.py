@@ -464,10 +464,15 @@ def test_fast_start_settings_are_rendered_and_off_means_slurm_defaults():
     assert on["PrologSlurmctld"] == "/opt/slurmk8s/bin/slurmk8s-prolog-slurmctld"
     assert "power_save_interval=1" in on["SlurmctldParameters"].split(",")
     assert on["SchedulerParameters"] == "batch_sched_delay=0,bf_interval=1,bf_max_time=30"
-    assert on["Epilog"] == "/bin/true"  # slurmd then reports each job's end, on which slurmctld schedules at once
     off = _conf(False)
-    assert "PrologSlurmctld" not in off and "SchedulerParameters" not in off and "Epilog" not in off
+    assert "PrologSlurmctld" not in off and "SchedulerParameters" not in off
     assert "power_save_interval" not in off["SlurmctldParameters"]
+
+
+def test_the_workers_epilog_ends_what_a_job_left_behind_in_both_modes():
+    """Always the worker image's epilog: it kills a job's daemonised processes, and slurmd then
+    reports each job's end, on which slurmctld schedules at once."""
+    assert _conf(True)["Epilog"] == _conf(False)["Epilog"] == "/usr/local/lib/slurmk8s/epilog"
 
 
 def test_fast_start_merges_into_the_users_scheduler_parameters():
@@ -477,7 +482,7 @@ def test_fast_start_merges_into_the_users_scheduler_parameters():
     assert own["SchedulerParameters"] == "batch_sched_delay=5,bf_interval=1,bf_max_time=30"  # the user's wins
 
 
-def test_a_sites_own_epilog_replaces_the_no_op_one_and_an_empty_value_leaves_it_out():
+def test_a_sites_own_epilog_replaces_ours_and_an_empty_value_leaves_it_out():
     lower = _conf(True, {"epilog": "/etc/slurm/epilog.sh"})  # any spelling of the key
     assert lower["epilog"] == "/etc/slurm/epilog.sh" and "Epilog" not in lower
     assert _conf(True, {"Epilog": "/etc/slurm/epilog.sh"})["Epilog"] == "/etc/slurm/epilog.sh"

@@ -302,7 +302,7 @@ def test_a_derived_image_that_lost_part_of_the_worker_or_sets_cmd_is_refused():
 
 def test_a_worker_image_passes_and_one_from_before_the_identity_is_accepted_with_a_note():
     issue, line = verdict_of("lab/bio:1", "identified", identity=ic.parse_identify(identify_log()))
-    assert issue is None and line == "lab/bio:1: slurmk8s slurmd image (interface 3, slurmk8s 0.1.0, Slurm 24.11.5)"
+    assert issue is None and line == "lab/bio:1: slurmk8s slurmd image (interface 4, slurmk8s 0.1.0, Slurm 24.11.5)"
     issue, line = verdict_of("slurmk8s/slurmd:old", "exited",
                              detail="exit 1: 2025 [slurmk8s-slurmd] FATAL: set SLURMK8S_CONTROLLER (configless)")
     assert issue is None and "from before image identity" in line
@@ -334,7 +334,7 @@ def test_up_refuses_the_pool_on_a_database_image_after_checking_all_images_at_on
     assert api.pods == {}, "no check pod stays behind"
     assert lines[0].startswith("image check: 4 image(s) in pod(s) in namespace slurm-pi: slurmk8s/slurmd:dev "
                                "(images.worker), lab/bio:1 (pools[bio].image, pools[bio2].image)")
-    assert "image check: lab/bio:1: slurmk8s slurmd image (interface 3, slurmk8s 0.1.0, Slurm 24.11.5) (0.5s)" in lines
+    assert "image check: lab/bio:1: slurmk8s slurmd image (interface 4, slurmk8s 0.1.0, Slurm 24.11.5) (0.5s)" in lines
 
 
 def test_before_the_namespace_exists_the_check_runs_in_default_and_reads_nothing_of_the_cluster():

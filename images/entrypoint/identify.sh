@@ -19,7 +19,7 @@
 # Exit status 0 (what it found is for the caller to judge).
 set -uo pipefail
 
-INTERFACE=3   # keep in step with provisioner/names.py IMAGE_INTERFACE
+INTERFACE=4   # keep in step with provisioner/names.py IMAGE_INTERFACE
 ROLE="${SLURMK8S_ROLE:-}"
 VERSION="$(sed -n 's/^version=//p' /usr/local/share/slurmk8s/identity 2>/dev/null || true)"
 
@@ -38,7 +38,7 @@ case "$ROLE" in
     slurmd)
         need /usr/sbin/slurmd /usr/bin/python3 /usr/local/bin/slurmk8s-healthcheck \
             /usr/local/lib/slurmk8s/health.py /usr/local/lib/slurmk8s/mpi-loopback \
-            /usr/local/lib/slurmk8s/task-prolog /usr/local/lib/slurmk8s/node-gres
+            /usr/local/lib/slurmk8s/task-prolog /usr/local/lib/slurmk8s/node-gres /usr/local/lib/slurmk8s/epilog
         slurm="$(/usr/sbin/slurmd -V 2>/dev/null | awk '{print $2}')" ;;
     login)
         need /usr/sbin/sshd /usr/sbin/sackd /usr/bin/python3 /usr/local/lib/slurmk8s/slurm-command \
