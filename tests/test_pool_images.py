@@ -28,7 +28,7 @@ def spec_of(**changes):
     return parse_spec({**copy.deepcopy(SPEC), **changes})
 
 
-def identify_log(image="slurmd", interface="3", version="0.1.0", slurm="24.11.5", args="", missing=""):
+def identify_log(image="slurmd", interface=str(ic.IMAGE_INTERFACE), version="0.1.0", slurm="24.11.5", args="", missing=""):
     return (f"slurmk8s-identify: image={image}\nslurmk8s-identify: interface={interface}\n"
             f"slurmk8s-identify: version={version}\nslurmk8s-identify: slurm={slurm}\n"
             f"slurmk8s-identify: args={args}\nslurmk8s-identify: missing={missing}\nslurmk8s-identify: end\n")
@@ -228,7 +228,7 @@ def test_a_look_at_a_check_pod(pod, state):
 def test_the_identity_is_read_from_the_log_whatever_else_it_holds():
     log = "2025-01-01T00:00:00Z [slurmk8s-slurmd] something\n" + identify_log(args="bash -l",
                                                                               missing="/usr/sbin/slurmd,user slurm")
-    assert ic.parse_identify(log) == ic.Identity("slurmd", 3, "0.1.0", "24.11.5", "bash -l",
+    assert ic.parse_identify(log) == ic.Identity("slurmd", ic.IMAGE_INTERFACE, "0.1.0", "24.11.5", "bash -l",
                                                  ("/usr/sbin/slurmd", "user slurm"))
     assert ic.parse_identify("hello\n") is None
 
@@ -293,11 +293,14 @@ def test_a_derived_image_that_lost_part_of_the_worker_or_sets_cmd_is_refused():
                              "user slurm with uid 64030")
     issue, _ = verdict_of("lab/bio:1", "identified", identity=ic.parse_identify(identify_log(args="bash")))
     assert issue.message == "lab/bio:1 sets CMD ('bash'), which the entrypoint would append to slurmd's command line"
-    issue, _ = verdict_of("lab/bio:1", "identified", identity=ic.parse_identify(identify_log(interface="4")))
-    assert "speaks slurmk8s image interface 4, this slurmk8s speaks 3" in issue.message
+    issue, _ = verdict_of("lab/bio:1", "identified", identity=ic.parse_identify(identify_log(interface="5")))
+    assert "speaks slurmk8s image interface 5, this slurmk8s speaks 4" in issue.message
+    # interface 3: no worker Epilog, which slurm.conf names (every job would fail its node)
+    issue, _ = verdict_of("lab/bio:1", "identified", identity=ic.parse_identify(identify_log(interface="3")))
+    assert "speaks slurmk8s image interface 3, this slurmk8s speaks 4" in issue.message
     # interface 2: its entrypoint starts slurmd without asking the boot gate (elastic/bootgate.py)
     issue, _ = verdict_of("lab/bio:1", "identified", identity=ic.parse_identify(identify_log(interface="2")))
-    assert "speaks slurmk8s image interface 2, this slurmk8s speaks 3" in issue.message
+    assert "speaks slurmk8s image interface 2, this slurmk8s speaks 4" in issue.message
 
 
 def test_a_worker_image_passes_and_one_from_before_the_identity_is_accepted_with_a_note():
@@ -400,8 +403,9 @@ def test_the_check_can_be_skipped():
 
 
 def test_preview_judges_the_labels_of_the_local_docker_engine_copy():
-    labels = {"slurmk8s/slurmd:dev": {"org.slurmk8s.image": "slurmd", "org.slurmk8s.interface": "3"},
-              "lab/bio:1": {"org.slurmk8s.image": "slurmd", "org.slurmk8s.interface": "3", "lab": "x"},
+    labels = {"slurmk8s/slurmd:dev": {"org.slurmk8s.image": "slurmd", "org.slurmk8s.interface": str(ic.IMAGE_INTERFACE)},
+              "lab/bio:1": {"org.slurmk8s.image": "slurmd", "org.slurmk8s.interface": str(ic.IMAGE_INTERFACE),
+                            "lab": "x"},
               "slurmk8s/mariadb:dev": {"org.slurmk8s.image": "mariadb"},
               "slurmk8s/login:dev": {"org.slurmk8s.image": "login"}}
     lines = []
