@@ -11,6 +11,7 @@ import sys
 from typing import Sequence
 
 from . import names
+from .settings import ClusterFiles
 
 
 def delete_workers_main(argv: Sequence[str] | None = None) -> int:
@@ -23,11 +24,11 @@ def delete_workers_main(argv: Sequence[str] | None = None) -> int:
     from .elastic.k8s_backend import ClientPodApi
     from .kubeapi import api_client
 
-    path = os.environ.get("SLURMK8S_SPEC", f"{names.SPEC_DIR}/spec.json")
+    files = ClusterFiles.from_env(os.environ)
     try:
-        with open(path) as fh:
+        with open(files.spec) as fh:
             name = json.load(fh)["name"]
-        ns = os.environ["SLURMK8S_NAMESPACE"]
+        ns = files.require_namespace()
         api = ClientPodApi(api_client())
         selector = f"{names.L_CLUSTER}={name},{names.L_COMPONENT}=worker"
         pods = api.list(ns, selector)

@@ -14,6 +14,7 @@ from typing import List, Optional
 import typer
 
 from .errors import SlurmK8sError
+from .settings import Cli
 
 IMAGE_NAMES = ("slurmd", "login", "slurmctld")
 
@@ -29,7 +30,7 @@ class ImagesError(SlurmK8sError, RuntimeError):
 
 def build_script() -> Path:
     """images/build.sh of the source checkout (SLURMK8S_REPO, else the one holding this module)."""
-    root = Path(os.environ.get("SLURMK8S_REPO") or Path(__file__).resolve().parent.parent)
+    root = Path(Cli.from_env(os.environ).repo)
     script = root / "images" / "build.sh"
     if not script.is_file():
         raise ImagesError(

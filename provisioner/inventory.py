@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
+from . import settings
 from .config import ClusterSpec, Pool, mib, parse_quantity
 from .errors import Issue, InventoryError
 
@@ -113,9 +114,9 @@ class SlurmNode:
         device files its pod has: the count and type slurm.conf declares. Empty without GPUs."""
         if not self.gpus:
             return {}
-        env = {"SLURMK8S_GPUS": str(self.gpus)}
+        env = {settings.GPUS: str(self.gpus)}
         if self.gpu_type:
-            env["SLURMK8S_GPU_TYPE"] = self.gpu_type
+            env[settings.GPU_TYPE] = self.gpu_type
         return env
 
     @property

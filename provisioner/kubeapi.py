@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from .errors import SlurmK8sError
-from .podfiles import SA_DIR
+from .names import SA_DIR
 
 MAX_REASON = 200
 

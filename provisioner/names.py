@@ -12,7 +12,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .accounts import AGENT_UID, REST_UID, SLURM_UID  # noqa: F401 (re-exported for the manifests)
-from .podfiles import SA_DIR
 
 if TYPE_CHECKING:
     from .config import ClusterSpec
@@ -158,6 +157,7 @@ BOOT_GATE_PORT = 9412  # the reconcile loop's boot gate (elastic/bootgate.py), a
 WAKE_DIR = "/run/slurmk8s/wake"  # an emptyDir of the login pod: the agent's socket (read-only in login)
 WAKE_SOCKET = f"{WAKE_DIR}/wake.sock"  # the login agent's wake requests (Unix socket; peers named by uid)
 ACTIVITY_DIR = "/run/slurmk8s/activity"  # the login container writes its session count here
+SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"  # a pod's ServiceAccount files; the one definition
 SA_TOKEN_DIR = SA_DIR  # where a container finds a ServiceAccount token mounted
 CONTROLLER_GRACE_SECONDS = 60  # slurmctld saves state; a sleeping loop then stops slurmdbd and the database
 

@@ -16,6 +16,7 @@ from typing import Sequence
 from .inventory import Inventory
 from .livenodes.drain import plan
 from .logs import Log
+from .settings import SlurmctldStart
 from .slurm.commands import Scontrol, SlurmCommandError
 from .slurm.state import NodeStatus
 
@@ -23,7 +24,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """slurmk8s-sync-nodes [--wait SECONDS]: wait for slurmctld, then apply the plan."""
     args = list(sys.argv[1:] if argv is None else argv)
     wait = float(args[args.index("--wait") + 1]) if "--wait" in args else 0.0
-    path = os.environ.get("SLURMK8S_INVENTORY", "/etc/slurm/inventory.json")
+    path = SlurmctldStart.from_env(os.environ).inventory
     log = Log("slurmk8s-sync-nodes", stream=sys.stderr).write
     try:
         inventory = Inventory.read(path)

@@ -25,7 +25,8 @@ Environment:
   SLURMK8S_POD_FILES   what to read: ``kind/name:dir`` entries separated by spaces, kind
                        ``configmap`` or ``secret``; e.g. ``configmap/slurmk8s-spec:spec``
 
-Standard library only: it runs on every wake of an asleep tier, before slurmctld.
+Standard library only, but for provisioner.names and provisioner.settings (standard library only
+themselves): it runs on every wake of an asleep tier, before slurmctld.
 """
 
 from __future__ import annotations
@@ -42,7 +43,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"  # a pod's ServiceAccount files; the one definition
+from .names import SA_DIR
+from .settings import SlurmctldStart
+
 DONE = ".fetched"  # written last: a restarted container keeps the files its pod started with
 SECRET_DIRS_MODE, SECRET_FILES_MODE = 0o700, 0o400
 PUBLIC_DIRS_MODE, PUBLIC_FILES_MODE = 0o755, 0o644
@@ -212,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"slurmk8s-pod-files: {msg}", file=sys.stderr, flush=True)
 
     try:
-        entries = parse_entries(os.environ.get("SLURMK8S_POD_FILES", ""))
+        entries = parse_entries(SlurmctldStart.from_env(os.environ).pod_files)
         api = Api(os.environ)
         fetch(Path(args.out), entries, api.get, args.wait, log)
     except PodFilesError as exc:

@@ -23,13 +23,15 @@ PKG = ROOT / "provisioner"
 # Layers, lowest first. A module may import from a lower layer, or from its own package
 # (e.g. provisioner.reconcile.act from provisioner.reconcile.classify); nothing else.
 LAYERS: list[tuple[str, ...]] = [
-    # podfiles: the slurmctld pod's first step, standard library only; accounts: the images' own
-    # kueue: Kueue's names and the pod groups of a resume (the programs' hot path)
-    ("provisioner", "provisioner.accounts", "provisioner.errors", "provisioner.kueue", "provisioner.logs",
-     "provisioner.podfiles"),
+    # accounts: the images' own; kueue: Kueue's names and the pod groups of a resume (the programs' hot path)
+    ("provisioner", "provisioner.accounts", "provisioner.errors", "provisioner.kueue", "provisioner.logs"),
     ("provisioner.config",),
     # object names, labels, ports: the builders' and the runtime's (the CLI's wake) shared constants, light
     ("provisioner.names",),
+    # every SLURMK8S_* key and each process's settings (standard library and names only: the programs' hot path)
+    ("provisioner.settings",),
+    # the slurmctld pod's first step, standard library only (but for names and settings)
+    ("provisioner.podfiles",),
     ("provisioner.inventory",),
     ("provisioner.topology",),
     ("provisioner.render",),

@@ -23,6 +23,7 @@ from typing import Any, Callable, Sequence
 
 from .. import names
 from ..logs import Log
+from ..settings import ClusterFiles
 from .activity import activity_doc, serve_activity
 from .api import ClientTierApi
 from .decision import DEFAULT_WAKE_TIMEOUT, TierError
@@ -322,7 +323,7 @@ def agent_main(argv: Sequence[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="python -m provisioner.controltier",
                                      description="The login pod's wake agent (see the module docstring).")
-    parser.add_argument("--namespace", default=os.environ.get("SLURMK8S_NAMESPACE", ""))
+    parser.add_argument("--namespace", default=ClusterFiles.from_env(os.environ).namespace or "")
     parser.add_argument("--wake-socket", default=names.WAKE_SOCKET)
     parser.add_argument("--activity-port", type=int, default=names.ACTIVITY_PORT)
     parser.add_argument("--activity-file", default=f"{names.ACTIVITY_DIR}/sessions")

@@ -47,6 +47,7 @@ from typing import Any, Callable, Sequence
 
 from .. import names
 from ..logs import Log
+from ..settings import ClusterFiles
 from .activity import port_open, serve_activity
 from .decision import DEFAULT_WAKE_TIMEOUT, TierError
 
@@ -344,7 +345,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="python -m provisioner.controltier.restfront",
                                      description="The REST API's waking front (see the module docstring).")
-    parser.add_argument("--namespace", default=os.environ.get("SLURMK8S_NAMESPACE", ""))
+    parser.add_argument("--namespace", default=ClusterFiles.from_env(os.environ).namespace or "")
     parser.add_argument("--port", type=int, default=names.REST_PORT)
     parser.add_argument("--upstream", default=f"127.0.0.1:{names.REST_LOCAL_PORT}", help="slurmrestd's HOST:PORT")
     parser.add_argument("--controller", required=True, help="slurmctld's HOST:PORT")

@@ -21,7 +21,6 @@ import os
 import secrets as pysecrets
 import shutil
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -30,6 +29,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from ..config import ClusterSpec, load_spec
 from ..generate import Generated, generate_for_kubernetes
+from ..settings import PYTHON, Cli
 from . import keys
 from .engine import EngineCommand, Interruptible
 from .errors import DeployError, Interrupted
@@ -37,8 +37,6 @@ from .live import delete_leftovers, diagnose_now, preflight, watcher_for
 from .live import wait_login_reaches_controller, wait_rollouts  # noqa: F401 (the CLI calls them as automation's)
 from .program import PROJECT, inline_program, read_k8s_nodes
 
-DEFAULT_STATE_DIR = Path("~/.slurmk8s/state")
-DEFAULT_TOOLCHAIN_DIR = Path("/var/cache/slurmk8s/toolchain")
 PULUMI_CLI_BUILT = "3.274.1"  # what `slurmk8s toolchain build` makes (the Go proxy refuses older ones)
 KUBECONFIG_KEY = "kubernetes:kubeconfig"
 WAIT_KEY = f"{keys.CONFIG_NAMESPACE}:wait"
@@ -72,7 +70,7 @@ class Toolchain:
 
 
 def toolchain_dir(env: Mapping[str, str]) -> Path:
-    return Path(env.get("SLURMK8S_TOOLCHAIN_DIR") or DEFAULT_TOOLCHAIN_DIR)
+    return Path(Cli.from_env(env).toolchain_dir)
 
 
 def _missing_cli(env: Mapping[str, str]) -> DeployError:
@@ -102,8 +100,9 @@ def find_toolchain(env: Mapping[str, str] | None = None) -> Toolchain:
     env = dict(os.environ if env is None else env)
     tdir = toolchain_dir(env)
     candidates: list[Path] = []
-    if env.get("SLURMK8S_PULUMI"):
-        candidates.append(Path(env["SLURMK8S_PULUMI"]))
+    pulumi = Cli.from_env(env).pulumi
+    if pulumi:
+        candidates.append(Path(pulumi))
     candidates.append(tdir / "bin" / "pulumi")
     which = shutil.which("pulumi", path=env.get("PATH"))
     if which:
@@ -139,7 +138,7 @@ def cli_version(tool: Toolchain) -> str:
 
 
 def state_dir(path: str | Path | None) -> Path:
-    d = Path(path or os.environ.get("SLURMK8S_STATE_DIR") or DEFAULT_STATE_DIR).expanduser().resolve()
+    d = Path(path or Cli.from_env(os.environ).state_dir).expanduser().resolve()
     (d / "backend").mkdir(parents=True, exist_ok=True)
     (d / "workspace").mkdir(parents=True, exist_ok=True)
     os.chmod(d, 0o700)
@@ -223,7 +222,7 @@ def engine_env(tool: Toolchain, state: Path, env: Mapping[str, str] | None = Non
             # an installed plugin is found in PULUMI_HOME; only an ambient one must be on PATH
             [str(tool.pulumi.parent)] + ([str(tool.plugin.parent)] if tool.plugin_ambient else [])
             + ([str(dynamic)] if dynamic else []) + [env.get("PATH", "")]),
-        "SLURMK8S_PYTHON": env.get("SLURMK8S_PYTHON") or sys.executable,
+        PYTHON: Cli.from_env(env).python,
     }
     out.update(passphrase_env(state, env))
     return out

@@ -54,15 +54,16 @@ from ..config import ClusterSpec, Images
 from ..errors import Issue, Problem
 from ..kubeapi import ApiError, RawClient, api_path
 from ..manifests.common import _container_security, _pod_security
+from .. import settings
 from ..names import (A_IMAGE_INTERFACE, BASE_CAPS, IMAGE_INTERFACE, L_CLUSTER, L_COMPONENT, L_MANAGED_BY,
                                LOGIN, TEMPLATE_PREFIX, base_labels)
 
 ROLE_LABEL = "org.slurmk8s.image"
 INTERFACE_LABEL = "org.slurmk8s.interface"
 VERSION_LABEL = "org.slurmk8s.version"
-IDENTIFY_ENV = "SLURMK8S_IDENTIFY"
+IDENTIFY_ENV = settings.IDENTIFY
 IDENTIFY_PROGRAM = "/usr/local/sbin/slurmk8s-identify"
-SKIP_ENV = "SLURMK8S_SKIP_IMAGE_CHECK"
+SKIP_ENV = settings.SKIP_IMAGE_CHECK
 COMPONENT = "image-check"
 DOC = "docs/pool-images.md"
 
@@ -508,7 +509,7 @@ def check(spec: ClusterSpec, api: Any, echo: Callable[[str], Any], *, namespace_
           env: Mapping[str, str] | None = None, **checker: Any) -> None:
     """`slurmk8s up`: run the images the cluster does not run yet; raise ImageCheckError on any refusal."""
     env = os.environ if env is None else env
-    if env.get(SKIP_ENV) == "1":
+    if settings.Cli.from_env(env).skip_image_check:
         echo(f"image check: skipped ({SKIP_ENV}=1)")
         return
     ns = spec.namespace_name

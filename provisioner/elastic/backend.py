@@ -16,6 +16,7 @@ from typing import Any, Mapping, Protocol, Sequence
 from ..errors import SlurmK8sError
 from ..inventory import SlurmNode
 from ..kueue import PodGroup
+from ..settings import Programs
 
 
 class BackendError(SlurmK8sError):
@@ -147,7 +148,7 @@ def backend_from_env(env: Mapping[str, str]) -> NodeBackend:
     """The backend named by SLURMK8S_BACKEND (default: docker), configured from `env`."""
     import importlib
 
-    name = env.get("SLURMK8S_BACKEND", "docker")
+    name = Programs.from_env(env).backend
     target = BACKENDS.get(name)
     if target is None:
         raise BackendError("*", f"unknown SLURMK8S_BACKEND={name!r}; known: {', '.join(sorted(BACKENDS))}")

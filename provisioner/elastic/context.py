@@ -1,7 +1,7 @@
 """What every power-saving program shares, and the modules that serve them (warm.py, prolog.py,
 powerdown.py, early.py) import without importing the programs: the run's Context and RunResult, the
-env file, slurm.conf's numbers, the events file. Standard library at the top level only: the prolog
-imports it for every job.
+env file, slurm.conf's numbers, the events file. Standard library at the top level only (and the
+package's logs and settings, themselves standard library only): the prolog imports it for every job.
 """
 
 from __future__ import annotations
@@ -10,7 +10,9 @@ import os
 import time
 from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
+from .. import settings
 from ..logs import Log, rotate_if_full
+from ..settings import Programs
 from .events import MAX_EVENTS_BYTES
 
 if TYPE_CHECKING:
@@ -19,14 +21,15 @@ if TYPE_CHECKING:
     from .calls import Outcome
     from .plan import Decision
 
-DEFAULT_ENV_FILE = "/etc/slurmk8s/elastic.env"
-DEFAULT_LOG = "/var/log/slurmk8s/elastic.log"
-DEFAULT_INVENTORY = "/etc/slurm/inventory.json"
-DEFAULT_BUDGET = 20.0  # seconds per wave of SLURMK8S_PARALLEL backend calls
+# the registry's defaults (provisioner.settings), by their old names
+DEFAULT_ENV_FILE: str = settings.default(settings.ENV_FILE)
+DEFAULT_LOG: str = settings.default(settings.LOG)
+DEFAULT_INVENTORY: str = settings.default(settings.INVENTORY)
+DEFAULT_PARALLEL: int = settings.default(settings.PARALLEL)
+DEFAULT_BUDGET = 20.0  # seconds per wave of SLURMK8S_PARALLEL backend calls (and an unparsable SLURMK8S_BUDGET)
 SLURM_TIMEOUT_MARGIN = 30.0  # the programs end this long before Slurm would kill them
 SLURM_DEFAULT_TIMEOUT = 60.0  # Slurm's ResumeTimeout default, when slurm.conf says nothing
 DEFAULT_SLURM_CONF = "/etc/slurm/slurm.conf"
-DEFAULT_PARALLEL = 8
 LIST_RETRY_PAUSES = (0.5, 1.5)  # seconds between the (at most three) tries at listing the workers
 
 
@@ -83,7 +86,7 @@ def read_env_file(path: str) -> dict[str, str]:
 
 def program_env(environ: Mapping[str, str]) -> dict[str, str]:
     """The env file under the process environment."""
-    return {**read_env_file(environ.get("SLURMK8S_ENV_FILE", DEFAULT_ENV_FILE)), **environ}
+    return {**read_env_file(Programs.from_env(environ).env_file), **environ}
 
 
 def _load_env() -> tuple[dict[str, str], str]:
@@ -113,13 +116,6 @@ def conf_seconds(path: str, key: str) -> float | None:
     return max(found) if found else None
 
 
-def _env_float(env: Mapping[str, str], key: str, default: float) -> float:
-    try:
-        return float(env.get(key, default))
-    except ValueError:
-        return default
-
-
 class Context:
     """What a program run needs, gathered from the environment (or given by a test)."""
 
@@ -127,6 +123,7 @@ class Context:
                  slurm: "SlurmControl | None" = None, inventory=None, ledger=None,
                  sleep: Callable[[float], None] | None = None, clock: Callable[[], float] | None = None) -> None:
         self.env = env
+        self.settings = Programs.from_env(env)
         self._sleep = sleep
         self.clock = clock or time.monotonic
         self.log = log
@@ -135,8 +132,9 @@ class Context:
         self._inventory = inventory
         self.start = self.clock()
         self._ledger = ledger
-        self.budget = _env_float(env, "SLURMK8S_BUDGET", DEFAULT_BUDGET)  # before the calls (listing ...)
-        self.parallel = max(1, int(_env_float(env, "SLURMK8S_PARALLEL", DEFAULT_PARALLEL)))
+        # before the calls (listing ...); fixed where SLURMK8S_BUDGET is set
+        self.budget = DEFAULT_BUDGET if self.settings.budget is None else self.settings.budget
+        self.parallel = self.settings.parallel
 
     def remaining(self) -> float:
         return self.budget - (self.clock() - self.start)
@@ -150,7 +148,7 @@ class Context:
     def budget_for(self, calls: int) -> float:
         """Seconds (from the start) the backend calls may take: SLURMK8S_BUDGET where set, else 20 s
         per wave of `parallel` calls, at most Slurm's timeout for the program less a margin."""
-        if "SLURMK8S_BUDGET" in self.env:
+        if self.settings.budget is not None:
             return self.budget
         waves = -(-max(1, calls) // self.parallel)
         return min(max(DEFAULT_BUDGET, self.slurm_timeout() - SLURM_TIMEOUT_MARGIN), DEFAULT_BUDGET * waves)
@@ -183,14 +181,14 @@ class Context:
         The programs' entry points (`_main`) default SLURMK8S_LEDGER / SLURMK8S_EVENTS; a Context
         built without them (tests) has no ledger and writes no events.
         """
-        if self._ledger is None and self.env.get("SLURMK8S_LEDGER"):
+        if self._ledger is None and self.settings.ledger:
             from .ledger import FileLedger, Policy
 
-            self._ledger = FileLedger(self.env["SLURMK8S_LEDGER"], Policy.from_env(self.env), log=self.log.write)
+            self._ledger = FileLedger(self.settings.ledger, Policy.from_env(self.env), log=self.log.write)
         return self._ledger
 
     def emit(self, outcomes: Sequence["Outcome"], pending: Sequence["Decision"] = ()) -> None:
-        error = append_events(self.env.get("SLURMK8S_EVENTS", ""), self.program, outcomes, pending)
+        error = append_events(self.settings.events or "", self.program, outcomes, pending)
         if error:
             self.log.write(error)
 
@@ -198,7 +196,7 @@ class Context:
         if self._inventory is None:
             from ..inventory import Inventory
 
-            self._inventory = Inventory.read(self.env.get("SLURMK8S_INVENTORY", DEFAULT_INVENTORY))
+            self._inventory = Inventory.read(self.settings.inventory)
         return self._inventory
 
 

@@ -28,6 +28,7 @@ from typing import Any, Mapping, Sequence
 from ..errors import SlurmK8sError
 from ..inventory import SlurmNode
 from ..kueue import PodGroup
+from .. import settings
 from .backend import BackendError, Worker, WorkerGone, WorkerReplaced
 
 API = "/v1.41"
@@ -75,7 +76,7 @@ class _UnixConnection(http.client.HTTPConnection):
 class DockerClient:
     """The few Docker Engine API calls the backend needs; one connection per call (thread-safe)."""
 
-    socket_path: str = "/var/run/docker.sock"
+    socket_path: str = settings.default(settings.DOCKER_SOCKET)
     timeout: float = 20.0
 
     def call(self, method: str, path: str, body: Any = None, query: Mapping[str, str] | None = None) -> tuple[int, Any]:
@@ -142,7 +143,7 @@ class DockerConfig:
     cluster: str
     network: str
     controller: str
-    image: str = "slurmk8s/slurmd:dev"
+    image: str = settings.default(settings.DOCKER_IMAGE)
     mounts: tuple[Mount, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)
     overrides_path: str | None = None
@@ -152,34 +153,33 @@ class DockerConfig:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> "DockerConfig":
-        missing = [k for k in ("SLURMK8S_DOCKER_CLUSTER", "SLURMK8S_DOCKER_NETWORK", "SLURMK8S_CONTROLLER")
-                   if not env.get(k)]
+        missing = settings.missing(env, settings.DOCKER_CLUSTER, settings.DOCKER_NETWORK, settings.CONTROLLER)
         if missing:
             raise BackendError("*", f"docker backend: {', '.join(missing)} not set on the slurmctld container")
         try:
+            given = settings.Docker.from_env(env)
             mounts = tuple(Mount(m["type"], m["source"], m["target"], bool(m.get("read_only", False)))
-                           for m in json.loads(env.get("SLURMK8S_DOCKER_MOUNTS") or "[]"))
-            extra_env = json.loads(env.get("SLURMK8S_DOCKER_ENV") or "{}")
-            security = json.loads(env.get("SLURMK8S_DOCKER_SECURITY") or "{}")
+                           for m in given.mounts)
+            extra_env, security = given.env, given.security
             if not isinstance(security, dict) or set(security) - SECURITY_KEYS:
-                raise TypeError(f"SLURMK8S_DOCKER_SECURITY may hold only {sorted(SECURITY_KEYS)}")
+                raise TypeError(f"{settings.DOCKER_SECURITY} may hold only {sorted(SECURITY_KEYS)}")
         except (json.JSONDecodeError, KeyError, TypeError) as err:
             raise BackendError("*", f"docker backend: bad SLURMK8S_DOCKER_MOUNTS / _ENV / _SECURITY: {err}") from None
         return cls(
-            cluster=env["SLURMK8S_DOCKER_CLUSTER"],
-            network=env["SLURMK8S_DOCKER_NETWORK"],
-            controller=env["SLURMK8S_CONTROLLER"],
-            image=env.get("SLURMK8S_DOCKER_IMAGE") or "slurmk8s/slurmd:dev",
+            cluster=given.cluster,
+            network=given.network,
+            controller=given.controller,
+            image=given.image,
             mounts=mounts,
             env={str(k): str(v) for k, v in extra_env.items()},
-            overrides_path=env.get("SLURMK8S_DOCKER_OVERRIDES") or None,
+            overrides_path=given.overrides,
             security=security,
         )
 
 
 def container_spec(config: DockerConfig, node: SlurmNode, image: str) -> dict[str, Any]:
     """The Engine API body that creates `node`'s slurmd container (pure)."""
-    env = {**config.env, "SLURMK8S_CONTROLLER": config.controller, "SLURMK8S_NODENAME": node.name,
+    env = {**config.env, settings.CONTROLLER: config.controller, settings.NODENAME: node.name,
            **node.gres_env}
     return {
         "Image": image,
@@ -326,5 +326,4 @@ class DockerBackend:
 
 
 def from_env(env: Mapping[str, str]) -> DockerBackend:
-    return DockerBackend(DockerConfig.from_env(env),
-                         DockerClient(env.get("SLURMK8S_DOCKER_SOCKET") or "/var/run/docker.sock"))
+    return DockerBackend(DockerConfig.from_env(env), DockerClient(settings.Docker.from_env(env).socket))

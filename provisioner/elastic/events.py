@@ -9,9 +9,10 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from .. import settings
 
 MAX_EVENTS_BYTES = 16 * 1024 * 1024  # then the file is renamed to <file>.1 (see append_events)
-DEFAULT_EVENTS = "/var/log/slurmk8s/events.jsonl"
+DEFAULT_EVENTS: str = settings.default(settings.EVENTS)
 
 
 @dataclass

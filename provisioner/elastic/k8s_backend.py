@@ -36,12 +36,13 @@ from ..inventory import SlurmNode
 from ..kueue import PodGroup
 from ..kubeapi import MERGE_PATCH, ApiError, KubeConfigError, RawClient, api_client, api_path
 from ..manifests.admission import PREFIX as ADMISSION_PREFIX
+from .. import settings
 from ..names import A_ADOPTED, BUSY_ANNOTATIONS, L_BUSY
 from .backend import BackendError, Worker, WorkerGone, WorkerReplaced
 from .pods import _one_line, pod_phase, worker_from_pod
 
-DEFAULT_SPEC = f"{m.SPEC_DIR}/spec.json"
-DEFAULT_SITE = f"{m.SPEC_DIR}/site.json"
+DEFAULT_SPEC: str = settings.default(settings.SPEC)
+DEFAULT_SITE: str = settings.default(settings.SITE)
 SA_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 TERMINAL_PHASES = frozenset({"Failed", "Succeeded"})
 KEPT_PHASES = frozenset({"Pending", "Running"})  # a pod in these (not terminating) may be adopted
@@ -482,15 +483,17 @@ def from_env(env: Mapping[str, str]) -> KubernetesBackend:
     credentials when the ServiceAccount token is mounted, else KUBECONFIG. Works with an empty
     environment (Slurm does not pass slurmctld's environment to ResumeProgram).
     """
+    files = settings.ClusterFiles.from_env(env)
     try:
-        spec = parse_spec(_read_json(env.get("SLURMK8S_SPEC", DEFAULT_SPEC), "cluster spec"), source="spec.json")
+        spec = parse_spec(_read_json(files.spec, "cluster spec"), source="spec.json")
     except SlurmK8sError as err:
         raise BackendError("*", f"invalid spec.json: {err}") from None
-    site_doc = _read_json(env["SLURMK8S_SITE"], "site") if env.get("SLURMK8S_SITE") else (
+    # SLURMK8S_SITE set (not empty): that file; else the default's where there is one
+    site_doc = _read_json(files.site, "site") if files.site else (
         _read_json(DEFAULT_SITE, "site") if Path(DEFAULT_SITE).exists() else {})
     site = m.K8sSite(cluster_domain=site_doc.get("cluster_domain", "cluster.local"),
                      host_network_sources=tuple(site_doc.get("host_network_sources", ())))
-    namespace = env.get("SLURMK8S_NAMESPACE", "")
+    namespace = files.namespace or ""
     if not namespace and Path(SA_NAMESPACE_FILE).exists():
         namespace = Path(SA_NAMESPACE_FILE).read_text().strip()  # the ServiceAccount's own namespace
     try:

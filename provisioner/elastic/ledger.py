@@ -19,9 +19,11 @@ import os
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Protocol
 
+from .. import settings
 from ..errors import SlurmK8sError
 
-DEFAULT_LEDGER = "/var/spool/slurmctld/slurmk8s/ledger.json"
+DEFAULT_LEDGER: str = settings.default(settings.LEDGER)
+_BACKOFF = settings.Backoff.from_env({})  # the registry's defaults
 
 
 @dataclass(frozen=True)
@@ -75,23 +77,16 @@ class Policy:
     # for this long: a CI run's API server restart (50 s) then kubelet restart (25 s) had the node
     # controller mark a healthy node's pods not ready for about half a minute
     host_lost_grace: float = 40.0
-    backoff_failures: int = 3  # consecutive resume failures of a pool ...
-    backoff_window: float = 600.0  # ... within this many seconds ...
-    backoff_cooloff: float = 300.0  # ... refuse its resumes for this long after the last one, then one trial
+    backoff_failures: int = _BACKOFF.failures  # consecutive resume failures of a pool (3) ...
+    backoff_window: float = _BACKOFF.window  # ... within this many seconds (600) ...
+    backoff_cooloff: float = _BACKOFF.cooloff  # ... refuse its resumes this long after the last one (300), then a trial
     keep: int = 50  # failures kept per pool
 
     @classmethod
     def from_env(cls, env: Mapping[str, str], **overrides: float) -> "Policy":
-        def get(key: str, default: float) -> float:
-            try:
-                return float(env.get(key, default))
-            except ValueError:
-                return default
-
-        base = cls()
-        policy = cls(backoff_failures=int(get("SLURMK8S_BACKOFF_FAILURES", base.backoff_failures)),
-                     backoff_window=get("SLURMK8S_BACKOFF_WINDOW", base.backoff_window),
-                     backoff_cooloff=get("SLURMK8S_BACKOFF_COOLOFF", base.backoff_cooloff))
+        backoff = settings.Backoff.from_env(env)
+        policy = cls(backoff_failures=backoff.failures, backoff_window=backoff.window,
+                     backoff_cooloff=backoff.cooloff)
         changes: dict[str, Any] = dict(overrides)  # float fields by name (replace's keywords are typed per field)
         return replace(policy, **changes) if overrides else policy
 

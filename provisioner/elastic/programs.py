@@ -40,10 +40,12 @@ import sys
 import time
 from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
+from .. import settings
 from ..logs import Log
+from ..settings import Programs
 from .context import (DEFAULT_BUDGET, DEFAULT_ENV_FILE, DEFAULT_INVENTORY, DEFAULT_LOG, DEFAULT_PARALLEL,  # noqa: F401
                       DEFAULT_SLURM_CONF, LIST_RETRY_PAUSES, SLURM_DEFAULT_TIMEOUT, SLURM_TIMEOUT_MARGIN, Context,
-                      RunResult, _env_float, _load_env, append_events, conf_seconds, program_env, read_env_file)
+                      RunResult, _load_env, append_events, conf_seconds, program_env, read_env_file)
 from .events import DEFAULT_EVENTS
 from .ledger import DEFAULT_LEDGER
 
@@ -249,7 +251,7 @@ def run_resume(args: Sequence[str], ctx: Context, resume_file_text: str | None) 
     try:
         inventory = ctx.inventory()
     except (OSError, ValueError, KeyError, TypeError) as err:
-        return _fail_all(ctx, names, f"inventory {ctx.env.get('SLURMK8S_INVENTORY', DEFAULT_INVENTORY)} "
+        return _fail_all(ctx, names, f"inventory {ctx.settings.inventory} "
                                      f"unreadable: {err}")
     try:
         ctx.backend()
@@ -361,11 +363,11 @@ def run_resume_fail(args: Sequence[str], ctx: Context) -> RunResult:
 
 def with_program_defaults(env: Mapping[str, str]) -> dict[str, str]:
     """The programs' environment: the events file and the failure ledger on by default."""
-    return {"SLURMK8S_EVENTS": DEFAULT_EVENTS, "SLURMK8S_LEDGER": DEFAULT_LEDGER, **env}
+    return {settings.EVENTS: DEFAULT_EVENTS, settings.LEDGER: DEFAULT_LEDGER, **env}
 
 
 def program_log(program: str, env: Mapping[str, str], pid: int | None = None) -> Log:
-    return Log(program, env.get("SLURMK8S_LOG", DEFAULT_LOG), pid=pid)
+    return Log(program, Programs.from_env(env).log, pid=pid)
 
 
 RUNS: dict[str, Callable[..., RunResult]] = {"resume": run_resume, "suspend": run_suspend,

@@ -10,7 +10,8 @@ import time
 from typing import Callable, Mapping, Sequence
 
 from ..logs import Log
-from .context import DEFAULT_LOG, _env_float, _load_env, conf_seconds
+from ..settings import Programs
+from .context import _load_env, conf_seconds
 
 PROLOG_POLL = 0.1
 PROLOG_DEFAULT_TIMEOUT = 300.0
@@ -209,13 +210,14 @@ def prolog_main() -> int:
     """
     log: Log | None = None
     env, env_error = _load_env()
+    settings = Programs.from_env(env)
     try:
         nodelist = env.get("SLURM_JOB_NODELIST", "")
         job = env.get("SLURM_JOB_ID", "?")
         if not nodelist:
-            Log("prolog", env.get("SLURMK8S_LOG", DEFAULT_LOG)).write(f"job {job}: no SLURM_JOB_NODELIST; exit 0")
+            Log("prolog", settings.log).write(f"job {job}: no SLURM_JOB_NODELIST; exit 0")
             return 0
-        timeout = _env_float(env, "SLURMK8S_PROLOG_TIMEOUT", 0.0) or resume_timeout_from_conf(
+        timeout = settings.prolog_timeout or resume_timeout_from_conf(
             env.get("SLURM_CONF", "/etc/slurm/slurm.conf")) or PROLOG_DEFAULT_TIMEOUT
         read_at = time.time()
         named = named_states(nodelist)
@@ -224,12 +226,12 @@ def prolog_main() -> int:
             return 0  # nodes already up: stay quiet (runs for every job)
         # the head start (early.py; SLURMK8S_HEAD_START=0 turns it off): the loop creates the pods of
         # the nodes still powered down now, each held at the boot gate until Slurm's resume call
-        cold = powered_down(named or ()) if env.get("SLURMK8S_HEAD_START", "1") != "0" else []
+        cold = powered_down(named or ()) if settings.head_start else []
         early = ",".join(cold) if cold and head_start(env, job, cold, read_at) else ""
-        from .warmcall import NotServed, delegate, socket_path
+        from .warmcall import NotServed, delegate
 
         try:  # the loop waits for us, one sinfo for all the jobs that wait (SharedStates)
-            delegate(socket_path(env), "prolog", [job, nodelist, str(timeout), early], None)
+            delegate(settings.program_socket, "prolog", [job, nodelist, str(timeout), early], None)
             return 0
         except NotServed as why:
             served = str(why)
@@ -237,11 +239,11 @@ def prolog_main() -> int:
 
         result = wait_for_boot(nodelist, timeout, first=first, stop=Hold.of(env).held)
         if result[2] > 1 or result[0] != "booted" or env_error or served:
-            log = Log("prolog", env.get("SLURMK8S_LOG", DEFAULT_LOG))
+            log = Log("prolog", settings.log)
             log.write(wait_line(job, nodelist, result, early, "; ".join(filter(None, (served, env_error)))))
     except BaseException as err:  # noqa: BLE001 -- must never fail the job; logged, exit 0
         try:
-            (log or Log("prolog", env.get("SLURMK8S_LOG", DEFAULT_LOG))).write(
+            (log or Log("prolog", settings.log)).write(
                 f"internal error, job released anyway: {type(err).__name__}: {err}")
         except OSError:
             sys.stderr.write(f"slurmk8s-prolog-slurmctld: {type(err).__name__}: {err}\n")

@@ -1,6 +1,6 @@
 """The programs' side of the warm socket (warm.py serves it in the reconcile loop): where it is, one
-call with its reply, one call handed over without waiting. Standard library only, imported by every
-program Slurm starts (the prolog for every job) and by nothing of the loop's side.
+call with its reply, one call handed over without waiting. Standard library only (and the package's
+settings), imported by every program Slurm starts (the prolog for every job) and by nothing of the loop's side.
 
 Protocol: one JSON object per line each way, one call per connection.
   request  {"program": "resume"|"suspend"|"resume-fail", "args": [...], "pid": N, "resume_file": text|null}
@@ -14,7 +14,10 @@ import os
 import socket
 from typing import Mapping, Sequence
 
-DEFAULT_SOCKET = "/run/slurmk8s/programs/programs.sock"
+from .. import settings
+from ..settings import Programs
+
+DEFAULT_SOCKET: str = settings.default(settings.PROGRAM_SOCKET)
 CONNECT_TIMEOUT = 1.0  # seconds: a loop that does not accept within this is not serving
 MAX_REQUEST = 4 << 20  # bytes: a resume file of a few thousand jobs and nodes is well under this
 
@@ -25,7 +28,7 @@ class NotServed(Exception):
 
 def socket_path(env: Mapping[str, str]) -> str:
     """The socket's path; '' when the warm path is turned off (SLURMK8S_PROGRAM_SOCKET=)."""
-    return env.get("SLURMK8S_PROGRAM_SOCKET", DEFAULT_SOCKET)
+    return Programs.from_env(env).program_socket
 
 
 # ---------------------------------------------------------------- the program's side

@@ -34,11 +34,11 @@ import shutil
 from pathlib import Path
 from typing import Mapping
 
-from .. import names
+from .. import names, settings
+from ..settings import ClusterFiles, Reconcile
 from .live import PENDING
 
-CACHE_SUBDIR = "slurmk8s/config"
-RENDER_ID = "/opt/slurmk8s/render-id"
+RENDER_ID: str = settings.default(settings.RENDER_ID)
 INPUTS = ("spec.json", "site.json")
 INPUTS_DIR = ".inputs"  # in the config directory: the spec files config-init rendered or copied from
 COMPLETE = "complete"
@@ -59,7 +59,7 @@ class ConfigCache:
     def __init__(self, conf_dir: str | Path = names.SLURM_CONF_DIR, cache_dir: str | Path | None = None,
                  spec_dir: str | Path = names.SPEC_DIR, render_id: str | Path = RENDER_ID) -> None:
         self.conf_dir = Path(conf_dir)
-        self.cache_dir = Path(cache_dir) if cache_dir is not None else Path(names.STATE_DIR, CACHE_SUBDIR)
+        self.cache_dir = Path(cache_dir if cache_dir is not None else settings.default(settings.CONFIG_CACHE))
         self.spec_dir = Path(spec_dir)
         self.render_id = Path(render_id)
 
@@ -135,6 +135,5 @@ def _sync_dir(path: Path) -> None:
 def cache_from_env(env: Mapping[str, str], conf_dir: str) -> ConfigCache:
     """The loop's copy of `conf_dir`: beside the spec of SLURMK8S_SPEC; SLURMK8S_CONFIG_CACHE and
     SLURMK8S_RENDER_ID move the copy and the id (tests, benches)."""
-    spec_dir = os.path.dirname(env.get("SLURMK8S_SPEC", f"{names.SPEC_DIR}/spec.json"))
-    return ConfigCache(conf_dir, env.get("SLURMK8S_CONFIG_CACHE", str(Path(names.STATE_DIR, CACHE_SUBDIR))),
-                       spec_dir, env.get("SLURMK8S_RENDER_ID", RENDER_ID))
+    loop = Reconcile.from_env(env)
+    return ConfigCache(conf_dir, loop.config_cache, os.path.dirname(ClusterFiles.from_env(env).spec), loop.render_id)

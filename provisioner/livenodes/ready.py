@@ -16,6 +16,7 @@ import time
 from typing import Callable
 
 from .. import names
+from ..settings import ClusterFiles
 
 POLL = 0.05  # s between looks: the file comes within a second of the pod's start
 SAY_EVERY = 30.0  # s between "still waiting" lines
@@ -33,7 +34,7 @@ def wait_for_config(conf_dir: str, log: Callable[[str], None], clock: Callable[[
     said = start
     log(f"waiting for the Slurm configuration in {conf_dir} (the slurmctld container writes it, "
         f"then {names.CONFIG_READY})")
-    namespace = os.environ.get("SLURMK8S_NAMESPACE") or "NAMESPACE"
+    namespace = ClusterFiles.from_env(os.environ).namespace or "NAMESPACE"  # for the hint
     while not os.path.exists(marker):
         if stop():
             log(f"stopped while waiting for {marker}")

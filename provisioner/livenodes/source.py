@@ -5,14 +5,14 @@ from __future__ import annotations
 import json
 from typing import Any, Mapping
 
-from .. import manifests as m
 from ..config import ClusterSpec, parse_spec
+from ..settings import ClusterFiles
 
 
 def read_spec(env: Mapping[str, str]) -> ClusterSpec:
     """The cluster spec the in-cluster programs read (``SLURMK8S_SPEC``, default the spec ConfigMap's
     spec.json). Raises OSError / ValueError when unreadable, SlurmK8sError when not a valid spec."""
-    path = env.get("SLURMK8S_SPEC", f"{m.SPEC_DIR}/spec.json")
+    path = ClusterFiles.from_env(env).spec
     with open(path) as fh:
         return parse_spec(json.load(fh), source=path)
 
@@ -20,7 +20,7 @@ def read_spec(env: Mapping[str, str]) -> ClusterSpec:
 def read_domain(env: Mapping[str, str]) -> tuple[str, str]:
     """(the Kubernetes cluster's DNS domain from ``SLURMK8S_SITE``, a warning when it had to be assumed)."""
     domain = "cluster.local"
-    path = env.get("SLURMK8S_SITE", f"{m.SPEC_DIR}/site.json")
+    path = ClusterFiles.from_env(env).site_path
     try:
         with open(path) as fh:
             return json.load(fh).get("cluster_domain") or domain, ""

@@ -15,6 +15,7 @@ from provisioner.localk8s import nodehost
 from provisioner.localk8s.kwok import KwokNodeError, KwokNodeSpec, kwok_node_list, node_names, parse_key_values
 from provisioner.localk8s.nodes import MAX_SLOT, NodeSpec, extra_node_names, make_spec, parse_labels_file, parse_taint
 from provisioner.localk8s.scripts import CLUSTER_SCRIPT, TOOLCHAIN_SCRIPT, run_script, script_output
+from provisioner.settings import Cli
 
 toolchain_app = typer.Typer(
     help="Build the tools that are not in PyPI/Debian (Kubernetes, etcd, CoreDNS, kwok, helm, Pulumi CLI "
@@ -267,9 +268,13 @@ def _say(line: str) -> None:
     typer.echo(f"[node] {line}")
 
 
+def _bin_dir() -> Path:
+    """The toolchain's binaries: SLURMK8S_BIN, else where toolchain.sh keeps them."""
+    return Path(Cli.from_env(os.environ).bin or script_output(TOOLCHAIN_SCRIPT, ["path"]))
+
+
 def _host() -> nodehost.Host:
-    bin_dir = os.environ.get("SLURMK8S_BIN") or script_output(TOOLCHAIN_SCRIPT, ["path"])
-    return nodehost.host_from_env(Path(bin_dir))
+    return nodehost.host_from_env(_bin_dir())
 
 
 def _node_call(action) -> None:
@@ -423,7 +428,7 @@ def node_memory() -> None:
 def _kueue_call(action):  # noqa: ANN001, ANN202 - (paths, kubectl) -> result
     from provisioner.localk8s import kueue
 
-    bin_dir = Path(os.environ.get("SLURMK8S_BIN") or script_output(TOOLCHAIN_SCRIPT, ["path"]))
+    bin_dir = _bin_dir()
     state_dir = Path(os.environ.get("LOCALK8S_ROOT", "/var/lib/slurmk8s/localk8s"))
     kubeconfig = Path(os.environ.get("KUBECONFIG") or script_output(CLUSTER_SCRIPT, ["kubeconfig"]))
     paths = kueue.lab_paths(bin_dir, state_dir, kubeconfig)
@@ -447,7 +452,7 @@ def kueue_up(
     Idempotent: an unchanged, serving Kueue is left alone."""
     _kueue_call(lambda k, paths, kubectl: k.up(
         paths, kubectl, lambda tag: cluster_load_image([tag], None), _kueue_say, timeout=timeout,
-        base_image=os.environ.get("SLURMK8S_BASE_IMAGE") or k.BASE_IMAGE))
+        base_image=Cli.from_env(os.environ).base_image))
 
 
 @kueue_app.command("down")

@@ -28,10 +28,11 @@ from typing import Any
 
 from provisioner import kueue as names
 from provisioner.errors import SlurmK8sError
+from provisioner.settings import BASE_IMAGE as BASE_IMAGE_KEY, default
 from provisioner.localk8s import kueue_manifests as km
 
 Say = Callable[[str], None]
-BASE_IMAGE = "debian:trixie-slim"  # images/build.sh's SLURMK8S_BASE_IMAGE default: the project's trixie base
+BASE_IMAGE: str = default(BASE_IMAGE_KEY)  # images/build.sh's SLURMK8S_BASE_IMAGE default: the project's trixie base
 PROBE_FLAVOR = "slurmk8s-kueue-probe"  # a dry-run ResourceFlavor: goes through both of Kueue's webhooks
 CACHE_FORMAT = 1  # bump when the cached render's shape changes
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .. import settings
 from ..config import ClusterSpec, mib
 from .common import (ClusterSecrets, K8sSite, _container_security, _control_meta, _meta, _pod_security, _pvc,
                      _pvc_volume, _secret_volume, content_hash, service_fqdn)
@@ -96,8 +97,8 @@ def mariadb_statefulset(spec: ClusterSpec) -> dict[str, Any]:
         "name": "mariadb",
         "image": spec.images.database,
         "imagePullPolicy": spec.images.pull_policy,
-        "env": [{"name": "SLURMK8S_DB_NAME", "value": DB_NAME}, {"name": "SLURMK8S_DB_USER", "value": DB_USER},
-                {"name": "SLURMK8S_DB_BUFFER_POOL", "value": f"{buffer}M"}],
+        "env": [{"name": settings.DB_NAME, "value": DB_NAME}, {"name": settings.DB_USER, "value": DB_USER},
+                {"name": settings.DB_BUFFER_POOL, "value": f"{buffer}M"}],
         "ports": [{"name": "mysql", "containerPort": MYSQL_PORT, "protocol": "TCP"}],
         # over the socket as root (unix_socket auth): no password in the probe, no log line per probe
         "readinessProbe": {"exec": {"command": ["mariadb-admin", "--protocol=socket", "-u", "root", "ping"]},
@@ -214,8 +215,8 @@ def db_check_pod(spec: ClusterSpec, name: str) -> dict[str, Any]:
                 "image": spec.images.slurmdbd,
                 "imagePullPolicy": spec.images.pull_policy,
                 "args": ["check-db"],
-                "env": [{"name": "SLURMK8S_DB_HOST", "value": host}, {"name": "SLURMK8S_DB_PORT", "value": str(port)},
-                        {"name": "SLURMK8S_DB_USER", "value": user}, {"name": "SLURMK8S_DB_NAME", "value": database}],
+                "env": [{"name": settings.DB_HOST, "value": host}, {"name": settings.DB_PORT, "value": str(port)},
+                        {"name": settings.DB_USER, "value": user}, {"name": settings.DB_NAME, "value": database}],
                 "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}},
                 "securityContext": _container_security(()),
                 "volumeMounts": [{"name": "password", "mountPath": DB_PASSWORD_DIR, "readOnly": True}],

@@ -36,7 +36,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .. import kueue
+from .. import kueue, settings
 from ..config import ClusterSpec
 from .common import K8sSite
 from ..names import (A_ADOPTED, A_DO_NOT_DISRUPT, A_K8S_NODE, A_SAFE_TO_EVICT, A_SPEC_HASH, CONTROLLER, L_BUSY, L_NODE, L_POOL,
@@ -232,7 +232,7 @@ POD_PER_NODE = ["affinity", "containers", "hostname", "nodeName", "schedulingGat
 # resources (the pool's resource names, any amount), the ports (hostPort = containerPort under
 # hostNetwork, the API server's default).
 CONTAINER_PER_NODE = ["env", "ports", "resources"]
-NODE_ENV = ["SLURMK8S_GPUS", "SLURMK8S_GPU_TYPE"]
+NODE_ENV = [settings.GPUS, settings.GPU_TYPE]
 # Of the metadata: the node label (the pod's name), the busy label ("true": reconcile/busy.py) and
 # these annotations (any value).
 ANNOTATIONS_PER_NODE = [A_SPEC_HASH, A_K8S_NODE, A_ADOPTED, A_DO_NOT_DISRUPT, A_SAFE_TO_EVICT]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from .. import settings
 from ..config import ClusterSpec
 from .common import (K8sSite, _config_volume, _container_security, _meta, _pod_security, _pvc_volume,
                      _secret_volume, content_hash, controller_address, dns_searches, login_sleeps, sleeps,
@@ -69,7 +70,7 @@ def login_deployment(spec: ClusterSpec, files: Mapping[str, str], site: K8sSite 
         "name": "login",
         "image": spec.images.login,
         "imagePullPolicy": spec.images.pull_policy,
-        "env": [{"name": "SLURMK8S_CONTROLLER", "value": controller_address(spec, site)}],
+        "env": [{"name": settings.CONTROLLER, "value": controller_address(spec, site)}],
         "ports": [{"name": "ssh", "containerPort": SSH_PORT, "protocol": "TCP"}],
         # not a TCP probe: sshd logs every probe connection. The entrypoint execs sshd last, after
         # munge, users and the Slurm client config are in place: sshd running means ready.

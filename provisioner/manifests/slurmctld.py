@@ -10,6 +10,7 @@ import json
 import posixpath
 from typing import Any, Mapping
 
+from .. import settings
 from ..config import ClusterSpec
 from .common import (K8sSite, _container_security, _meta, _pod_security, _pvc, _pvc_volume, content_hash,
                      dns_searches, tier_labels)
@@ -65,11 +66,11 @@ def elastic_env(spec: ClusterSpec) -> dict[str, str]:
     """Settings of the resume / suspend programs. Slurm starts them with a minimal environment (not
     the container's), so they read these from /etc/slurmk8s/elastic.env as well."""
     return {
-        "SLURMK8S_BACKEND": "kubernetes",
-        "SLURMK8S_INVENTORY": f"{SLURM_CONF_DIR}/inventory.json",
-        "SLURMK8S_SPEC": f"{SPEC_DIR}/spec.json",
-        "SLURMK8S_SITE": f"{SPEC_DIR}/site.json",
-        "SLURMK8S_NAMESPACE": spec.namespace_name,
+        settings.BACKEND: "kubernetes",
+        settings.INVENTORY: f"{SLURM_CONF_DIR}/inventory.json",
+        settings.SPEC: f"{SPEC_DIR}/spec.json",
+        settings.SITE: f"{SPEC_DIR}/site.json",
+        settings.NAMESPACE: spec.namespace_name,
     }
 
 
@@ -154,8 +155,8 @@ def controller_statefulset(spec: ClusterSpec, files: Mapping[str, str], site: K8
         # spec by this very image (images/entrypoint/config-init.sh, provisioner/livenodes/cache.py).
         # Not an init container: the kubelet would start this container up to a second after its end.
         "env": [{"name": k, "value": v} for k, v in elastic_env(spec).items()]
-        + [{"name": "SLURMK8S_CONFIG_INIT", "value": CONFIG_INIT},
-           {"name": "SLURMK8S_POD_FILES", "value": " ".join(f"{k}/{n}:{d}" for k, n, d in pod_files(spec))}],
+        + [{"name": settings.CONFIG_INIT, "value": CONFIG_INIT},
+           {"name": settings.POD_FILES, "value": " ".join(f"{k}/{n}:{d}" for k, n, d in pod_files(spec))}],
         "ports": [{"name": "slurmctld", "containerPort": SLURMCTLD_PORT, "protocol": "TCP"}],
         # a wake waits for readiness: each second (a TCP connect; the kernel answers it from the backlog)
         "readinessProbe": {"tcpSocket": {"port": SLURMCTLD_PORT}, "periodSeconds": 1, "failureThreshold": 3},

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .. import kueue
+from .. import kueue, settings
 from ..config import ClusterSpec, Pool
 from ..inventory import SlurmNode
 from .common import (K8sSite, _config_volume, _container_security, _meta, _pod_security, _pvc_volume,
@@ -80,20 +80,20 @@ def worker_pod_template(spec: ClusterSpec, pool: Pool, site: K8sSite = K8sSite()
     so operators can see what a resume will create.
     """
     net = pool.network
-    env = [{"name": "SLURMK8S_CONTROLLER", "value": controller_address(spec, site)},
-           {"name": "SLURMK8S_POOL", "value": pool.name},
+    env = [{"name": settings.CONTROLLER, "value": controller_address(spec, site)},
+           {"name": settings.POOL, "value": pool.name},
            # the entrypoint raises the memlock limit only when asked (set_memlock, images/entrypoint/lib.sh);
            # no capability is added for it: see Network.memlock_unlimited
-           {"name": "SLURMK8S_MEMLOCK_UNLIMITED", "value": "1" if net.memlock_unlimited else "0"}]
+           {"name": settings.MEMLOCK_UNLIMITED, "value": "1" if net.memlock_unlimited else "0"}]
     env += [{"name": k, "value": v} for k, v in sorted(net.nccl_env.items())]
     if pool.containers.enabled:
         # the entrypoint makes each user's crun state directory, /run/user/<uid> (oci.conf's --root)
-        env.append({"name": "SLURMK8S_CONTAINERS", "value": "1"})
+        env.append({"name": settings.CONTAINERS, "value": "1"})
     job_env = task_prolog_env(pool)
     if job_env:
         # slurmd's environment does not reach jobs: the entrypoint writes this to
         # /run/slurmk8s/job-env, which Slurm's TaskProlog exports into every task
-        env.append({"name": "SLURMK8S_JOB_ENV", "value": job_env})
+        env.append({"name": settings.JOB_ENV, "value": job_env})
     container = {
         "name": "slurmd",
         "image": pool.image or spec.images.worker,
@@ -210,7 +210,7 @@ def worker_pod(spec: ClusterSpec, node: SlurmNode, site: K8sSite = K8sSite()) ->
     if placement:
         pspec["affinity"] = {**pspec.get("affinity", {}), **placement}
     container = pspec["containers"][0]
-    container["env"].insert(1, {"name": "SLURMK8S_NODENAME", "value": node.name})
+    container["env"].insert(1, {"name": settings.NODENAME, "value": node.name})
     # GPU nodes: the entrypoint writes the node's gres.conf line from the pod's /dev/nvidia<N> files
     container["env"] += [{"name": k, "value": v} for k, v in node.gres_env.items()]
     container["resources"] = worker_resources(spec, node)

@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
+from .. import settings
 from ..elastic.backend import BackendError, NodeBackend
 from ..slurm.commands import SlurmCli, SlurmCommandError
 
@@ -17,7 +18,7 @@ if TYPE_CHECKING:
     from ..logs import Log
 
 
-DEFAULT_TIER_LOG = "/var/spool/slurmctld/slurmk8s/control-tier.log"  # sleeps and wakes, kept on the state volume
+DEFAULT_TIER_LOG: str = settings.default(settings.TIER_LOG)  # sleeps and wakes, kept on the state volume
 
 
 @dataclass
@@ -117,12 +118,12 @@ def idle_watch_from_env(env: Mapping[str, str], log: "Log", slurm: "SlurmCli",
     from ..controltier.api import ClientTierApi
     from ..controltier.decision import IdleTracker, Workload
     from ..controltier.tier import Tier
-    from ..elastic.k8s_backend import DEFAULT_SITE, DEFAULT_SPEC
     from ..errors import SlurmK8sError
     from ..kubeapi import KubeConfigError, api_client
     from ..logs import Log
 
-    spec_path = env.get("SLURMK8S_SPEC", DEFAULT_SPEC)
+    files = settings.ClusterFiles.from_env(env)
+    spec_path = files.spec
     try:
         with open(spec_path) as fh:
             spec = parse_spec(json.load(fh), source=spec_path)
@@ -132,15 +133,15 @@ def idle_watch_from_env(env: Mapping[str, str], log: "Log", slurm: "SlurmCli",
     teardown = spec.elasticity.idle_teardown
     if teardown is None:
         return None
-    site_path = env.get("SLURMK8S_SITE", DEFAULT_SITE)
+    site_path = files.site_path
     try:
         with open(site_path) as fh:
             domain = json.load(fh).get("cluster_domain", "cluster.local")
     except (OSError, ValueError):
         domain = "cluster.local"
-    namespace = env.get("SLURMK8S_NAMESPACE") or spec.namespace_name
+    namespace = files.namespace or spec.namespace_name
     # sleeps and wakes also go to a log on the state volume: the reconcile log's emptyDir goes with the pod
-    durable = Log("control-tier", env.get("SLURMK8S_TIER_LOG", DEFAULT_TIER_LOG))
+    durable = Log("control-tier", settings.Reconcile.from_env(env).tier_log)
 
     def tier_log(line: str) -> None:
         log.write(line)

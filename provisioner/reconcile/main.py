@@ -13,8 +13,9 @@ import time
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from ..elastic.backend import BackendError, NodeBackend
-from ..elastic.events import DEFAULT_EVENTS, EventTail
-from ..elastic.ledger import DEFAULT_LEDGER, FileLedger, LedgerError, Policy
+from ..elastic.events import EventTail
+from ..elastic.ledger import FileLedger, LedgerError, Policy
+from ..settings import Reconcile
 from ..slurm.commands import SlurmCli, SlurmCommandError
 from ..slurm.state import JobStatus, parse_jobs
 from . import busy, kueuewait
@@ -22,7 +23,7 @@ from .act import Report, run_once
 from .classify import Kind, RestartWatch
 from .idle import idle_watch_from_env
 from .metrics import Metrics, metrics_markdown
-from .usage import DEFAULT_USAGE, UsageFile, resume_usage
+from .usage import UsageFile, resume_usage
 
 if TYPE_CHECKING:
     from ..elastic.bootgate import BootGate
@@ -169,7 +170,7 @@ def _boot_gate(wanted: bool, log: "Log", env: Mapping[str, str]) -> "BootGate | 
         log.write("no boot gate (--no-boot-gate): no pod is created ahead of Slurm's resume call")
         return None
     is_worker = None
-    if env.get("SLURMK8S_BACKEND", "docker") == "kubernetes":
+    if Reconcile.from_env(env).backend == "kubernetes":
         from ..elastic.k8s_backend import from_env
         from ..names import L_CLUSTER, L_COMPONENT, L_NODE
 
@@ -209,21 +210,20 @@ class Loop:
     :meth:`one_pass` per period (:func:`main`)."""
 
     def __init__(self, args: argparse.Namespace, env: Mapping[str, str], log: "Log", stop: threading.Event) -> None:
-        from ..elastic.context import DEFAULT_INVENTORY
-
         self.args, self.env, self.log, self.stop = args, env, log, stop
+        self.settings = Reconcile.from_env(env)
         overrides = {k: v for k, v in (("grace", args.grace), ("pending_timeout", args.pending_timeout),
                                        ("unschedulable_timeout", args.unschedulable_timeout)) if v is not None}
         self.policy = Policy.from_env(env, **overrides)
-        self.ledger = FileLedger(env.get("SLURMK8S_LEDGER", DEFAULT_LEDGER), self.policy, log=log.write)
+        self.ledger = FileLedger(self.settings.ledger, self.policy, log=log.write)
         self.metrics = Metrics() if args.metrics_port else None
         self.slurm = SlurmCli(observe=self.metrics.observe_rpc if self.metrics else None)
-        self.inventory_path = env.get("SLURMK8S_INVENTORY", DEFAULT_INVENTORY)
-        self.events = EventTail(env.get("SLURMK8S_EVENTS", DEFAULT_EVENTS))
+        self.inventory_path = self.settings.inventory
+        self.events = EventTail(self.settings.events)
         self.started = time.time()
         self.programs_server: Any = None
         self.backend: NodeBackend | None = None
-        self.usage_file = UsageFile(env.get("SLURMK8S_USAGE", DEFAULT_USAGE)) if self.metrics is not None else None
+        self.usage_file = UsageFile(self.settings.usage) if self.metrics is not None else None
         self.usage_restored, self.usage_error, self.deployment = False, False, ""
         self.restart_watch: dict[str, RestartWatch] = {}  # see classify.restarted_under_job
         self.lost_watch: dict[str, tuple[str, float]] = {}  # see classify.watch_lost
@@ -341,15 +341,13 @@ def start(args: argparse.Namespace) -> Loop | None:
     """Everything before the first pass: the log, metrics endpoint, SIGTERM, the wait for the
     configuration, the programs' socket and boot gate, the idle watch, the node follower. None when
     the pod stopped while waiting for its configuration."""
-    from ..elastic.context import DEFAULT_LOG, program_env
+    from ..elastic.context import program_env
     from ..elastic.warm import serve as serve_programs
     from ..livenodes.cache import cache_from_env
     from ..logs import Log
 
     env = program_env(os.environ)
-    log_path = env.get("SLURMK8S_RECONCILE_LOG") or os.path.join(
-        os.path.dirname(env.get("SLURMK8S_LOG", DEFAULT_LOG)), "reconcile.log")
-    log = Log("reconcile", log_path)
+    log = Log("reconcile", Reconcile.from_env(env).log)
     # SIGTERM only sets `stop`: a sleep of the control tier under way (slurmctld's own pod is
     # stopping) still scales slurmdbd and the database down before the loop ends
     loop = Loop(args, env, log, _stop_on_sigterm(log))

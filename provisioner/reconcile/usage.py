@@ -9,9 +9,10 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
+from .. import settings
 from ..elastic.ledger import LedgerError
 
-DEFAULT_USAGE = "/var/spool/slurmctld/slurmk8s/usage.json"  # node-seconds since `up`, kept across restarts
+DEFAULT_USAGE: str = settings.default(settings.USAGE)  # node-seconds since `up`, kept across restarts
 
 
 @dataclass(frozen=True)
