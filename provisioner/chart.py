@@ -1,36 +1,24 @@
-"""The Helm chart's side of the pipeline (charts/slurmk8s): its values schema, and the in-cluster render.
+"""The Helm chart's side of the pipeline (charts/slurmk8s): its values schema.
 
 The chart deploys the same objects as the Pulumi program (``provisioner.deploy.program``) from the
 same cluster spec (the chart's values). One thing a Go template cannot do is the Python core:
 inventory from the Kubernetes nodes, topology, slurm.conf / topology.conf / gres.conf /
-inventory.json. The chart therefore renders those in the slurmctld pod: before slurmctld starts,
-the slurmctld container's entrypoint runs ``slurmk8s-config-init``, which (unless it copies back the
-configuration kept on the state volume, :mod:`provisioner.livenodes.cache`) runs :func:`render_main`
-(``slurmk8s-render-config``) from the controller image: it reads the spec the chart wrote to the
-``slurmk8s-spec`` ConfigMap, lists the Kubernetes nodes (only when a pool is pinned to nodes), and
-writes exactly the files that ``slurmk8s up`` puts into the ``slurm-config`` ConfigMap, through the
-same functions (:func:`provisioner.generate.generate` and
-:func:`provisioner.manifests.slurm_config_map`), into the volume mounted at /etc/slurm.
+inventory.json. Those are rendered in the slurmctld pod, in both paths, by
+``slurmk8s-render-config`` (:func:`provisioner.livenodes.render.main`); the chart's own hook is
+:mod:`provisioner.helmhooks`, its default values :mod:`provisioner.chartdefaults`.
 
 tests/test_chart.py renders the chart (``helm template``) and the Pulumi program for the same specs
-and compares them object by object; it also runs :func:`render_files` on the same nodes and checks
-that it yields the Pulumi program's ``slurm-config`` data.
+and compares them object by object; it also runs :func:`provisioner.livenodes.render.render_files`
+on the same nodes and checks that it yields the Pulumi program's ``slurm-config`` data.
 """
 
 from __future__ import annotations
 
 import copy
 import json
-import os
-import sys
-from typing import Any, Mapping, Sequence
+from typing import Any
 
-from . import manifests as m
-from .config import ClusterSpec, json_schema
-from .errors import SlurmK8sError
-from .livenodes.render import render
-from .livenodes.source import read_domain, read_nodes, read_spec
-from .render import write_files
+from .config import json_schema
 
 # The chart's own settings, next to the spec's keys in the values (not part of the spec).
 CHART_KEY = "chart"
@@ -74,61 +62,3 @@ def values_schema() -> dict[str, Any]:
 
 def values_schema_text() -> str:
     return json.dumps(values_schema(), indent=2, sort_keys=True) + "\n"
-
-
-# ---------------------------------------------------------------- the in-cluster render
-
-
-def render_files(spec: ClusterSpec, k8s_nodes: Sequence[Mapping[str, Any]],
-                 cluster_domain: str = "cluster.local") -> tuple[dict[str, str], list[str]]:
-    """The files of the ``slurm-config`` ConfigMap, exactly as the Pulumi program builds them, and
-    the lines to log: the Kubernetes nodes left out (with the reason), the topology's notices."""
-    rendered = render(spec, k8s_nodes, cluster_domain)
-    return rendered.files, rendered.notes
-
-
-def _log(message: str) -> None:
-    print(f"slurmk8s-render-config: {message}", file=sys.stderr, flush=True)
-
-
-def render_main(argv: Sequence[str] | None = None) -> int:
-    """slurmk8s-render-config --out DIR: spec (SLURMK8S_SPEC) + Kubernetes nodes -> DIR/slurm.conf, ...
-
-    Exit status 2: the spec or the nodes do not give a valid cluster (the message names the field and
-    the fix); 1: the Kubernetes API could not be read. Either way the slurmctld container exits and
-    the kubelet restarts it.
-    """
-    args = list(sys.argv[1:] if argv is None else argv)
-    if "--out" not in args or args.index("--out") + 1 >= len(args):
-        _log("usage: slurmk8s-render-config --out DIR")
-        return 2
-    out = args[args.index("--out") + 1]
-    try:
-        spec = read_spec(os.environ)
-    except SlurmK8sError as err:
-        _log(f"not a valid cluster spec (the chart's values, or the spec `slurmk8s up` wrote):\n{err}")
-        return 2
-    except (OSError, ValueError) as err:
-        _log(f"cannot read the cluster spec: {err}")
-        return 2
-    raw: list[dict[str, Any]] = []
-    if m.pinned(spec):
-        try:
-            raw = read_nodes(os.environ)
-        except Exception as err:  # noqa: BLE001 - any API failure: say which and let the kubelet retry
-            _log(f"cannot list the Kubernetes nodes (the ClusterRole slurmk8s-<namespace>-read-nodes grants "
-                 f"get/list on nodes): {err}")
-            return 1
-    domain, warning = read_domain(os.environ)
-    if warning:
-        _log(warning)
-    try:
-        files, notes = render_files(spec, raw, domain)
-    except SlurmK8sError as err:
-        _log(f"cannot build the cluster from the spec and the {len(raw)} Kubernetes nodes:\n{err}")
-        return 2
-    for line in notes:
-        _log(line)
-    write_files(files, out)
-    _log(f"wrote {', '.join(sorted(files))} to {out} ({len(raw)} Kubernetes nodes read)")
-    return 0

@@ -1,6 +1,7 @@
 """The Helm chart's hooks: what `helm uninstall` must do that deleting the chart's own objects does not.
 
-The in-cluster render and the values schema are the chart's other side (:mod:`provisioner.chart`).
+The values schema is the chart's other side (:mod:`provisioner.chart`); the in-cluster render, which
+both paths run, is :mod:`provisioner.livenodes.render`.
 """
 
 from __future__ import annotations

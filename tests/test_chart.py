@@ -30,7 +30,8 @@ import yaml
 from factories import aws_fleet, node
 
 from provisioner import manifests as m
-from provisioner.chart import render_files, values_schema_text
+from provisioner.chart import values_schema_text
+from provisioner.livenodes.render import render_files
 from provisioner.chartdefaults import admission_text, chart_defaults_text
 from provisioner.config import load_spec, parse_spec
 from provisioner.deploy import program as prog
@@ -441,7 +442,7 @@ def test_bad_values_are_refused_naming_the_field(values, message, tmp_path):
 def test_render_config_entry_point_writes_the_files(tmp_path, monkeypatch):
     """slurmk8s-render-config as the slurmctld container runs it: spec from the chart's spec.json; a
     spec without pinned pools reads no nodes."""
-    from provisioner.chart import render_main
+    from provisioner.livenodes.render import main as render_main
 
     chart = helm_objects(ROOT / "tests/chart/minimal.yaml", "slurm-mini", {})
     spec_json = tmp_path / "spec.json"

@@ -17,7 +17,7 @@ from test_chart import CASES, _ints
 from typer.testing import CliRunner
 
 from provisioner import manifests as m
-from provisioner.chart import render_files
+from provisioner.livenodes.render import render_files
 from provisioner.cli import app
 from provisioner.config import load_spec
 from provisioner.deploy import program as prog

@@ -24,7 +24,7 @@ import yaml
 from typer.testing import CliRunner
 
 from factories import node, node_list
-from provisioner.chart import render_files
+from provisioner.livenodes.render import render_files
 from provisioner.cli import app
 from provisioner.config import TOPOLOGY_PRESETS, Topology, parse_spec
 from provisioner.errors import SpecError, TopologyError
