@@ -37,7 +37,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from helpers import (FINAL, NAMESPACE, SUSPEND_TIME, Cluster, Login, kjson, kubectl, side_cluster, side_spec,
+from helpers import (FINAL, NAMESPACE, SUSPEND_TIME, Cluster, Login, kjson, kubectl, side_cluster, side_spec, submit,
                      wait_for, worker_pods)
 
 pytestmark = pytest.mark.e2e
@@ -203,6 +203,30 @@ def test_scancel_ends_a_running_job_its_processes_and_then_its_pod(alice: Login)
     wait_for(f"the worker pod of {node} to be deleted", lambda: worker_pods().get(node, {}).get("metadata", {})
              .get("uid") != uid, SUSPEND_TIME + 90, interval=1)
     print(f"scancel -> pod of {node} deleted: {time.monotonic() - t0:.1f} s (SuspendTime {SUSPEND_TIME} s)")
+
+
+# Every Slurm user command Debian 13 ships (slurm-client), and sgather, which Debian does not ship
+# (ours: images/userenv/sgather). Left out: sview (a GTK program; the login pod forwards no X11) and
+# sh5util (reads the HDF5 job profiles of acct_gather_profile/hdf5, which the cluster does not record).
+USER_COMMANDS = ("sacct", "sacctmgr", "salloc", "sattach", "sbatch", "sbcast", "scancel", "scontrol", "scrontab",
+                 "sdiag", "sinfo", "sprio", "squeue", "sreport", "srun", "sshare", "sstat", "strigger", "sgather")
+
+
+def test_sgather_fetches_a_file_from_every_node_of_the_job(alice: Login):
+    where = alice.run("for c in " + " ".join(USER_COMMANDS) + "; do command -v $c >/dev/null || echo $c; done").stdout
+    assert where.strip() == "", f"missing on the login pod: {where.split()}"
+    alice.run("rm -rf ~/sg; mkdir ~/sg")
+    job = submit(alice, f"""#!/bin/bash
+#SBATCH -p {PARTITION} -N2 -o /dev/null
+srun bash -c 'hostname > /tmp/where-$SLURM_JOB_ID'
+sgather /tmp/where-$SLURM_JOB_ID $HOME/sg/where; echo rc=$? > $HOME/sg/rc
+srun bash -c 'test -e /tmp/where-$SLURM_JOB_ID && echo kept || echo removed' > $HOME/sg/after""")
+    assert _ended(alice, job, 180) == "COMPLETED"
+    got = alice.run("cd ~/sg && cat rc && for f in where.*; do echo \"$f $(cat $f)\"; done && sort after").stdout.split("\n")
+    assert got[0] == "rc=0", got
+    pairs = [line.split() for line in got[1:3]]
+    assert len(pairs) == 2 and all(name == f"where.{host}" for name, host in pairs), got
+    assert got[3:5] == ["removed", "removed"], f"sgather removes the source unless -k: {got}"
 
 
 def test_array_with_a_dependent_job(alice: Login):

@@ -51,8 +51,8 @@ done
 inputs() {
     local common=(images/Dockerfile images/common images/entrypoint/lib.sh images/entrypoint/identify.sh .dockerignore)
     case "$1" in
-        slurmd) printf '%s\n' "${common[@]}" images/entrypoint/slurmd.sh images/health images/slurmd provisioner/health.py ;;
-        login) printf '%s\n' "${common[@]}" images/entrypoint/login.sh images/login ;;
+        slurmd) printf '%s\n' "${common[@]}" images/entrypoint/slurmd.sh images/health images/slurmd images/userenv provisioner/health.py ;;
+        login) printf '%s\n' "${common[@]}" images/entrypoint/login.sh images/login images/userenv ;;
         slurmctld) printf '%s\n' "${common[@]}" images/entrypoint/slurmctld.sh images/entrypoint/config-init.sh images/entrypoint/jwt.sh pyproject.toml provisioner ;;
         slurmdbd) printf '%s\n' "${common[@]}" images/entrypoint/slurmdbd.sh images/entrypoint/jwt.sh ;;
         slurmrestd) printf '%s\n' "${common[@]}" images/entrypoint/slurmrestd.sh ;;
