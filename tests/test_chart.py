@@ -448,7 +448,7 @@ def test_render_config_entry_point_writes_the_files(tmp_path, monkeypatch):
     spec_json = tmp_path / "spec.json"
     spec_json.write_text(chart["ConfigMap slurm-mini/slurmk8s-spec"]["data"]["spec.json"])
     monkeypatch.setenv("SLURMK8S_SPEC", str(spec_json))
-    monkeypatch.setattr("provisioner.chart.read_nodes", lambda env: pytest.fail("nodes read for a slots-only spec"))
+    monkeypatch.setattr("provisioner.livenodes.render.read_nodes", lambda env: pytest.fail("nodes read for a slots-only spec"))
     assert render_main(["--out", str(tmp_path / "etc")]) == 0
     expected, _ = render_files(load_spec(ROOT / "tests/chart/minimal.yaml"), [])
     assert {p.name: p.read_text() for p in (tmp_path / "etc").iterdir()} == expected

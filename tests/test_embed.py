@@ -137,3 +137,20 @@ def test_the_engine_finds_pythons_dynamic_provider(tmp_path):
     (tmp_path / "bin").mkdir()
     (tmp_path / "bin" / a.DYNAMIC_PROVIDER).write_text("#!/bin/sh\n")
     assert str(script.parent) not in a.engine_env(tool, state, {"PATH": "/usr/bin"})["PATH"].split(os.pathsep)
+
+
+def test_a_provider_inherited_from_the_parent_component_is_used(pulumi_run):
+    """A platform program's own component holds the Kubernetes provider; SlurmCluster as its child
+    must use it, not make one from the default kubeconfig (another cluster, silently)."""
+    box = {}
+
+    def program():
+        provider = pulumi.ProviderResource("kubernetes", "platform-k8s")
+        platform = pulumi.ComponentResource("acme:index:Platform", "platform", None,
+                                            pulumi.ResourceOptions(providers={"kubernetes": provider}))
+        box["c"] = SlurmCluster("research", EXAMPLE / "cluster.yaml", opts=pulumi.ResourceOptions(parent=platform))
+
+    run = pulumi_run.run(program)
+    assert [p.name for p in run.resources if p.type == "pulumi:providers:kubernetes"] == ["platform-k8s"]
+    ns = next(r for r in run.of_type(":Namespace"))
+    assert ns.provider.split("::")[-2] == "platform-k8s", ns.provider

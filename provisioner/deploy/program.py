@@ -387,7 +387,9 @@ class SlurmCluster(pulumi.ComponentResource):
             from .stackkeys import ClusterKeys
 
             keys = ClusterKeys(f"{name}-keys", opts=pulumi.ResourceOptions(parent=self)).secrets()
-        if _has_provider(opts):  # children inherit it from the component
+        # a Kubernetes provider of the caller's (opts' provider or providers, or its parent's): the
+        # children inherit it; Pulumi's merged map of this component's providers says which
+        if "kubernetes" in (getattr(self, "_providers", None) or {}):
             provider_opts: dict[str, Any] = {}
         else:
             # An explicit provider: ConfigMaps and Secrets are updated in place (server-side apply) when
@@ -444,18 +446,6 @@ def as_spec(spec: ClusterSpec | Mapping[str, Any] | str | PathLike[str]) -> Clus
     if isinstance(spec, Mapping):
         return parse_spec(dict(spec))
     return load_spec(spec)
-
-
-def _has_provider(opts: pulumi.ResourceOptions | None) -> bool:
-    """Whether `opts` names a Kubernetes provider for the component's children to inherit."""
-    if opts is None:
-        return False
-    if opts.provider is not None:
-        return getattr(opts.provider, "package", None) == "kubernetes"
-    providers = opts.providers
-    if isinstance(providers, Mapping):
-        return "kubernetes" in providers
-    return any(getattr(p, "package", None) == "kubernetes" for p in providers or [])
 
 
 # ---------------------------------------------------------------- reading the live cluster
