@@ -429,6 +429,18 @@ def submit(login, script: str) -> str:
     return out
 
 
+def two_node_job_from_zero_workers(login, label: str) -> None:
+    """A 2-node `srun hostname` job on a cluster with no worker pod yet: COMPLETED, on two nodes,
+    each of which wrote its name (the caller checks first that no worker pod exists)."""
+    t0 = time.monotonic()
+    job = submit(login, "#!/bin/bash\n#SBATCH -N2 -o hosts-%j.out\nsrun hostname")
+    final = wait_job(login, job, 180)
+    print(f"{label}: 2-node job from zero workers: submit -> COMPLETED {time.monotonic() - t0:.1f} s")
+    assert final["job_state"] == ["COMPLETED"], final
+    nodes = sorted(login.run(f"scontrol show hostnames {final['nodes']}").stdout.split())
+    assert len(nodes) == 2 and sorted(login.run(f"cat ~/hosts-{job}.out").stdout.split()) == nodes
+
+
 # ---------------------------------------------------------------- accounting, as the researcher sees it
 
 

@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from helpers import (ROOT, Login, apply_storage_class, clear_leftover, kjson, kubeconfig, kubectl, login_in,
-                     mark_made_by, side_spec, static_volumes, submit, wait_job)
+                     mark_made_by, side_spec, static_volumes, two_node_job_from_zero_workers)
 
 pytestmark = pytest.mark.e2e
 
@@ -136,13 +136,7 @@ def test_two_node_job_from_zero_workers(embedded: Embedded):
     login = embedded.login()
     pods = kjson("get", "pods", "-n", NAMESPACE, "-l", "app.kubernetes.io/component=worker")["items"]
     assert pods == [], "worker pods exist before any job"
-    t0 = time.monotonic()
-    job = submit(login, "#!/bin/bash\n#SBATCH -N2 -o hosts-%j.out\nsrun hostname")
-    final = wait_job(login, job, 180)
-    print(f"embedded: 2-node job from zero workers: submit -> COMPLETED {time.monotonic() - t0:.1f} s")
-    assert final["job_state"] == ["COMPLETED"], final
-    nodes = sorted(login.run(f"scontrol show hostnames {final['nodes']}").stdout.split())
-    assert len(nodes) == 2 and sorted(login.run(f"cat ~/hosts-{job}.out").stdout.split()) == nodes
+    two_node_job_from_zero_workers(login, "embedded")
 
 
 def test_a_second_up_changes_nothing_and_keeps_the_keys(embedded: Embedded):

@@ -20,7 +20,8 @@ import pytest
 import yaml
 
 from helpers import (LOCAL_KUBECONFIG, MADE_BY, ROOT, SUSPEND_TIME, TOOLCHAIN_BIN, Login, NotOurs, apply_storage_class,
-                     e2e_spec, job_state, kjson, kubeconfig, kubectl, refuse_foreign, submit, wait_for, wait_job)
+                     e2e_spec, job_state, kjson, kubeconfig, kubectl, refuse_foreign, submit,
+                     two_node_job_from_zero_workers, wait_for, wait_job)
 
 pytestmark = pytest.mark.e2e
 
@@ -178,14 +179,7 @@ def test_a_node_label_reaches_slurm_live_without_a_restart(release: Release):
 
 def test_two_node_job_from_zero_workers(release: Release):
     assert worker_pods() == {}, "worker pods exist before any job"
-    login = release.login()
-    t0 = time.monotonic()
-    job = submit(login, "#!/bin/bash\n#SBATCH -N2 -o hosts-%j.out\nsrun hostname")
-    final = wait_job(login, job, 180)
-    print(f"helm: 2-node job from zero workers: submit -> COMPLETED {time.monotonic() - t0:.1f} s")
-    assert final["job_state"] == ["COMPLETED"], final
-    nodes = sorted(login.run(f"scontrol show hostnames {final['nodes']}").stdout.split())
-    assert len(nodes) == 2 and sorted(login.run(f"cat ~/hosts-{job}.out").stdout.split()) == nodes
+    two_node_job_from_zero_workers(release.login(), "helm")
 
 
 def test_upgrade_with_a_changed_pool_leaves_the_running_job_alone(release: Release):

@@ -229,10 +229,10 @@ class Login(_Component):
         self.node_port = svc.spec.apply(lambda sp: sp.ports[0].node_port if sp is not None and sp.ports else None)
         self.external_ips = svc.status.apply(_lb_addresses)
         # where to SSH to: a LoadBalancer's address once it has one, else the Service inside the cluster
-        inside = f"{m.service_fqdn(spec, m.LOGIN, site)}:{m.SSH_PORT}"
-        self.address = self.external_ips.apply(
-            lambda ips: f"{ips[0]}:{m.SSH_PORT}" if spec.login.service_type == "LoadBalancer" and ips else
-            (None if spec.login.service_type == "LoadBalancer" else inside))
+        if spec.login.service_type == "LoadBalancer":
+            self.address = self.external_ips.apply(lambda ips: f"{ips[0]}:{m.SSH_PORT}" if ips else None)
+        else:
+            self.address = pulumi.Output.from_input(f"{m.service_fqdn(spec, m.LOGIN, site)}:{m.SSH_PORT}")
         # Public halves of the host keys, for users' known_hosts (not secret).
         self.host_public_keys = pulumi.Output.unsecret(
             pulumi.Output.all(*[host_keys[t] for t in m.SSH_HOST_KEY_TYPES]).apply(
@@ -389,9 +389,8 @@ class SlurmCluster(pulumi.ComponentResource):
             keys = ClusterKeys(f"{name}-keys", opts=pulumi.ResourceOptions(parent=self)).secrets()
         # a Kubernetes provider of the caller's (opts' provider or providers, or its parent's): the
         # children inherit it; Pulumi's merged map of this component's providers says which
-        if "kubernetes" in (getattr(self, "_providers", None) or {}):
-            provider_opts: dict[str, Any] = {}
-        else:
+        provider = None
+        if "kubernetes" not in (getattr(self, "_providers", None) or {}):
             # An explicit provider: ConfigMaps and Secrets are updated in place (server-side apply) when
             # the inventory, users or keys change, instead of the default delete-and-recreate.
             provider = k8s.Provider(
@@ -399,15 +398,13 @@ class SlurmCluster(pulumi.ComponentResource):
                 kubeconfig=pulumi.Output.secret(kubeconfig) if kubeconfig and "\n" in kubeconfig else kubeconfig,
                 context=context, enable_config_map_mutable=True, enable_secret_mutable=True,
                 opts=pulumi.ResourceOptions(parent=self))
-            provider_opts = {"provider": provider}
         ns_obj = m.namespace(spec)
         if owner:  # which stack owns the namespace (provisioner/deploy/owner.py); not in the Helm chart
             ns_obj["metadata"]["annotations"] = dict(owner)
         ns = k8s_resource(f"{spec.name}-namespace", ns_obj,
-                          pulumi.ResourceOptions(parent=self, retain_on_delete=True, **provider_opts),
+                          pulumi.ResourceOptions(parent=self, provider=provider, retain_on_delete=True),
                           skip_await=not wait)
-        child = pulumi.ResourceOptions(parent=self, providers={"kubernetes": provider_opts["provider"]}
-                                       if provider_opts else None)
+        child = pulumi.ResourceOptions(parent=self, providers={"kubernetes": provider} if provider else None)
         self.storage = Storage(f"{name}-storage", spec, wait=wait, depends_on=[ns], opts=child)
         self.controller_tier = Controller(f"{name}-controller", spec, gen, keys, site, wait=wait,
                                           depends_on=[ns], opts=child)
